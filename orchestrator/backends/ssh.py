@@ -1,0 +1,106 @@
+"""The default backend: hosts reached over SSH (or this machine through the local transport)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from orchestrator.backends import LaunchRequest
+from orchestrator.errors import ExitCode
+from orchestrator.launch import Launcher, Prepared, close_all, connect_all, new_record, prepare, run_remote, write_plan
+from orchestrator.parallel import failures, for_each
+from orchestrator.spec import (
+    Inventory,
+    default_inventory,
+    load_inventory,
+    load_job,
+    resolve_inventory_path,
+    select_nodes,
+)
+from orchestrator.store import JobRecord, JobState, Store, new_job_id
+from orchestrator.transport import Transport
+
+STOP_WAIT = 30.0
+
+
+def inventory_for(request: LaunchRequest, backend: str) -> Inventory:
+    """`--backend local` always means this machine; otherwise -i, $DISTRUN_INVENTORY, built-in."""
+    return default_inventory() if backend == "local" else resolve_inventory_path(request.inventory)
+
+
+def launch(request: LaunchRequest, backend: str) -> int:
+    job = load_job(request.job_file)
+    inventory = inventory_for(request, backend)
+    nodes = select_nodes(job, inventory, request.nodes, request.nnodes)
+    job_id = request.job_id or new_job_id(job.name)
+    prepared = prepare(job, inventory, nodes, job_id=job_id, extra_args=request.extra_args, backend=backend)
+    if request.dry_run:
+        close_all(prepared.transports)
+        print(prepared.plan.render())
+        return int(ExitCode.OK)
+    if not request.skip_preflight:
+        preflight(prepared)
+    return run_prepared(prepared, request, backend)
+
+
+def preflight(prepared: Prepared) -> None:
+    """The fast checks before anything starts (versions alike on every host, port reachable)."""
+    from orchestrator.doctor import launch_preflight
+
+    try:
+        launch_preflight(prepared)
+    except BaseException:
+        close_all(prepared.transports)
+        raise
+
+
+def run_prepared(prepared: Prepared, request: LaunchRequest, backend: str) -> int:
+    store = Store()
+    job_dir = store.job_dir(prepared.plan.job_id)
+    write_plan(job_dir, prepared.plan)
+    store.save(new_record(prepared.plan, backend))
+    terminal = None if request.quiet else sys.stdout
+    launcher = Launcher(prepared, store, store.get(prepared.plan.job_id), terminal,
+                        colour=terminal is not None and sys.stdout.isatty())
+    return launcher.run()
+
+
+def stop(store: Store, record: JobRecord) -> int:
+    """Stop through the live controller; when it is gone, end the job's processes on its hosts."""
+    from orchestrator.cli import controller_alive
+
+    if record.state.finished and record.state is not JobState.LOST:
+        print(f"job {record.id} already ended ({record.state.value})")
+        return int(ExitCode.OK)
+    if controller_alive(record) and record.controller_pid:
+        os.kill(record.controller_pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_WAIT
+        while time.monotonic() < deadline and not store.get(record.id).state.finished:
+            time.sleep(0.2)
+        if store.get(record.id).state.finished:
+            print(f"job {record.id} stopped")
+            return int(ExitCode.OK)
+    return stop_on_hosts(store, record)
+
+
+def stop_on_hosts(store: Store, record: JobRecord) -> int:
+    """End a job's processes on each of its hosts, found by the job id."""
+    inventory = default_inventory() if record.inventory == "<built-in>" else load_inventory(record.inventory)
+    nodes = [inventory.node(name) for name in record.hosts]
+    transports = connect_all(nodes)
+    try:
+        results = for_each(transports.values(), lambda t: _cleanup(t, record.id), key=lambda t: t.name)
+    finally:
+        close_all(transports)
+    failed = failures(results)
+    for name, exc in failed.items():
+        print(f"{name}: {exc}", file=sys.stderr)
+    store.update(record.id, state=JobState.STOPPED, ended=time.time())
+    print(f"job {record.id} stopped on {len(results) - len(failed)} of {len(results)} host(s)")
+    return int(ExitCode.INFRA) if failed else int(ExitCode.OK)
+
+
+def _cleanup(transport: Transport, job_id: str) -> str:
+    return run_remote(transport, "cleanup", ["supervisor", "cleanup"], {}, job_id)

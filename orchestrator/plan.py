@@ -1,0 +1,236 @@
+"""Pure planning: (job, selected nodes, host facts) -> LaunchPlan, every host's exact argv and env.
+
+Nothing here touches the network or the clock; `--dry-run` prints a plan, tests assert on
+it, the launcher runs it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator.errors import UsageError
+from orchestrator.spec.model import JobSpec, NodeSpec
+
+DEFAULT_PORT = 29500
+CPU_NPROC = 2
+LOG_PREFIX_TEMPLATE = "[r${rank}]"
+MASK = "***"
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the probe found on a host that planning needs."""
+
+    node: str
+    gpus: int = 0
+    interfaces: dict[str, list[str]] = field(default_factory=dict)
+    route_iface: str | None = None
+    free_port: int | None = None
+    home: str = "~"
+
+    @classmethod
+    def from_probe(cls, node: str, data: dict[str, Any]) -> HostFacts:
+        return cls(
+            node=node,
+            gpus=int(data.get("gpus") or 0),
+            interfaces={k: list(v) for k, v in (data.get("interfaces") or {}).items()},
+            route_iface=data.get("route_iface"),
+            free_port=data.get("free_port"),
+            home=data.get("home") or "~",
+        )
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    node: str
+    host: str
+    node_rank: int
+    nproc: int
+    python: str
+    workdir: str
+    argv: list[str]
+    env: dict[str, str]
+    secret_names: list[str]
+    iface: str | None
+
+    def rank_range(self, first: int) -> range:
+        return range(first, first + self.nproc)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    job_id: str
+    job_name: str
+    spec_path: str
+    inventory_path: str
+    backend: str
+    master_node: str
+    master_addr: str
+    master_port: int
+    nnodes: int
+    hosts: list[HostPlan]
+    secrets: dict[str, str] = field(repr=False, compare=False)
+    heartbeat_timeout: float = 15.0
+    stop_grace: float = 5.0
+    telemetry_interval: float | None = 2.0
+    sync: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return sum(h.nproc for h in self.hosts)
+
+    def first_rank(self, node: str) -> int:
+        """Global rank of a host's local rank 0 (static rendezvous assigns them in node order)."""
+        first = 0
+        for host in self.hosts:
+            if host.node == node:
+                return first
+            first += host.nproc
+        raise KeyError(node)
+
+    def host_env(self, host: HostPlan) -> dict[str, str]:
+        """The full environment for a host, secrets included: only ever sent over stdin."""
+        return {**host.env, **{k: self.secrets[k] for k in host.secret_names}}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON-ready data, secret values shown as ***."""
+        data = asdict(self)
+        data["secrets"] = {k: MASK for k in self.secrets}
+        data["world_size"] = self.world_size
+        for host in data["hosts"]:
+            host["env"].update({k: MASK for k in host["secret_names"]})
+        return data
+
+    def render(self) -> str:
+        """Human-readable dry run: per host, the exact environment and argv."""
+        lines = [
+            f"job {self.job_id}: {self.nnodes} node(s), world size {self.world_size}, "
+            f"master {self.master_node} at {self.master_addr}:{self.master_port}"
+        ]
+        for host in self.hosts:
+            env = {**host.env, **{k: MASK for k in host.secret_names}}
+            lines.append(f"\n[{host.node}] {host.host}  node-rank {host.node_rank}  cwd {host.workdir}")
+            lines += [f"  {k}={shlex.quote(v) if v != MASK else v}" for k, v in sorted(env.items())]
+            lines.append("  " + shlex.join(host.argv))
+        return "\n".join(lines)
+
+
+def resolve_nproc(job: JobSpec, node: NodeSpec, facts: HostFacts | None) -> int:
+    """`nproc_per_node: auto` = the host's GPUs, else the inventory's `gpus`, else 2 CPU processes."""
+    if job.nproc_per_node is not None:
+        return job.nproc_per_node
+    if facts is not None and facts.gpus:
+        return facts.gpus
+    return node.gpus or CPU_NPROC
+
+
+def choose_iface(node: NodeSpec, facts: HostFacts | None, master_addr: str) -> str | None:
+    """The inventory's `iface`, else the host's interface on the master's subnet, else its route."""
+    if node.iface:
+        return node.iface
+    if facts is None:
+        return None
+    target = ipaddress.ip_address(master_addr)
+    for name, addrs in facts.interfaces.items():
+        for addr in addrs:
+            if target in ipaddress.ip_interface(addr).network and name != "lo":
+                return name
+    return facts.route_iface
+
+
+def choose_master_addr(master: NodeSpec, facts: HostFacts | None, peer_address: str, nnodes: int) -> str:
+    """An address of the master that the other hosts can reach.
+
+    Raises:
+        UsageError: only a loopback address is known while more than one host takes part.
+    """
+    addr = peer_address
+    if master.iface and facts is not None and facts.interfaces.get(master.iface):
+        addr = facts.interfaces[master.iface][0].split("/")[0]
+    if nnodes > 1 and ipaddress.ip_address(addr).is_loopback:
+        raise UsageError(
+            f"{master.name}: master address {addr} is a loopback address, which the other "
+            f"{nnodes - 1} host(s) cannot reach (give the master a routable `host` or `iface`)"
+        )
+    return addr
+
+
+def torchrun_argv(job: JobSpec, host_python: str, *, nnodes: int, nproc: int, node_rank: int,
+                  master_addr: str, master_port: int, job_id: str, extra_args: list[str]) -> list[str]:
+    """The exact torchrun command line for one host."""
+    argv = [host_python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc)]
+    if job.rendezvous.backend == "c10d":
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master_addr}:{master_port}", "--rdzv-id", job_id]
+    else:
+        argv += ["--node-rank", str(node_rank), "--master-addr", master_addr, "--master-port", str(master_port)]
+    argv += ["--max-restarts", str(job.max_restarts), "--tee", "3"]
+    target = ["-m", job.module] if job.module else [job.script or ""]
+    return argv + target + list(job.args) + list(extra_args)
+
+
+def host_env(job: JobSpec, node: NodeSpec, iface: str | None) -> dict[str, str]:
+    """Inventory env, then job env over it; the socket interfaces unless either sets them."""
+    env = {**node.env, **job.env}
+    if iface:
+        env.setdefault("NCCL_SOCKET_IFNAME", iface)
+        env.setdefault("GLOO_SOCKET_IFNAME", iface)
+    env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = LOG_PREFIX_TEMPLATE
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def resolve_secrets(job: JobSpec, controller_env: dict[str, str]) -> dict[str, str]:
+    """Read `${env:NAME}` values from the controller's environment.
+
+    Raises:
+        UsageError: a named variable is not set on the controller.
+    """
+    missing = [name for name in job.secrets.values() if name not in controller_env]
+    if missing:
+        raise UsageError(
+            f"{job.path}: env: ${{env:{missing[0]}}} is not set in this shell "
+            f"(export {missing[0]}=... before launching)"
+        )
+    return {var: controller_env[name] for var, name in job.secrets.items()}
+
+
+def build_plan(
+    job: JobSpec,
+    nodes: list[NodeSpec],
+    facts: dict[str, HostFacts],
+    *,
+    job_id: str,
+    inventory_path: str,
+    master: NodeSpec,
+    master_addr: str,
+    master_port: int,
+    controller_cwd: str,
+    controller_env: dict[str, str],
+    extra_args: list[str] | None = None,
+    backend: str = "ssh",
+) -> LaunchPlan:
+    """Build every host's torchrun argv and environment; the master is node rank 0."""
+    ordered = [master] + [n for n in nodes if n.name != master.name]
+    hosts = []
+    for rank, node in enumerate(ordered):
+        node_facts = facts.get(node.name)
+        nproc = resolve_nproc(job, node, node_facts)
+        iface = choose_iface(node, node_facts, master_addr) if len(ordered) > 1 else node.iface
+        argv = torchrun_argv(job, node.python, nnodes=len(ordered), nproc=nproc, node_rank=rank,
+                             master_addr=master_addr, master_port=master_port, job_id=job_id,
+                             extra_args=extra_args or [])
+        hosts.append(HostPlan(
+            node=node.name, host=node.host, node_rank=rank, nproc=nproc, python=node.python,
+            workdir=job.workdir or controller_cwd, argv=argv, env=host_env(job, node, iface),
+            secret_names=sorted(job.secrets), iface=iface,
+        ))
+    return LaunchPlan(
+        job_id=job_id, job_name=job.name, spec_path=job.path, inventory_path=inventory_path,
+        backend=backend, master_node=master.name, master_addr=master_addr, master_port=master_port,
+        nnodes=len(ordered), hosts=hosts, secrets=resolve_secrets(job, controller_env),
+        heartbeat_timeout=job.heartbeat_timeout, stop_grace=job.stop_grace,
+        telemetry_interval=job.telemetry.interval if job.telemetry.enabled else None, sync=job.sync,
+    )

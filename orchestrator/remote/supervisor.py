@@ -1,0 +1,247 @@
+"""The per-host supervisor: runs on the host, starts torchrun, relays, and always cleans up.
+
+Protocol (stdin, one JSON object per line): first `{"op": "config", ...}`, then `{"op": "hb"}`
+heartbeats and `{"op": "stop"}`. End of stdin means the controller is gone.
+
+Output (stdout): torchrun's output lines as they are, and events as lines that start with
+the byte 0x1e followed by JSON: `started`, `hb`, `tel`, `exit`, `note`.
+
+The job's processes are found two ways: torchrun's process group, and every process whose
+environment carries `DISTRUN_JOB_ID=<id>` (torchrun starts each worker in a session of its
+own, so the group alone would miss workers once torchrun itself is gone). Another job on
+the same host has another id and is never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, BinaryIO
+
+EVENT = b"\x1e"
+HEARTBEAT_EVERY = 1.0
+CHUNK = 65536
+
+
+class Output:
+    """Writes whole lines to stdout from several threads without splicing them."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+        self.lock = threading.Lock()
+
+    def raw(self, data: bytes) -> None:
+        with self.lock:
+            try:
+                self.stream.write(data)
+                self.stream.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                pass
+
+    def event(self, kind: str, **fields: Any) -> None:
+        self.raw(EVENT + json.dumps({"ev": kind, **fields}).encode() + b"\n")
+
+
+def job_processes(job_id: str, exclude: int) -> list[int]:
+    """Pids of every process on this host whose environment has DISTRUN_JOB_ID=job_id."""
+    marker = f"DISTRUN_JOB_ID={job_id}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == exclude:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if marker in env:
+            found.append(int(entry))
+    return found
+
+
+def _signal_all(pgid: int | None, pids: list[int], sig: int) -> None:
+    if pgid is not None:
+        try:
+            os.killpg(pgid, sig)
+        except OSError:
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def end_job(job_id: str, pgid: int | None, grace: float, reap: Any = None) -> int:
+    """SIGTERM the job's processes, SIGKILL what is left after `grace` seconds.
+
+    Returns:
+        How many processes were still alive after the grace period.
+    """
+    me = os.getpid()
+    _signal_all(pgid, job_processes(job_id, me), signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if reap is not None:
+            reap()
+        if not [p for p in job_processes(job_id, me) if _alive(p)]:
+            return 0
+        time.sleep(0.05)
+    left = [p for p in job_processes(job_id, me) if _alive(p)]
+    _signal_all(pgid, left, signal.SIGKILL)
+    return len(left)
+
+
+class Supervisor:
+    def __init__(self, cfg: dict[str, Any], out: Output) -> None:
+        self.cfg = cfg
+        self.out = out
+        self.job_id: str = cfg["job_id"]
+        self.grace = float(cfg.get("stop_grace", 5.0))
+        self.hb_timeout = float(cfg.get("heartbeat_timeout", 15.0))
+        self.last_hb = time.monotonic()
+        self.stop_reason: str | None = None
+        self.stopping = threading.Event()
+        self.done = threading.Event()
+        self.child: subprocess.Popen[bytes] | None = None
+        self.dir = os.path.expanduser(os.path.join(cfg.get("host_dir", "~/.distrun"), "jobs", self.job_id))
+        os.makedirs(self.dir, exist_ok=True)
+        self.log = open(os.path.join(self.dir, f"{cfg['node']}.log"), "ab")  # noqa: SIM115 - closed in run()
+
+    def start_child(self) -> None:
+        env = dict(os.environ)
+        env.update(self.cfg.get("env", {}))
+        env["DISTRUN_JOB_ID"] = self.job_id
+        env["DISTRUN_NODE"] = self.cfg["node"]
+        self.child = subprocess.Popen(  # noqa: S603 - argv list from the plan, no shell
+            self.cfg["argv"],
+            env=env,
+            cwd=self.cfg.get("cwd") or None,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._write_state()
+        self.out.event("started", pid=self.child.pid, supervisor=os.getpid(), host=os.uname().nodename)
+
+    def _write_state(self) -> None:
+        state = {"job_id": self.job_id, "supervisor": os.getpid(), "pgid": self.child.pid if self.child else None}
+        with open(os.path.join(self.dir, f"{self.cfg['node']}.state.json"), "w") as fh:
+            json.dump(state, fh)
+
+    def relay(self) -> None:
+        """Copy torchrun's output to stdout and the host-side log, whole lines at a time."""
+        assert self.child is not None and self.child.stdout is not None  # noqa: S101 - set in start_child
+        fd = self.child.stdout.fileno()
+        rest = b""
+        while True:
+            chunk = os.read(fd, CHUNK)
+            if not chunk:
+                break
+            data = rest + chunk
+            cut = data.rfind(b"\n") + 1
+            rest = data[cut:]
+            if cut:
+                self.log.write(data[:cut])
+                self.out.raw(data[:cut])
+        if rest:
+            self.log.write(rest + b"\n")
+            self.out.raw(rest + b"\n")
+        self.log.flush()
+
+    def control(self, stdin: BinaryIO) -> None:
+        """Read heartbeats and stop requests; end of stdin means the controller is gone."""
+        for raw in iter(stdin.readline, b""):
+            try:
+                op = json.loads(raw).get("op")
+            except ValueError:
+                continue
+            self.last_hb = time.monotonic()
+            if op == "stop":
+                self.stop("stopped by the controller")
+        self.stop("controller connection closed")
+
+    def watchdog(self) -> None:
+        """Send our heartbeat; end the job when the controller's heartbeat stops."""
+        while not self.done.wait(HEARTBEAT_EVERY):
+            self.out.event("hb")
+            if time.monotonic() - self.last_hb > self.hb_timeout:
+                self.stop(f"controller heartbeat silent for more than {self.hb_timeout:g} s")
+
+    def stop(self, reason: str) -> None:
+        if self.stopping.is_set() or self.done.is_set():
+            return
+        self.stop_reason = reason
+        self.stopping.set()
+        threading.Thread(target=self._end, daemon=True).start()
+
+    def _end(self) -> None:
+        pgid = self.child.pid if self.child else None
+        left = end_job(self.job_id, pgid, self.grace, reap=self.child.poll if self.child else None)
+        self.out.event("note", msg=f"job processes ended ({self.stop_reason}); {left} needed SIGKILL")
+
+    def run(self, stdin: BinaryIO) -> int:
+        for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, _frame: self.stop(f"supervisor got signal {signum}"))
+        try:
+            self.start_child()
+        except OSError as exc:
+            self.out.event("exit", rc=127, error=f"cannot start {self.cfg['argv'][0]}: {exc}")
+            return 127
+        threading.Thread(target=self.control, args=(stdin,), daemon=True).start()
+        threading.Thread(target=self.watchdog, daemon=True).start()
+        sampler = start_telemetry(self.cfg, self.out, self.done)
+        self.relay()
+        rc = self.child.wait()
+        # Whatever the job left behind (a worker in its own session) goes with it.
+        end_job(self.job_id, self.child.pid, min(self.grace, 2.0))
+        self.done.set()
+        if sampler is not None:
+            sampler.join(timeout=2)
+        self.log.close()
+        self.out.event("exit", rc=rc, reason=self.stop_reason)
+        return 0
+
+
+def start_telemetry(cfg: dict[str, Any], out: Output, done: threading.Event) -> threading.Thread | None:
+    """Start the telemetry sampler when it was shipped and the job asks for it."""
+    interval = cfg.get("telemetry_interval")
+    sampler = sys.modules.get("orchestrator.remote.sampler")
+    if not interval or sampler is None:
+        return None
+    thread = threading.Thread(
+        target=sampler.run,
+        kwargs={"interval": float(interval), "job_id": cfg["job_id"], "emit": out.event, "done": done},
+        daemon=True,
+    )
+    thread.start()
+    return thread
+
+
+def main(argv: list[str]) -> None:
+    stdin = sys.stdin.buffer
+    out = Output(sys.stdout.buffer)
+    first = stdin.readline()
+    try:
+        cfg = json.loads(first)
+    except ValueError:
+        out.event("exit", rc=2, error="no configuration received")
+        sys.exit(2)
+    code = Supervisor(cfg, out).run(stdin)
+    # The control thread may sit in a blocking read of stdin; leave without joining it.
+    os._exit(code)

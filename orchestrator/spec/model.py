@@ -1,0 +1,107 @@
+"""Plain dataclasses for the two file formats. The loaders in inventory.py and job.py build them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class HostKeyPolicy(str, Enum):
+    STRICT = "strict"
+    ACCEPT_NEW = "accept-new"
+
+
+class TransportKind(str, Enum):
+    SSH = "ssh"
+    LOCAL = "local"
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One host of an inventory, with the inventory `defaults` already applied."""
+
+    name: str
+    host: str
+    user: str | None = None
+    port: int | None = None
+    identity_file: str | None = None
+    known_hosts: str = "~/.ssh/known_hosts"
+    host_key_policy: HostKeyPolicy = HostKeyPolicy.STRICT
+    python: str = "python3"
+    iface: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    gpus: int | None = None
+    labels: tuple[str, ...] = ()
+    proxy_jump: str | None = None
+    transport: TransportKind = TransportKind.SSH
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class Inventory:
+    path: str
+    nodes: tuple[NodeSpec, ...]
+    master: str | None = None
+    # Key path -> line in the file ("master", "nodes[1].port"), for errors found later.
+    lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def node(self, name: str) -> NodeSpec:
+        for node in self.nodes:
+            if node.name == name:
+                return node
+        raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    backend: str = "static"  # static | c10d
+    port: int | None = None  # None = auto
+
+
+@dataclass(frozen=True)
+class Select:
+    names: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    interval: float = 2.0
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    partition: str | None = None
+    time: str | None = None
+    account: str | None = None
+    gpus_per_node: int | None = None
+    extra: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job file. `env` holds plain values; `secrets` maps a variable to the controller's
+    environment variable it reads at launch (`${env:NAME}`), never stored in clear."""
+
+    path: str
+    name: str
+    script: str | None = None
+    module: str | None = None
+    args: tuple[str, ...] = ()
+    nnodes: int | None = None
+    nproc_per_node: int | None = None  # None = auto
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    secrets: dict[str, str] = field(default_factory=dict)
+    rendezvous: Rendezvous = field(default_factory=Rendezvous)
+    max_restarts: int = 0
+    select: Select = field(default_factory=Select)
+    telemetry: Telemetry = field(default_factory=Telemetry)
+    sync: bool = False
+    backend: str = "ssh"
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    heartbeat_timeout: float = 15.0
+    stop_grace: float = 5.0
+    # Key path -> line in the file ("nnodes", "select.names[0]"), for errors found later.
+    lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)

@@ -1,0 +1,207 @@
+"""Job records (embedded SQLite) and the job-directory layout under DISTRUN_HOME."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import UsageError
+
+
+class JobState(str, Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    LOST = "lost"
+
+    @property
+    def finished(self) -> bool:
+        return self not in (JobState.PENDING, JobState.RUNNING)
+
+
+@dataclass
+class JobRecord:
+    id: str
+    name: str
+    spec_path: str
+    inventory: str
+    hosts: list[str]
+    master_addr: str = ""
+    master_port: int = 0
+    backend: str = "ssh"
+    state: JobState = JobState.PENDING
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+    exit_code: int | None = None
+    controller_pid: int | None = None
+    restarts: int = 0
+    slurm_id: str | None = None
+    detail: str = ""
+    alerts: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "name": self.name, "spec": self.spec_path, "inventory": self.inventory,
+            "hosts": self.hosts, "master_addr": self.master_addr, "master_port": self.master_port,
+            "backend": self.backend, "state": self.state.value, "started": self.started,
+            "ended": self.ended, "exit_code": self.exit_code, "controller_pid": self.controller_pid,
+            "restarts": self.restarts, "slurm_id": self.slurm_id, "detail": self.detail,
+            "alerts": self.alerts,
+        }
+
+
+_COLUMNS = ("id", "name", "spec_path", "inventory", "hosts", "master_addr", "master_port", "backend",
+            "state", "started", "ended", "exit_code", "controller_pid", "restarts", "slurm_id",
+            "detail", "alerts")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, spec_path TEXT, inventory TEXT, hosts TEXT,
+    master_addr TEXT, master_port INTEGER, backend TEXT, state TEXT NOT NULL,
+    started REAL NOT NULL, ended REAL, exit_code INTEGER, controller_pid INTEGER,
+    restarts INTEGER DEFAULT 0, slurm_id TEXT, detail TEXT DEFAULT '', alerts TEXT DEFAULT '[]'
+)
+"""
+
+
+def distrun_home() -> Path:
+    return Path(os.environ.get("DISTRUN_HOME") or "~/.distrun").expanduser()
+
+
+def new_job_id(name: str, now: float | None = None) -> str:
+    """A readable, unique id: `resnet50-20261121-143012-a3f9`."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now or time.time()))
+    return f"{name}-{stamp}-{secrets.token_hex(2)}"
+
+
+class JobDir:
+    """The files of one job: plan.json, combined.log, nodes/, ranks/, metrics, telemetry."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def plan(self) -> Path:
+        return self.root / "plan.json"
+
+    @property
+    def combined(self) -> Path:
+        return self.root / "combined.log"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def telemetry(self) -> Path:
+        return self.root / "telemetry.jsonl"
+
+    @property
+    def controller_log(self) -> Path:
+        return self.root / "controller.log"
+
+    def node_log(self, node: str) -> Path:
+        return self.root / "nodes" / f"{node}.log"
+
+    def rank_log(self, rank: int) -> Path:
+        return self.root / "ranks" / f"{rank}.log"
+
+    def create(self) -> None:
+        (self.root / "nodes").mkdir(parents=True, exist_ok=True)
+        (self.root / "ranks").mkdir(exist_ok=True)
+
+
+class Store:
+    """The job database; every call opens a short connection so several processes can share it."""
+
+    def __init__(self, home: Path | None = None) -> None:
+        self.home = home or distrun_home()
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.db_path = self.home / "distrun.db"
+        with self._connect() as db:
+            db.execute(_SCHEMA)
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        db = sqlite3.connect(self.db_path, timeout=30)
+        try:
+            with db:
+                yield db
+        finally:
+            db.close()
+
+    def job_dir(self, job_id: str) -> JobDir:
+        return JobDir(self.home / "jobs" / job_id)
+
+    def save(self, rec: JobRecord) -> None:
+        row = (rec.id, rec.name, rec.spec_path, rec.inventory, json.dumps(rec.hosts), rec.master_addr,
+               rec.master_port, rec.backend, rec.state.value, rec.started, rec.ended, rec.exit_code,
+               rec.controller_pid, rec.restarts, rec.slurm_id, rec.detail, json.dumps(rec.alerts))
+        marks = ",".join("?" * len(_COLUMNS))
+        with self._connect() as db:
+            db.execute(f"INSERT OR REPLACE INTO jobs ({','.join(_COLUMNS)}) VALUES ({marks})", row)  # noqa: S608
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        """Set some fields of a record (enum and list values are stored as the record does)."""
+        values = [json.dumps(v) if isinstance(v, list) else (v.value if isinstance(v, Enum) else v)
+                  for v in fields.values()]
+        sets = ",".join(f"{k}=?" for k in fields)
+        with self._connect() as db:
+            db.execute(f"UPDATE jobs SET {sets} WHERE id=?", [*values, job_id])  # noqa: S608
+
+    def list(self, limit: int | None = None) -> list[JobRecord]:
+        """Records, newest first."""
+        query = f"SELECT {','.join(_COLUMNS)} FROM jobs ORDER BY started DESC"  # noqa: S608
+        if limit:
+            query += f" LIMIT {int(limit)}"
+        with self._connect() as db:
+            return [_record(row) for row in db.execute(query)]
+
+    def get(self, ref: str) -> JobRecord:
+        """A record by id, unique id prefix, or `last`.
+
+        Raises:
+            UsageError: no job matches, or the prefix is ambiguous.
+        """
+        with self._connect() as db:
+            if ref == "last":
+                rows = list(db.execute(f"SELECT {','.join(_COLUMNS)} FROM jobs ORDER BY started DESC LIMIT 1"))  # noqa: S608
+            else:
+                rows = list(db.execute(
+                    f"SELECT {','.join(_COLUMNS)} FROM jobs WHERE id = ? OR id LIKE ? ESCAPE '\\'",  # noqa: S608
+                    (ref, _like_prefix(ref)),
+                ))
+                exact = [r for r in rows if r[0] == ref]
+                rows = exact or rows
+        if not rows:
+            hint = "no jobs recorded yet" if ref == "last" else "see `distrun ps` for job ids"
+            raise UsageError(f"no job matches '{ref}' ({hint})")
+        if len(rows) > 1:
+            ids = ", ".join(r[0] for r in rows[:5])
+            raise UsageError(f"'{ref}' matches {len(rows)} jobs: {ids} (give more of the id)")
+        return _record(rows[0])
+
+
+def _like_prefix(prefix: str) -> str:
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def _record(row: tuple[Any, ...]) -> JobRecord:
+    data = dict(zip(_COLUMNS, row, strict=True))
+    data["hosts"] = json.loads(data["hosts"] or "[]")
+    data["alerts"] = json.loads(data["alerts"] or "[]")
+    data["state"] = JobState(data["state"])
+    data["restarts"] = data["restarts"] or 0
+    data["detail"] = data["detail"] or ""
+    return JobRecord(**data)

@@ -1,0 +1,143 @@
+"""The transport interface shared by the local and SSH transports.
+
+A backend fills in a few small hooks (connect, open a process, copy a file); streaming
+lines to callbacks, waiting and collecting output are written once here, as invoke's
+Runner does it.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from orchestrator.spec.model import NodeSpec
+
+LineCallback = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    node: str
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class RemoteProcess(ABC):
+    """A command started on a host: its stdin, a way to end it, its exit status."""
+
+    def __init__(self) -> None:
+        self._pumps: list[threading.Thread] = []
+        self._stdin_lock = threading.Lock()
+
+    @abstractmethod
+    def _stdout(self) -> BinaryIO: ...
+
+    @abstractmethod
+    def _stderr(self) -> BinaryIO: ...
+
+    @abstractmethod
+    def _write(self, data: bytes) -> None: ...
+
+    @abstractmethod
+    def close_stdin(self) -> None: ...
+
+    @abstractmethod
+    def _wait(self, timeout: float | None) -> int | None: ...
+
+    @abstractmethod
+    def terminate(self) -> None:
+        """End the command without asking it (local: SIGTERM; SSH: close the channel)."""
+
+    def write(self, data: bytes) -> None:
+        """Send bytes to the command's stdin; several threads may call this."""
+        with self._stdin_lock:
+            self._write(data)
+
+    def stream(self, on_stdout: LineCallback, on_stderr: LineCallback) -> None:
+        """Start one thread per output stream calling back with each decoded line (no newline)."""
+        for stream, callback in ((self._stdout(), on_stdout), (self._stderr(), on_stderr)):
+            thread = threading.Thread(target=_pump, args=(stream, callback), daemon=True)
+            thread.start()
+            self._pumps.append(thread)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for exit and for every output line to be delivered.
+
+        Returns:
+            The exit status, or None when `timeout` passed first.
+        """
+        rc = self._wait(timeout)
+        if rc is None:
+            return None
+        for thread in self._pumps:
+            thread.join(timeout)
+        return rc
+
+
+def _pump(stream: BinaryIO, callback: LineCallback) -> None:
+    for raw in iter(stream.readline, b""):
+        callback(raw.decode("utf-8", "replace").rstrip("\r\n"))
+
+
+class Transport(ABC):
+    """Reaches one host. Connections are opened once and reused until `close`."""
+
+    def __init__(self, node: NodeSpec) -> None:
+        self.node = node
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @abstractmethod
+    def connect(self) -> None:
+        """Open the connection (idempotent). Raises InfraError naming the host on failure."""
+
+    @abstractmethod
+    def start(
+        self, argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None
+    ) -> RemoteProcess:
+        """Start `argv` on the host with extra environment `env`; output is not read yet."""
+
+    @abstractmethod
+    def put(self, local: Path, remote: str, mode: int | None = None) -> None:
+        """Copy a local file to `remote` on the host, creating its directory."""
+
+    @abstractmethod
+    def peer_address(self) -> str:
+        """The address of the host as this controller reaches it."""
+
+    def close(self) -> None:
+        """Release the connection; the default has nothing to release."""
+
+    def run(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        stdin: bytes = b"",
+        timeout: float | None = None,
+    ) -> CommandResult:
+        """Run a command to completion and collect its output.
+
+        Raises:
+            InfraError: the command did not finish within `timeout` seconds.
+        """
+        from orchestrator.errors import InfraError
+
+        out: list[str] = []
+        err: list[str] = []
+        proc = self.start(argv, env)
+        proc.stream(out.append, err.append)
+        if stdin:
+            proc.write(stdin)
+        proc.close_stdin()
+        rc = proc.wait(timeout)
+        if rc is None:
+            proc.terminate()
+            raise InfraError(f"{self.name}: command timed out after {timeout:g} s: {argv[0]}")
+        return CommandResult(self.name, rc, "\n".join(out), "\n".join(err))
