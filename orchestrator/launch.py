@@ -65,16 +65,19 @@ def _one_line(exc: Exception) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-def run_remote(transport: Transport, main: str, modules: list[str], stdin_line: dict[str, Any],
+def run_remote(transport: Transport, main: str, modules: list[str], stdin_line: dict[str, Any] | bytes,
                *tags: str, timeout: float = PROBE_TIMEOUT) -> str:
     """Ship remote modules to a host, run `main`, return its stdout.
+
+    `stdin_line` follows the bundle on stdin: a dict is sent as one JSON line, bytes as they are.
 
     Raises:
         InfraError: the program failed on the host.
     """
     payload = remote.bundle(main, modules)
     argv = remote.bootstrap_argv(transport.node.python, payload, *tags)
-    result = transport.run(argv, stdin=payload + json.dumps(stdin_line).encode() + b"\n", timeout=timeout)
+    tail = stdin_line if isinstance(stdin_line, bytes) else json.dumps(stdin_line).encode() + b"\n"
+    result = transport.run(argv, stdin=payload + tail, timeout=timeout)
     if result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise InfraError(
@@ -152,7 +155,7 @@ def prepare(job: JobSpec, inventory: Inventory, nodes: list[NodeSpec], *, job_id
         port = master_port(master, facts[master.name], job.rendezvous.port, addr)
         plan = build_plan(
             job, nodes, {k: HostFacts.from_probe(k, v) for k, v in facts.items()},
-            job_id=job_id, inventory_path=inventory.path, master=master, master_addr=addr,
+            job_id=job_id, inventory_path=_absolute(inventory.path), master=master, master_addr=addr,
             master_port=port, controller_cwd=os.getcwd(), controller_env=dict(os.environ),
             extra_args=extra_args, backend=backend,
         )
@@ -160,6 +163,11 @@ def prepare(job: JobSpec, inventory: Inventory, nodes: list[NodeSpec], *, job_id
         close_all(transports)
         raise
     return Prepared(plan, transports, facts)
+
+
+def _absolute(path: str) -> str:
+    """A file path made absolute so the record reloads it from anywhere; `<built-in>` as is."""
+    return path if path.startswith("<") else os.path.abspath(path)
 
 
 # ---------------------------------------------------------------- running
@@ -474,6 +482,8 @@ def new_record(plan: LaunchPlan, backend: str) -> JobRecord:
     )
 
 
-def write_plan(job_dir: JobDir, plan: LaunchPlan) -> None:
+def write_plan(job_dir: JobDir, prepared: Prepared) -> None:
+    """plan.json (secrets masked) and facts.json (what each host's probe found)."""
     job_dir.create()
-    job_dir.plan.write_text(json.dumps(plan.to_dict(), indent=2) + "\n", encoding="utf-8")
+    job_dir.plan.write_text(json.dumps(prepared.plan.to_dict(), indent=2) + "\n", encoding="utf-8")
+    job_dir.facts.write_text(json.dumps(prepared.facts, indent=2) + "\n", encoding="utf-8")

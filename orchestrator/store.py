@@ -100,6 +100,10 @@ class JobDir:
         return self.root / "combined.log"
 
     @property
+    def facts(self) -> Path:
+        return self.root / "facts.json"
+
+    @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
 
@@ -150,7 +154,7 @@ class Store:
                rec.controller_pid, rec.restarts, rec.slurm_id, rec.detail, json.dumps(rec.alerts))
         marks = ",".join("?" * len(_COLUMNS))
         with self._connect() as db:
-            db.execute(f"INSERT OR REPLACE INTO jobs ({','.join(_COLUMNS)}) VALUES ({marks})", row)  # noqa: S608
+            db.execute(f"INSERT OR REPLACE INTO jobs ({','.join(_COLUMNS)}) VALUES ({marks})", row)
 
     def update(self, job_id: str, **fields: Any) -> None:
         """Set some fields of a record (enum and list values are stored as the record does)."""
@@ -158,11 +162,11 @@ class Store:
                   for v in fields.values()]
         sets = ",".join(f"{k}=?" for k in fields)
         with self._connect() as db:
-            db.execute(f"UPDATE jobs SET {sets} WHERE id=?", [*values, job_id])  # noqa: S608
+            db.execute(f"UPDATE jobs SET {sets} WHERE id=?", [*values, job_id])
 
     def list(self, limit: int | None = None) -> list[JobRecord]:
         """Records, newest first."""
-        query = f"SELECT {','.join(_COLUMNS)} FROM jobs ORDER BY started DESC"  # noqa: S608
+        query = f"SELECT {','.join(_COLUMNS)} FROM jobs ORDER BY started DESC"
         if limit:
             query += f" LIMIT {int(limit)}"
         with self._connect() as db:
@@ -176,10 +180,10 @@ class Store:
         """
         with self._connect() as db:
             if ref == "last":
-                rows = list(db.execute(f"SELECT {','.join(_COLUMNS)} FROM jobs ORDER BY started DESC LIMIT 1"))  # noqa: S608
+                rows = list(db.execute(f"SELECT {','.join(_COLUMNS)} FROM jobs ORDER BY started DESC LIMIT 1"))
             else:
                 rows = list(db.execute(
-                    f"SELECT {','.join(_COLUMNS)} FROM jobs WHERE id = ? OR id LIKE ? ESCAPE '\\'",  # noqa: S608
+                    f"SELECT {','.join(_COLUMNS)} FROM jobs WHERE id = ? OR id LIKE ? ESCAPE '\\'",
                     (ref, _like_prefix(ref)),
                 ))
                 exact = [r for r in rows if r[0] == ref]

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 from orchestrator.backends import LaunchRequest
 from orchestrator.errors import ExitCode
@@ -42,7 +43,21 @@ def launch(request: LaunchRequest, backend: str) -> int:
         return int(ExitCode.OK)
     if not request.skip_preflight:
         preflight(prepared)
+    if prepared.plan.sync:
+        sync(prepared)
     return run_prepared(prepared, request, backend)
+
+
+def sync(prepared: Prepared) -> None:
+    from orchestrator.sync import sync_workdirs
+
+    try:
+        sent = sync_workdirs(prepared, Path.cwd())
+    except BaseException:
+        close_all(prepared.transports)
+        raise
+    for node, count in sent.items():
+        print(f"[{node}] distrun: workdir synced ({count} file(s) sent)")
 
 
 def preflight(prepared: Prepared) -> None:
@@ -59,7 +74,7 @@ def preflight(prepared: Prepared) -> None:
 def run_prepared(prepared: Prepared, request: LaunchRequest, backend: str) -> int:
     store = Store()
     job_dir = store.job_dir(prepared.plan.job_id)
-    write_plan(job_dir, prepared.plan)
+    write_plan(job_dir, prepared)
     store.save(new_record(prepared.plan, backend))
     terminal = None if request.quiet else sys.stdout
     launcher = Launcher(prepared, store, store.get(prepared.plan.job_id), terminal,

@@ -11,12 +11,32 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import BinaryIO
 
+from orchestrator.errors import InfraError
 from orchestrator.spec.model import NodeSpec
 
 LineCallback = Callable[[str], None]
+
+
+class ConnectFailure(str, Enum):
+    """Why a host could not be reached or logged into, in the words of a failure summary."""
+
+    UNREACHABLE = "unreachable"
+    TIMEOUT = "connect timed out"
+    AUTH = "auth failed"
+    UNKNOWN_HOST_KEY = "unknown host key"
+    HOST_KEY_CHANGED = "host key changed"
+
+
+class ConnectError(InfraError):
+    """Connecting to a host failed: `str()` is the whole message, `failure` says how."""
+
+    def __init__(self, message: str, failure: ConnectFailure) -> None:
+        super().__init__(message)
+        self.failure = failure
 
 
 @dataclass(frozen=True)
@@ -112,7 +132,7 @@ class Transport(ABC):
     def peer_address(self) -> str:
         """The address of the host as this controller reaches it."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a hook: the local transport has nothing to release
         """Release the connection; the default has nothing to release."""
 
     def run(
@@ -127,8 +147,6 @@ class Transport(ABC):
         Raises:
             InfraError: the command did not finish within `timeout` seconds.
         """
-        from orchestrator.errors import InfraError
-
         out: list[str] = []
         err: list[str] = []
         proc = self.start(argv, env)

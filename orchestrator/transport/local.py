@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from orchestrator.errors import InfraError
 from orchestrator.transport.base import RemoteProcess, Transport
@@ -18,30 +19,26 @@ class LocalProcess(RemoteProcess):
     def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         super().__init__()
         self.popen = popen
+        self.stdout = cast(BinaryIO, popen.stdout)  # opened with PIPE by LocalTransport.start
+        self.stderr = cast(BinaryIO, popen.stderr)
 
     def _stdout(self) -> BinaryIO:
-        assert self.popen.stdout is not None  # noqa: S101 - opened with PIPE by LocalTransport.start
-        return self.popen.stdout
+        return self.stdout
 
     def _stderr(self) -> BinaryIO:
-        assert self.popen.stderr is not None  # noqa: S101 - opened with PIPE by LocalTransport.start
-        return self.popen.stderr
+        return self.stderr
 
     def _write(self, data: bytes) -> None:
         if self.popen.stdin is None or self.popen.stdin.closed:
             return
-        try:
+        with contextlib.suppress(OSError):
             self.popen.stdin.write(data)
             self.popen.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass
 
     def close_stdin(self) -> None:
         if self.popen.stdin is not None and not self.popen.stdin.closed:
-            try:
+            with contextlib.suppress(OSError):
                 self.popen.stdin.close()
-            except (BrokenPipeError, OSError):
-                pass
 
     def _wait(self, timeout: float | None) -> int | None:
         try:
@@ -63,7 +60,7 @@ class LocalTransport(Transport):
     ) -> LocalProcess:
         full_env = {**os.environ, **(env or {})}
         try:
-            popen = subprocess.Popen(  # noqa: S603 - argv list, no shell
+            popen = subprocess.Popen(
                 list(argv),
                 env=full_env,
                 cwd=cwd,

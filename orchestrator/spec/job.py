@@ -1,0 +1,204 @@
+"""Load and validate a job file: what to run, on how many nodes, with which environment.
+
+A relative `script` is resolved against the current directory (`distrun launch
+jobs/resnet50.yaml` runs from the project root) and must exist there; the JobSpec keeps it
+as written. An `env` value that is exactly `${env:NAME}` is a secret: it goes to
+`JobSpec.secrets` and is read from the controller's environment at launch, never stored.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from pathlib import Path, PurePosixPath
+from typing import TypeVar
+
+from orchestrator.errors import UsageError
+from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT, Reader, Source
+from orchestrator.spec.model import JobSpec, Rendezvous, Select, SlurmOptions, Telemetry
+from orchestrator.spec.yamlsrc import Map, Node, collect_lines, join_path, load_yaml, shown
+
+T = TypeVar("T")
+
+JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+SECRET_REF = re.compile(r"\$\{env:([^}]*)\}")
+BACKENDS = ("ssh", "local", "slurm")
+RENDEZVOUS_BACKENDS = ("static", "c10d")
+MIN_TELEMETRY_INTERVAL = 0.25
+_NEEDS = "a job needs at least 'name' and 'script' or 'module'"
+_ENTRY_KEYS = ("script", "module")
+
+
+def load_job(path: str | Path) -> JobSpec:
+    """Read and validate a job file.
+
+    Args:
+        path: The job file; shown in errors as given.
+
+    Returns:
+        The job.
+
+    Raises:
+        UsageError: The file cannot be read.
+        SpecError: The file is not a valid job, or its `script` does not exist.
+    """
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise UsageError(f"cannot read job file {path}: {err.strerror or err}") from None
+    return _job(load_yaml(data, str(path)), str(path))
+
+
+def job_from_text(text: str, path: str) -> JobSpec:
+    """Validate job text.
+
+    Args:
+        text: The YAML text.
+        path: The file name shown in errors.
+
+    Returns:
+        The job.
+
+    Raises:
+        SpecError: The text is not a valid job, or its `script` does not exist.
+    """
+    return _job(load_yaml(text, path), path)
+
+
+def _job(root: Node | None, file: str) -> JobSpec:
+    src = Source(file)
+    readers = _job_readers(src)
+    top = src.mapping(src.document(root, _NEEDS), "", readers, required=("name",))
+    _check_entry_point(src, top)
+    values = src.fields(top, "", readers)
+    if "env" in values:
+        values["env"], values["secrets"] = values["env"]
+    return JobSpec(path=file, **values, lines=collect_lines(top))
+
+
+def _job_readers(src: Source) -> dict[str, Reader]:
+    return {
+        "name": lambda node, path: _name(src, node, path),
+        "script": lambda node, path: _script(src, node, path),
+        "module": lambda node, path: _module(src, node, path),
+        "args": src.strings,
+        "nnodes": lambda node, path: src.integer(node, path, 1),
+        "nproc_per_node": lambda node, path: src.auto_or_integer(node, path, 1),
+        "workdir": lambda node, path: _workdir(src, node, path),
+        "env": lambda node, path: _env(src, node, path),
+        "rendezvous": lambda node, path: _section(src, node, path, Rendezvous, _rendezvous_readers(src)),
+        "max_restarts": lambda node, path: src.integer(node, path, 0),
+        "select": lambda node, path: _section(src, node, path, Select, {"names": src.strings, "labels": src.strings}),
+        "telemetry": lambda node, path: _section(src, node, path, Telemetry, _telemetry_readers(src)),
+        "sync": src.boolean,
+        "backend": lambda node, path: src.choice(node, path, BACKENDS),
+        "slurm": lambda node, path: _section(src, node, path, SlurmOptions, _slurm_readers(src)),
+        "heartbeat_timeout": lambda node, path: src.number(node, path, 0, inclusive=False),
+        "stop_grace": lambda node, path: src.number(node, path, 0),
+    }
+
+
+def _rendezvous_readers(src: Source) -> dict[str, Reader]:
+    return {
+        "backend": lambda node, path: src.choice(node, path, RENDEZVOUS_BACKENDS),
+        "port": lambda node, path: src.auto_or_integer(node, path, 1, 65535),
+    }
+
+
+def _telemetry_readers(src: Source) -> dict[str, Reader]:
+    return {"interval": lambda node, path: src.number(node, path, MIN_TELEMETRY_INTERVAL), "enabled": src.boolean}
+
+
+def _slurm_readers(src: Source) -> dict[str, Reader]:
+    return {
+        "partition": src.text,
+        "time": src.text,
+        "account": src.text,
+        "gpus_per_node": lambda node, path: src.integer(node, path, 1),
+        "extra": src.strings,
+    }
+
+
+def _section(src: Source, node: Node, path: str, kind: Callable[..., T], readers: dict[str, Reader]) -> T:
+    return kind(**src.fields(node, path, readers))
+
+
+def _check_entry_point(src: Source, top: Map) -> None:
+    present = [key for key in _ENTRY_KEYS if key in top.entries]
+    if not present:
+        hint = "'script: path/to/train.py' runs a file, 'module: package.module' runs python -m"
+        raise src.error(top.line, "", "missing required key 'script' or 'module'", hint)
+    if len(present) > 1:
+        later = max(present, key=lambda key: top.key_lines[key])
+        raise src.error(top.key_lines[later], later, "set either 'script' or 'module', not both")
+
+
+def _name(src: Source, node: Node, path: str) -> str:
+    name = src.string(node, path)
+    if not JOB_NAME.fullmatch(name):
+        hint = "the name is part of job ids and file names: use letters, digits, '.', '_' and '-'"
+        raise src.error(node.line, path, f"invalid job name {name!r}", hint)
+    return name
+
+
+def _script(src: Source, node: Node, path: str) -> str:
+    script = src.string(node, path)
+    problem = _missing_file(script)
+    if problem is not None:
+        hint = (
+            "check the path"
+            if script.startswith(("/", "~"))
+            else f"path is relative to the current directory {Path.cwd()}; "
+            "run distrun from the directory the job expects, or give an absolute path"
+        )
+        raise src.error(node.line, path, f"{problem}: {shown(script)}", hint)
+    return script
+
+
+def _missing_file(script: str) -> str | None:
+    """Why `script` does not name a file, or None when it does."""
+    try:
+        resolved = Path(os.path.expanduser(script))
+        if resolved.is_file():
+            return None
+        return "is a directory, not a file" if resolved.is_dir() else "file not found"
+    except (OSError, ValueError) as err:
+        # A name too long, a directory we may not search, a NUL character.
+        return f"cannot check the file ({err})"
+
+
+def _module(src: Source, node: Node, path: str) -> str:
+    module = src.string(node, path)
+    if not MODULE_NAME.fullmatch(module):
+        raise src.error(node.line, path, f"not a Python module name: {module!r}", "write it like package.module")
+    return module
+
+
+def _workdir(src: Source, node: Node, path: str) -> str:
+    workdir = src.string(node, path)
+    if not (PurePosixPath(workdir).is_absolute() or workdir.startswith("~")):
+        hint = "the job runs in this directory on every host: write /path or ~/path"
+        raise src.error(node.line, path, f"must be an absolute path, got {workdir!r}", hint)
+    return workdir
+
+
+def _env(src: Source, node: Node, path: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Plain variables, and secrets: variable -> the controller's variable it is read from."""
+    env: dict[str, str] = {}
+    secrets: dict[str, str] = {}
+    for name, value in src.env(node, path).items():
+        var_path = join_path(path, name)
+        text = src.string(value, var_path)
+        if "${env:" not in text:
+            env[name] = text
+            continue
+        match = SECRET_REF.fullmatch(text)
+        if match is None:
+            hint = f'give the secret a variable of its own, e.g. {name}_SECRET: "${{env:NAME}}"'
+            raise src.error(value.line, var_path, "${env:...} must be the whole value", hint)
+        if not ENV_NAME.fullmatch(match.group(1)):
+            raise src.error(value.line, var_path, f"{match.group(1)!r} is not a valid variable name", ENV_NAME_HINT)
+        secrets[name] = match.group(1)
+    return env, secrets

@@ -1,0 +1,589 @@
+"""The SSH transport: paramiko, one connection per host reused for every step.
+
+Where to connect comes from the inventory first, then ~/.ssh/config (Host aliases,
+HostName, User, Port, IdentityFile, ProxyJump), then OpenSSH's defaults. Host keys are
+checked against the node's known_hosts file before any credential is offered: an unknown
+key is refused under `strict` and recorded under `accept-new`; a changed key is always
+refused. A remote shell is unavoidable over SSH, so every word of a command is quoted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import functools
+import getpass
+import ipaddress
+import logging
+import os
+import posixpath
+import re
+import shlex
+import socket
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import paramiko
+
+from orchestrator.errors import InfraError, UsageError
+from orchestrator.spec.model import HostKeyPolicy, NodeSpec
+from orchestrator.transport.base import ConnectError, ConnectFailure, RemoteProcess, Transport
+
+CONFIG_ENV = "DISTRUN_SSH_CONFIG"
+TIMEOUT_ENV = "DISTRUN_SSH_TIMEOUT"
+DEFAULT_CONFIG = "~/.ssh/config"
+DEFAULT_TIMEOUT = 10.0
+DEFAULT_PORT = 22
+DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
+KEEPALIVE_EVERY = 5
+# Keepalives are only sent; with this, unacknowledged ones end a connection whose link is cut.
+DEAD_LINK_AFTER_MS = 30_000
+NO_EXIT_STATUS = 255  # what ssh(1) exits with when the remote side gave no exit status
+_JUMP = re.compile(r"^(?:ssh://)?(?:(?P<user>[^@]+)@)?(?:\[(?P<ip6>[^\]]+)\]|(?P<host>[^:]+))(?::(?P<port>\d+))?$")
+_SSH_ERRORS = (OSError, EOFError, paramiko.SSHException)
+_known_hosts_lock = threading.Lock()
+
+# paramiko logs socket errors it also raises; without a handler Python prints them to stderr.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One SSH server to log in to, after the inventory and ~/.ssh/config are combined."""
+
+    hostname: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...]
+    use_default_keys: bool = True
+
+    @property
+    def address(self) -> str:
+        return f"{self.hostname}:{self.port}"
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The name known_hosts files record this server under."""
+        return self.hostname if self.port == DEFAULT_PORT else f"[{self.hostname}]:{self.port}"
+
+
+@dataclass(frozen=True)
+class Route:
+    """The servers to pass through to reach a node: jump hosts first, the node last."""
+
+    hops: tuple[Endpoint, ...]
+
+    @property
+    def target(self) -> Endpoint:
+        return self.hops[-1]
+
+    @property
+    def jumps(self) -> tuple[Endpoint, ...]:
+        return self.hops[:-1]
+
+
+def command_line(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None) -> str:
+    """The one string the remote login shell runs: every word quoted, env passed through `env`.
+
+    Args:
+        argv: The command and its arguments, each delivered literally.
+        env: Extra environment variables for the command.
+        cwd: The directory to run in (the login directory when None).
+
+    Returns:
+        `cd CWD && exec env K=V ... ARGV...`, with every word shell-quoted.
+
+    Raises:
+        UsageError: `argv` is empty or an environment variable name is not valid.
+    """
+    if not argv:
+        raise UsageError("no command to run")
+    words = ["exec"]
+    if env:
+        bad = [key for key in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key)]
+        if bad:
+            raise UsageError(f"invalid environment variable name {bad[0]!r}")
+        words += ["env", *(f"{key}={value}" for key, value in env.items())]
+    line = shlex.join([*words, *argv])
+    return f"cd {shlex.quote(cwd)} && {line}" if cwd else line
+
+
+def connect_timeout() -> float:
+    """Seconds to wait for a host to answer: $DISTRUN_SSH_TIMEOUT, else 10.
+
+    Raises:
+        UsageError: $DISTRUN_SSH_TIMEOUT is not a positive number.
+    """
+    raw = os.environ.get(TIMEOUT_ENV)
+    if not raw:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise UsageError(f"{TIMEOUT_ENV}={raw}: must be a positive number of seconds")
+    return value
+
+
+def load_ssh_config() -> paramiko.SSHConfig:
+    """The user's ssh_config ($DISTRUN_SSH_CONFIG, else ~/.ssh/config); empty when missing.
+
+    Raises:
+        UsageError: the file cannot be parsed.
+    """
+    path = Path(os.path.expanduser(os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG))
+    try:
+        stat = path.stat()
+    except OSError:
+        return paramiko.SSHConfig()
+    return _parse_ssh_config(str(path), stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_ssh_config(path: str, _mtime_ns: int) -> paramiko.SSHConfig:
+    try:
+        return paramiko.SSHConfig.from_path(path)
+    except (OSError, paramiko.ConfigParseError) as exc:
+        raise UsageError(f"ssh config {path}: {exc}") from exc
+
+
+def resolve_route(node: NodeSpec, config: paramiko.SSHConfig) -> Route:
+    """Combine the node's inventory entry with ssh_config: inventory values win.
+
+    Jump hosts take user, port and identity from their spec, then ssh_config; a jump host
+    with no identity of its own is offered the node's.
+
+    Raises:
+        UsageError: a ProxyJump value cannot be parsed.
+    """
+    entry = config.lookup(node.host)
+    identities = (node.identity_file,) if node.identity_file else tuple(entry.get("identityfile", ()))
+    target = Endpoint(
+        hostname=entry.get("hostname", node.host),
+        port=node.port or int(entry.get("port", DEFAULT_PORT)),
+        user=node.user or entry.get("user") or getpass.getuser(),
+        identity_files=identities,
+        use_default_keys=not identities,
+    )
+    jump_spec = node.proxy_jump or entry.get("proxyjump")
+    if not jump_spec or jump_spec.lower() == "none":
+        return Route((target,))
+    jumps = tuple(_jump_endpoint(part.strip(), config, identities) for part in jump_spec.split(","))
+    return Route((*jumps, target))
+
+
+def _jump_endpoint(spec: str, config: paramiko.SSHConfig, fallback_identities: tuple[str, ...]) -> Endpoint:
+    match = _JUMP.match(spec)
+    if match is None:
+        raise UsageError(f"proxy_jump {spec!r}: expected [user@]host[:port]")
+    host = match["ip6"] or match["host"]
+    entry = config.lookup(host)
+    identities = tuple(entry.get("identityfile", ())) or fallback_identities
+    return Endpoint(
+        hostname=entry.get("hostname", host),
+        port=int(match["port"] or entry.get("port", DEFAULT_PORT)),
+        user=match["user"] or entry.get("user") or getpass.getuser(),
+        identity_files=identities,
+        use_default_keys=not identities,
+    )
+
+
+def key_description(key: paramiko.PKey) -> str:
+    """`ED25519 SHA256:...`, as ssh(1) shows a host key."""
+    kind = key.get_name().removeprefix("ssh-").split("-")[0].upper()
+    return f"{kind} {key.fingerprint}"
+
+
+class HostKeyChecker:
+    """Checks servers' keys against one known_hosts file under one policy.
+
+    Args:
+        path: The known_hosts file (`~` is expanded); a missing file knows no host.
+        policy: `strict` refuses unknown keys; `accept-new` appends them to the file.
+    """
+
+    def __init__(self, path: str, policy: HostKeyPolicy) -> None:
+        self.path = Path(os.path.expanduser(path))
+        self.shown_path = path
+        self.policy = policy
+
+    def _load(self) -> paramiko.HostKeys:
+        keys = paramiko.HostKeys()
+        with contextlib.suppress(FileNotFoundError):
+            keys.load(str(self.path))
+        return keys
+
+    def known_types(self, endpoint: Endpoint) -> list[str]:
+        """The key types recorded for the server, to ask it for one of those first."""
+        entries = self._load().lookup(endpoint.known_hosts_name)
+        return list(entries.keys()) if entries else []
+
+    def check(self, label: str, endpoint: Endpoint, key: paramiko.PKey) -> None:
+        """Accept the server's key, record it (accept-new), or refuse it.
+
+        Raises:
+            ConnectError: the key is unknown under `strict`, or differs from the recorded one.
+        """
+        with _known_hosts_lock:
+            entries = self._load().lookup(endpoint.known_hosts_name)
+            if entries is None:
+                self._unknown(label, endpoint, key)
+                return
+        if entries.get(key.get_name()) == key:
+            return
+        recorded = ", ".join(key_description(known) for known in entries.values())
+        raise ConnectError(
+            f"{label}: HOST KEY CHANGED: {self.shown_path} has {recorded} for {endpoint.known_hosts_name}, "
+            f"the host presented {key_description(key)}; refusing to connect (someone may be intercepting; "
+            f"if the host was reinstalled: ssh-keygen -R {shlex.quote(endpoint.known_hosts_name)} "
+            f"-f {self.shown_path})",
+            ConnectFailure.HOST_KEY_CHANGED,
+        )
+
+    def _unknown(self, label: str, endpoint: Endpoint, key: paramiko.PKey) -> None:
+        if self.policy is HostKeyPolicy.ACCEPT_NEW:
+            self._append(endpoint, key)
+            return
+        raise ConnectError(
+            f"{label}: unknown host key {key_description(key)}; to trust it: "
+            f"ssh-keyscan -p {endpoint.port} {endpoint.hostname} >> {self.shown_path}, "
+            "or set host_key_policy: accept-new",
+            ConnectFailure.UNKNOWN_HOST_KEY,
+        )
+
+    def _append(self, endpoint: Endpoint, key: paramiko.PKey) -> None:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as out:
+            fcntl.flock(out, fcntl.LOCK_EX)
+            out.write(f"{endpoint.known_hosts_name} {key.get_name()} {key.get_base64()}\n")
+
+
+class SSHProcess(RemoteProcess):
+    """A command running in a session channel; closing the channel ends it."""
+
+    def __init__(self, channel: paramiko.Channel) -> None:
+        super().__init__()
+        self._channel = channel
+        self._out = channel.makefile("rb")
+        self._err = channel.makefile_stderr("rb")
+
+    def _stdout(self) -> BinaryIO:
+        return self._out
+
+    def _stderr(self) -> BinaryIO:
+        return self._err
+
+    def _write(self, data: bytes) -> None:
+        # After the command or the connection ended, input has nowhere to go.
+        with contextlib.suppress(*_SSH_ERRORS):
+            self._channel.sendall(data)
+
+    def close_stdin(self) -> None:
+        with contextlib.suppress(*_SSH_ERRORS):
+            self._channel.shutdown_write()
+
+    def _wait(self, timeout: float | None) -> int | None:
+        # Also set when the connection drops: the transport closes every channel it had.
+        if not self._channel.status_event.wait(timeout):
+            return None
+        status = self._channel.recv_exit_status()
+        return status if status >= 0 else NO_EXIT_STATUS
+
+    def terminate(self) -> None:
+        self._channel.close()
+
+
+class SSHTransport(Transport):
+    """One paramiko connection to a node (through its jump hosts), opened once, reused."""
+
+    def __init__(self, node: NodeSpec) -> None:
+        super().__init__(node)
+        self._lock = threading.Lock()
+        self._route: Route | None = None
+        self._links: list[paramiko.Transport] = []
+        self._peer = ""
+        self._sftp: paramiko.SFTPClient | None = None
+        self._home: str | None = None
+        self._closed = False
+
+    @property
+    def label(self) -> str:
+        """`node1 (10.0.0.1:22)`: how errors name this host."""
+        route = self._route
+        return f"{self.name} ({route.target.address})" if route else f"{self.name} ({self.node.host})"
+
+    def connect(self) -> None:
+        """Open the connection, or check it is still open (idempotent).
+
+        Raises:
+            ConnectError: the node (or a jump host) could not be reached or logged into.
+            InfraError: the transport was closed; a closed transport does not reconnect.
+        """
+        with self._lock:
+            if self._closed:
+                raise InfraError(f"{self.label}: connection closed")
+            if self._links and self._links[-1].is_active():
+                return
+            self._close_links()
+            self._route = resolve_route(self.node, load_ssh_config())
+            self._open(self._route, HostKeyChecker(self.node.known_hosts, self.node.host_key_policy))
+
+    def _open(self, route: Route, checker: HostKeyChecker) -> None:
+        timeout = connect_timeout()
+        try:
+            sock = self._tcp(route.hops[0], self._hop_label(route, 0), timeout)
+            for index, hop in enumerate(route.hops):
+                if index:
+                    sock = self._tunnel(self._links[-1], hop, self._hop_label(route, index), timeout)
+                self._links.append(_login(sock, hop, self._hop_label(route, index), checker, timeout))
+        except BaseException:
+            self._close_links()
+            raise
+        self._peer = _peer_ip(route, self._links[0])
+
+    def _hop_label(self, route: Route, index: int) -> str:
+        if index == len(route.hops) - 1:
+            via = f" via {route.hops[-2].address}" if len(route.hops) > 1 else ""
+            return f"{self.name} ({route.target.address}{via})"
+        return f"{self.name} (jump host {route.hops[index].address})"
+
+    @staticmethod
+    def _tcp(endpoint: Endpoint, label: str, timeout: float) -> socket.socket:
+        try:
+            sock = socket.create_connection((endpoint.hostname, endpoint.port), timeout=timeout)
+        except TimeoutError as exc:
+            raise ConnectError(f"{label}: connection timed out after {timeout:g} s", ConnectFailure.TIMEOUT) from exc
+        except socket.gaierror as exc:
+            raise ConnectError(f"{label}: unreachable: cannot resolve host name: {exc.strerror}",
+                               ConnectFailure.UNREACHABLE) from exc
+        except OSError as exc:
+            raise ConnectError(f"{label}: unreachable: {_reason(exc)}", ConnectFailure.UNREACHABLE) from exc
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DEAD_LINK_AFTER_MS)
+        return sock
+
+    @staticmethod
+    def _tunnel(jump: paramiko.Transport, endpoint: Endpoint, label: str, timeout: float) -> paramiko.Channel:
+        try:
+            return jump.open_channel(
+                "direct-tcpip", (endpoint.hostname, endpoint.port), ("127.0.0.1", 0), timeout=timeout
+            )
+        except paramiko.ChannelException as exc:
+            raise ConnectError(f"{label}: unreachable from the jump host: {exc.text}",
+                               ConnectFailure.UNREACHABLE) from exc
+        except _SSH_ERRORS as exc:
+            raise ConnectError(f"{label}: connection timed out after {timeout:g} s (through the jump host: "
+                               f"{_reason(exc)})", ConnectFailure.TIMEOUT) from exc
+
+    def _client(self) -> paramiko.Transport:
+        self.connect()
+        return self._links[-1]
+
+    def start(
+        self, argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None
+    ) -> SSHProcess:
+        """Start `argv` through the login shell, every word quoted; no pty.
+
+        Raises:
+            InfraError: the connection failed or the server refused the session.
+        """
+        line = command_line(argv, env, cwd)
+        client = self._client()
+        try:
+            channel = client.open_session(timeout=connect_timeout())
+            channel.exec_command(line)
+        except _SSH_ERRORS as exc:
+            raise InfraError(f"{self.label}: cannot start {argv[0]}: {_reason(exc)}") from exc
+        return SSHProcess(channel)
+
+    def put(self, local: Path, remote: str, mode: int | None = None) -> None:
+        """Copy a file over SFTP on the same connection, creating its directory (`~` = home).
+
+        Raises:
+            InfraError: the file could not be written on the host.
+        """
+        try:
+            sftp = self._sftp_client()
+            path = self._remote_path(sftp, remote)
+            _makedirs(sftp, posixpath.dirname(path))
+            sftp.put(str(local), path)
+            if mode is not None:
+                sftp.chmod(path, mode)
+        except _SSH_ERRORS as exc:
+            raise InfraError(f"{self.label}: cannot copy {local} to {remote}: {_reason(exc)}") from exc
+
+    def _sftp_client(self) -> paramiko.SFTPClient:
+        client = self._client()
+        with self._lock:
+            if self._sftp is None:
+                self._sftp = paramiko.SFTPClient.from_transport(client)
+                if self._sftp is None:
+                    raise InfraError(f"{self.label}: the server refused the sftp subsystem")
+            return self._sftp
+
+    def _remote_path(self, sftp: paramiko.SFTPClient, remote: str) -> str:
+        if remote != "~" and not remote.startswith("~/"):
+            return remote
+        if self._home is None:
+            self._home = sftp.normalize(".")
+        return self._home + remote[1:]
+
+    def peer_address(self) -> str:
+        """The IP address this connection reached (through jumps: the node's, as resolved here)."""
+        self.connect()
+        return self._peer
+
+    def close(self) -> None:
+        """Close the SFTP session, the connection and its jump hosts'; final."""
+        self._closed = True
+        with self._lock:
+            self._close_links()
+
+    def _close_links(self) -> None:
+        if self._sftp is not None:
+            with contextlib.suppress(*_SSH_ERRORS):
+                self._sftp.close()
+            self._sftp = None
+        for link in reversed(self._links):
+            link.close()
+        self._links = []
+
+
+def _login(sock: socket.socket | paramiko.Channel, endpoint: Endpoint, label: str, checker: HostKeyChecker,
+           timeout: float) -> paramiko.Transport:
+    """Handshake, check the host key, authenticate; the transport is closed on failure.
+
+    Raises:
+        ConnectError: any step failed (named by `label`).
+    """
+    link = paramiko.Transport(sock)
+    link.banner_timeout = link.handshake_timeout = link.auth_timeout = timeout
+    try:
+        _prefer_known_key_types(link, checker.known_types(endpoint))
+        _handshake(link, label, timeout)
+        checker.check(label, endpoint, link.get_remote_server_key())
+        _authenticate(link, endpoint, label)
+    except BaseException:
+        link.close()
+        raise
+    link.set_keepalive(KEEPALIVE_EVERY)
+    return link
+
+
+def _prefer_known_key_types(link: paramiko.Transport, known: list[str]) -> None:
+    # Otherwise the server may offer a key type known_hosts lacks, which would look unknown.
+    options = link.get_security_options()
+    offered = list(options.key_types)
+    options.key_types = [t for t in offered if t in known] + [t for t in offered if t not in known]
+
+
+def _handshake(link: paramiko.Transport, label: str, timeout: float) -> None:
+    done = threading.Event()
+    link.start_client(event=done)
+    if not done.wait(timeout):
+        raise ConnectError(f"{label}: connection timed out after {timeout:g} s (no ssh handshake)",
+                           ConnectFailure.TIMEOUT)
+    if not link.is_active():
+        cause = link.get_exception() or paramiko.SSHException("connection closed")
+        raise ConnectError(f"{label}: unreachable: ssh handshake failed: {_reason(cause)}",
+                           ConnectFailure.UNREACHABLE) from cause
+
+
+def _authenticate(link: paramiko.Transport, endpoint: Endpoint, label: str) -> None:
+    tried: list[str] = []
+    for source, key in _identities(endpoint, label):
+        tried.append(source)
+        try:
+            link.auth_publickey(endpoint.user, key)
+        except paramiko.AuthenticationException:
+            continue
+        except _SSH_ERRORS as exc:
+            raise ConnectError(f"{label}: authentication failed as {endpoint.user}: {_reason(exc)}",
+                               ConnectFailure.AUTH) from exc
+        if link.is_authenticated():
+            return
+    offered = ", ".join(tried) if tried else "no key (none found, and no ssh-agent)"
+    raise ConnectError(
+        f"{label}: authentication failed as {endpoint.user} with {offered} (check identity_file / user)",
+        ConnectFailure.AUTH,
+    )
+
+
+def _identities(endpoint: Endpoint, label: str) -> Iterator[tuple[str, paramiko.PKey]]:
+    """(what to call it, key) for each key to offer: named files, then ssh-agent, then defaults.
+
+    Raises:
+        ConnectError: a named identity file is missing or unreadable.
+    """
+    for path in endpoint.identity_files:
+        yield path, _key_file(path, label)
+    if os.environ.get("SSH_AUTH_SOCK"):
+        agent = paramiko.Agent()
+        try:
+            for key in agent.get_keys():
+                yield f"ssh-agent key {key.fingerprint}", key
+        finally:
+            agent.close()
+    if endpoint.use_default_keys:
+        for path in DEFAULT_IDENTITIES:
+            if Path(os.path.expanduser(path)).is_file():
+                yield path, _key_file(path, label)
+
+
+def _key_file(path: str, label: str) -> paramiko.PKey:
+    full = Path(os.path.expanduser(path))
+    try:
+        return _load_key(str(full), full.stat().st_mtime_ns)
+    except FileNotFoundError as exc:
+        raise ConnectError(f"{label}: identity file {path} not found (check identity_file)",
+                           ConnectFailure.AUTH) from exc
+    except paramiko.PasswordRequiredException as exc:
+        raise ConnectError(f"{label}: identity file {path} is passphrase-protected (load it into ssh-agent)",
+                           ConnectFailure.AUTH) from exc
+    except (OSError, paramiko.SSHException, ValueError) as exc:
+        raise ConnectError(f"{label}: cannot read identity file {path}: {_reason(exc)}",
+                           ConnectFailure.AUTH) from exc
+
+
+@functools.lru_cache(maxsize=32)
+def _load_key(path: str, _mtime_ns: int) -> paramiko.PKey:
+    return paramiko.PKey.from_path(path)
+
+
+def _makedirs(sftp: paramiko.SFTPClient, directory: str) -> None:
+    """`mkdir -p` over SFTP."""
+    missing: list[str] = []
+    while directory not in ("", "/"):
+        try:
+            sftp.stat(directory)
+            break
+        except FileNotFoundError:
+            missing.append(directory)
+            directory = posixpath.dirname(directory)
+    for path in reversed(missing):
+        sftp.mkdir(path)
+
+
+def _peer_ip(route: Route, first: paramiko.Transport) -> str:
+    if not route.jumps:
+        return str(first.getpeername()[0])
+    name = route.target.hostname
+    with contextlib.suppress(ValueError):
+        return str(ipaddress.ip_address(name))
+    try:
+        return socket.getaddrinfo(name, route.target.port, type=socket.SOCK_STREAM)[0][4][0]
+    except OSError:
+        return name
+
+
+def _reason(exc: BaseException) -> str:
+    """The short why of an exception: `connection refused`, not `[Errno 111] Connection refused`."""
+    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return text[:1].lower() + text[1:] if text else type(exc).__name__
+
+
+__all__ = ["Endpoint", "HostKeyChecker", "Route", "SSHProcess", "SSHTransport", "command_line", "resolve_route"]

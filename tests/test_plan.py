@@ -1,0 +1,123 @@
+"""Plan building is pure: exact torchrun argv and environment per host for a job + inventory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.errors import UsageError
+from orchestrator.plan import HostFacts, build_plan, choose_iface, choose_master_addr
+from orchestrator.spec import inventory_from_text, job_from_text
+
+INVENTORY = """
+defaults:
+  python: /opt/venv/bin/python
+  env: {NCCL_DEBUG: INFO}
+nodes:
+  - {name: node0, host: 10.0.0.10, iface: ib0}
+  - {name: node1, host: 10.0.0.11}
+  - {name: node2, host: 10.0.0.12, env: {NCCL_DEBUG: WARN}}
+"""
+
+
+def job(text: str, tmp_path) -> object:
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    return job_from_text(f"name: demo\nscript: {script}\n{text}", str(tmp_path / "job.yaml"))
+
+
+def plan_for(tmp_path, job_text: str = "", facts: dict[str, HostFacts] | None = None, env=None):
+    inv = inventory_from_text(INVENTORY, "inv.yaml")
+    spec = job(job_text, tmp_path)
+    return build_plan(
+        spec, list(inv.nodes), facts or {}, job_id="demo-1", inventory_path="inv.yaml", master=inv.nodes[0],
+        master_addr="10.0.0.10", master_port=29501, controller_cwd="/work/project",
+        controller_env=env or {}, extra_args=["--lr", "0.1"],
+    )
+
+
+def test_static_plan_gives_each_host_its_node_rank_and_the_exact_torchrun_argv(tmp_path):
+    plan = plan_for(tmp_path, "args: [--steps, '5']\nnproc_per_node: 4\n")
+    script = str(tmp_path / "train.py")
+    assert [h.node_rank for h in plan.hosts] == [0, 1, 2]
+    assert plan.hosts[1].argv == [
+        "/opt/venv/bin/python", "-m", "torch.distributed.run", "--nnodes", "3", "--nproc-per-node", "4",
+        "--node-rank", "1", "--master-addr", "10.0.0.10", "--master-port", "29501",
+        "--max-restarts", "0", "--tee", "3", script, "--steps", "5", "--lr", "0.1",
+    ]
+    assert plan.world_size == 12
+    assert plan.first_rank("node2") == 8
+
+
+def test_c10d_rendezvous_uses_endpoint_and_job_id_instead_of_node_rank(tmp_path):
+    plan = plan_for(tmp_path, "rendezvous: {backend: c10d, port: 29501}\n")
+    argv = plan.hosts[2].argv
+    assert argv[argv.index("--rdzv-endpoint") + 1] == "10.0.0.10:29501"
+    assert argv[argv.index("--rdzv-id") + 1] == "demo-1"
+    assert "--node-rank" not in argv
+
+
+def test_module_jobs_run_with_dash_m(tmp_path):
+    spec = job_from_text("name: m\nmodule: pkg.train\n", str(tmp_path / "j.yaml"))
+    inv = inventory_from_text(INVENTORY, "inv.yaml")
+    plan = build_plan(spec, [inv.nodes[0]], {}, job_id="m-1", inventory_path="inv.yaml", master=inv.nodes[0],
+                      master_addr="10.0.0.10", master_port=29500, controller_cwd="/w", controller_env={})
+    assert plan.hosts[0].argv[-2:] == ["-m", "pkg.train"]
+
+
+def test_job_env_overrides_inventory_env_and_iface_sets_socket_ifnames(tmp_path):
+    plan = plan_for(tmp_path, "env: {NCCL_DEBUG: TRACE, FOO: bar}\n")
+    env0 = plan.hosts[0].env
+    assert env0["NCCL_DEBUG"] == "TRACE"
+    assert env0["FOO"] == "bar"
+    assert env0["NCCL_SOCKET_IFNAME"] == env0["GLOO_SOCKET_IFNAME"] == "ib0"
+    assert env0["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[r${rank}]"
+
+
+def test_host_without_iface_gets_the_interface_on_the_masters_subnet(tmp_path):
+    facts = {"node1": HostFacts("node1", interfaces={"lo": ["127.0.0.1/8"], "eth1": ["10.0.0.11/24"]},
+                                route_iface="eth9")}
+    plan = plan_for(tmp_path, facts=facts)
+    assert plan.hosts[1].env["GLOO_SOCKET_IFNAME"] == "eth1"
+
+
+def test_host_without_iface_falls_back_to_the_route_to_the_master(tmp_path):
+    inv = inventory_from_text(INVENTORY, "inv.yaml")
+    facts = HostFacts("node2", interfaces={"eth0": ["192.168.1.5/24"]}, route_iface="eth0")
+    assert choose_iface(inv.nodes[2], facts, "10.0.0.10") == "eth0"
+
+
+def test_nproc_auto_uses_gpus_found_then_inventory_then_two_cpu_processes(tmp_path):
+    facts = {"node0": HostFacts("node0", gpus=8)}
+    plan = plan_for(tmp_path, facts=facts)
+    assert [h.nproc for h in plan.hosts] == [8, 2, 2]
+
+
+def test_secrets_reach_the_host_env_but_never_plan_json(tmp_path):
+    plan = plan_for(tmp_path, 'env: {WANDB_API_KEY: "${env:MY_KEY}"}\n', env={"MY_KEY": "hunter2"})
+    host = plan.hosts[0]
+    assert plan.host_env(host)["WANDB_API_KEY"] == "hunter2"
+    dumped = json.dumps(plan.to_dict())
+    assert "hunter2" not in dumped
+    assert plan.to_dict()["hosts"][0]["env"]["WANDB_API_KEY"] == "***"
+    assert "hunter2" not in plan.render()
+    assert "WANDB_API_KEY=***" in plan.render()
+
+
+def test_missing_secret_variable_is_a_usage_error_naming_it(tmp_path):
+    with pytest.raises(UsageError, match=r"\$\{env:MY_KEY\} is not set"):
+        plan_for(tmp_path, 'env: {WANDB_API_KEY: "${env:MY_KEY}"}\n', env={})
+
+
+def test_loopback_master_address_is_refused_when_several_hosts_take_part():
+    inv = inventory_from_text(INVENTORY, "inv.yaml")
+    with pytest.raises(UsageError, match="loopback"):
+        choose_master_addr(inv.nodes[1], None, "127.0.0.1", nnodes=2)
+    assert choose_master_addr(inv.nodes[1], None, "127.0.0.1", nnodes=1) == "127.0.0.1"
+
+
+def test_master_iface_address_is_preferred_over_the_ssh_address():
+    inv = inventory_from_text(INVENTORY, "inv.yaml")
+    facts = HostFacts("node0", interfaces={"ib0": ["192.168.50.10/24"]})
+    assert choose_master_addr(inv.nodes[0], facts, "10.0.0.10", nnodes=3) == "192.168.50.10"
