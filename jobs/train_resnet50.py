@@ -1,0 +1,541 @@
+"""Train ResNet-50 (or a tiny CNN) on synthetic ImageNet-shaped data; launched by torchrun.
+
+    torchrun --nproc-per-node 2 jobs/train_resnet50.py --model resnet50 --steps 20
+    python jobs/train_resnet50.py --model tiny --steps 4      # one process, no process group
+
+Strategies: ``single`` (one process), ``dp`` (torch.nn.DataParallel over every visible
+GPU in one process; a plain single process without GPUs), ``ddp``
+(DistributedDataParallel, one process per GPU or CPU slot) and ``fsdp`` (FSDP2
+``fully_shard`` per residual block, then the root). ``ddp`` and ``fsdp`` started
+without torchrun run as a one-rank process group.
+
+Metrics line protocol (what distrun parses from rank 0's stdout):
+
+    DISTRUN_METRICS {"step": 5, "samples_per_s": 41.2, ...}
+
+One line, the prefix, one space, one JSON object. Rank 0 prints one every
+``--log-every`` steps and at the last step, with the keys
+
+    step           int    1-based optimizer step just finished
+    samples_per_s  float  whole-job throughput over the interval since the last line:
+                          global_batch * steps in the interval / elapsed seconds
+    step_time_s    float  mean seconds per step over the same interval
+    loss           float  mean training loss over the interval, averaged across ranks
+    peak_mem_mb    float  CUDA max_memory_allocated of rank 0's process on GPUs; on
+                          CPU the process's max RSS (getrusage); MiB
+    world_size     int    number of processes
+    global_batch   int    batch_size * grad_accum * world_size (samples per step)
+    strategy       str    single | dp | ddp | fsdp
+    device         str    cuda | cpu
+    amp            str|null  "bfloat16" / "float16", or null when AMP is off
+    warmup         bool   true while step <= the warmup steps of this run
+
+After the last step rank 0 prints one more line with ``"final": true``, ``step``,
+``steps_run``, ``mean_samples_per_s`` (global_batch * non-warmup steps / their
+elapsed seconds; null when every step was warmup), ``peak_mem_mb`` (max over all
+ranks), ``wall_s`` and the run-constant keys above. Every print is flushed.
+
+With ``--print-checksum`` every rank then prints
+
+    DISTRUN_CHECKSUM {"rank": 0, "weights": 1234.567891, "allreduce": 3.0}
+
+``weights`` is the sum of all parameters (rounded to 6 places; ranks agree when
+training stayed in sync) and ``allreduce`` the all_reduce sum of ``rank + 1``, which
+is world_size * (world_size + 1) / 2 on every rank of a healthy process group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import resource
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from resnet_model import MODEL_NAMES, build_model, shard_units
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.elastic.multiprocessing.errors import record
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+METRICS_PREFIX = "DISTRUN_METRICS"
+CHECKSUM_PREFIX = "DISTRUN_CHECKSUM"
+CHECKPOINT_NAME = "last.pt"
+
+
+class Strategy(str, Enum):
+    SINGLE = "single"
+    DP = "dp"
+    DDP = "ddp"
+    FSDP = "fsdp"
+
+
+ONE_PROCESS_STRATEGIES = (Strategy.SINGLE, Strategy.DP)
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where this process sits: its rank, the job's size and the device it trains on."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    distributed: bool
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def env_world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=MODEL_NAMES, default="resnet50")
+    parser.add_argument("--strategy", choices=[strategy.value for strategy in Strategy], default=None,
+                        help="default: ddp when WORLD_SIZE > 1, else single")
+    parser.add_argument("--steps", type=int, default=50, help="optimizer steps in the whole run")
+    parser.add_argument("--batch-size", type=int, default=32, help="samples per process per micro-batch")
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--num-classes", type=int, default=1000)
+    parser.add_argument("--lr", type=float, default=0.002, help="SGD learning rate (momentum 0.9)")
+    parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
+    parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True,
+                        help="mixed precision on CUDA: bf16 where supported, else fp16 with GradScaler")
+    parser.add_argument("--log-every", type=int, default=10, help="steps between DISTRUN_METRICS lines")
+    parser.add_argument("--warmup-steps", type=int, default=2, help="steps left out of mean throughput")
+    parser.add_argument("--checkpoint-dir", type=Path, default=None, help=f"rank 0 writes {CHECKPOINT_NAME} here")
+    parser.add_argument("--save-every", type=int, default=0, help="also checkpoint every N steps (0: only at the end)")
+    parser.add_argument("--resume", action="store_true", help=f"continue from {CHECKPOINT_NAME} when it exists")
+    parser.add_argument("--fail-at-step", type=int, default=None, help="raise RuntimeError at this step (tests)")
+    parser.add_argument("--fail-rank", type=int, default=0, help="the rank that fails with --fail-at-step")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--print-checksum", action="store_true", help="every rank prints DISTRUN_CHECKSUM at the end")
+    args = parser.parse_args(argv)
+    validate_args(parser, args)
+    return args
+
+
+def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    for name in ("steps", "batch_size", "image_size", "num_classes", "grad_accum", "log_every"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.warmup_steps < 0 or args.save_every < 0:
+        parser.error("--warmup-steps and --save-every must not be negative")
+    if args.resume and args.checkpoint_dir is None:
+        parser.error("--resume needs --checkpoint-dir")
+    if args.strategy is None:
+        args.strategy = Strategy.DDP if env_world_size() > 1 else Strategy.SINGLE
+    args.strategy = Strategy(args.strategy)
+    if args.strategy in ONE_PROCESS_STRATEGIES and env_world_size() > 1:
+        parser.error(f"--strategy {args.strategy.value} runs in one process, but WORLD_SIZE is "
+                     f"{env_world_size()}; launch it with nproc_per_node 1")
+
+
+def init_runtime(strategy: Strategy) -> Runtime:
+    """Pick the device and, for ddp/fsdp, join the process group (nccl on GPUs, gloo otherwise)."""
+    cuda = torch.cuda.is_available()
+    if strategy in ONE_PROCESS_STRATEGIES:
+        return Runtime(rank=0, world_size=1, device=torch.device("cuda" if cuda else "cpu"), distributed=False)
+    device = torch.device("cpu")
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    backend = "nccl" if cuda else "gloo"
+    if "RANK" in os.environ:
+        dist.init_process_group(backend, device_id=device if cuda else None)
+    else:
+        # Started without torchrun: a one-rank group, so ddp/fsdp still run end to end.
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return Runtime(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device, distributed=True)
+
+
+def pick_amp_dtype(device: torch.device, enabled: bool) -> torch.dtype | None:
+    if not enabled or device.type != "cuda":
+        return None
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def write_line(line: str) -> None:
+    """One write per line, flushed: torchrun runs workers with ``python -u``, where print()
+    writes the text and the newline separately and lines of two ranks sharing a pipe interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def emit(prefix: str, payload: dict[str, Any]) -> None:
+    write_line(f"{prefix} {json.dumps(payload)}")
+
+
+def say(runtime: Runtime, message: str) -> None:
+    if runtime.is_main:
+        write_line(f"train_resnet50: {message}")
+
+
+class SyntheticImageNet(Dataset):
+    """Deterministic random images and labels: item i is the same on every rank and every run.
+
+    Items cycle through a bank of at most ``bank_size`` image/label pairs drawn once from
+    the seed: with num_workers=0, drawing a fresh 224x224 image per sample would starve a
+    GPU, and pairs that repeat give the model something to fit.
+    """
+
+    def __init__(self, length: int, image_size: int, num_classes: int, seed: int, bank_size: int = 256) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        bank = min(length, bank_size)
+        self.images = torch.randn(bank, 3, image_size, image_size, generator=generator)
+        self.labels = torch.randint(num_classes, (bank,), generator=generator)
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        slot = index % len(self.labels)
+        return self.images[slot], self.labels[slot]
+
+
+def make_loader(args: argparse.Namespace, runtime: Runtime, start_step: int) -> DataLoader:
+    """One epoch that covers the whole run; a resumed run skips the batches already trained on."""
+    per_rank_step = args.batch_size * args.grad_accum
+    dataset = SyntheticImageNet(args.steps * per_rank_step * runtime.world_size, args.image_size,
+                                args.num_classes, args.seed)
+    sampler = DistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank,
+                                 shuffle=True, seed=args.seed, drop_last=True)
+    sampler.set_epoch(0)
+    remaining = list(sampler)[start_step * per_rank_step:]
+    return DataLoader(dataset, batch_size=args.batch_size, sampler=remaining, num_workers=0, drop_last=True,
+                      pin_memory=runtime.device.type == "cuda")
+
+
+def apply_fsdp(model: nn.Module, runtime: Runtime, amp_dtype: torch.dtype | None) -> nn.Module:
+    try:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    except ImportError as exc:
+        sys.exit(f"train_resnet50: --strategy fsdp needs FSDP2 (torch.distributed.fsdp.fully_shard, "
+                 f"torch >= 2.6); this torch is {torch.__version__}: {exc}")
+    mesh = init_device_mesh(runtime.device.type, (runtime.world_size,))
+    policy = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32) if amp_dtype else None
+    options: dict[str, Any] = {"mesh": mesh} | ({"mp_policy": policy} if policy else {})
+    for block in shard_units(model):
+        fully_shard(block, **options)
+    fully_shard(model, **options)
+    return model
+
+
+def wrap_model(model: nn.Module, strategy: Strategy, runtime: Runtime, amp_dtype: torch.dtype | None) -> nn.Module:
+    """Put the model on its device and wrap it for the strategy; FSDP2 shards in place."""
+    model = model.to(runtime.device)
+    if strategy is Strategy.DDP:
+        device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    if strategy is Strategy.FSDP:
+        return apply_fsdp(model, runtime, amp_dtype)
+    if strategy is Strategy.DP:
+        if runtime.device.type != "cuda":
+            say(runtime, "note: dp without GPUs is a plain single process")
+            return model
+        say(runtime, f"dp: DataParallel over {torch.cuda.device_count()} GPU(s)")
+        return nn.DataParallel(model)
+    return model
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module that owns the parameters (DDP and DataParallel keep it as .module)."""
+    if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+        return model.module
+    return model
+
+
+@dataclass
+class Trainer:
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    strategy: Strategy
+    runtime: Runtime
+    amp_dtype: torch.dtype | None
+    grad_accum: int
+    scaler: torch.amp.GradScaler | None = None
+    loss_fn: nn.Module = field(default_factory=nn.CrossEntropyLoss)
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        # FSDP2 casts through its MixedPrecisionPolicy instead of autocast.
+        if self.amp_dtype is None or self.strategy is Strategy.FSDP:
+            return nullcontext()
+        return torch.autocast(device_type="cuda", dtype=self.amp_dtype)
+
+    def grad_sync(self, sync: bool) -> AbstractContextManager[Any]:
+        """Skip the gradient all-reduce on all but the last micro-batch of a step."""
+        if self.strategy is Strategy.FSDP:
+            self.model.set_requires_gradient_sync(sync)
+        elif self.strategy is Strategy.DDP and not sync:
+            return self.model.no_sync()
+        return nullcontext()
+
+    def step(self, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """One optimizer step over grad_accum micro-batches; returns the mean loss (no host sync)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=self.runtime.device)
+        for index, (images, labels) in enumerate(micro_batches):
+            images = images.to(self.runtime.device, non_blocking=True)
+            labels = labels.to(self.runtime.device, non_blocking=True)
+            with self.grad_sync(index == len(micro_batches) - 1), self.autocast():
+                loss = self.loss_fn(self.model(images), labels) / self.grad_accum
+                self.backward(loss)
+            total += loss.detach().float()
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        return total
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.scaler is None:
+            loss.backward()
+        else:
+            self.scaler.scale(loss).backward()
+
+
+def all_reduce_scalar(runtime: Runtime, value: float, op: dist.ReduceOp.RedOpType) -> float:
+    if not runtime.distributed:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=runtime.device)
+    dist.all_reduce(tensor, op=op)
+    return tensor.item()
+
+
+def peak_mem_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # Linux reports KiB, macOS bytes.
+    return max_rss / (2**20 if sys.platform == "darwin" else 2**10)
+
+
+def clock(device: torch.device) -> float:
+    """Wall time after the device finished its queued work, so intervals measure real steps."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+@dataclass
+class Meter:
+    """Turns step timings and losses into DISTRUN_METRICS lines."""
+
+    runtime: Runtime
+    common: dict[str, Any]
+    warmup_end: int
+    last_step: int
+    last_time: float
+    measure_start: float | None
+    loss_sum: torch.Tensor
+
+    @classmethod
+    def start(cls, runtime: Runtime, common: dict[str, Any], start_step: int, warmup_steps: int) -> Meter:
+        now = clock(runtime.device)
+        return cls(runtime=runtime, common=common, warmup_end=start_step + warmup_steps, last_step=start_step,
+                   last_time=now, measure_start=now if warmup_steps == 0 else None,
+                   loss_sum=torch.zeros((), device=runtime.device))
+
+    def record(self, step: int, loss: torch.Tensor, log: bool) -> None:
+        """Account for a finished step; the clock is read only at interval boundaries."""
+        self.loss_sum += loss
+        if step != self.warmup_end and not log:
+            return
+        # One timestamp per boundary, so consecutive intervals tile the run (logging included).
+        now = clock(self.runtime.device)
+        if step == self.warmup_end:
+            self.measure_start = now
+        if log:
+            self.log(step, now)
+
+    def log(self, step: int, now: float) -> None:
+        steps = step - self.last_step
+        elapsed = now - self.last_time
+        world = self.runtime.world_size
+        loss = all_reduce_scalar(self.runtime, self.loss_sum.item() / steps, dist.ReduceOp.SUM) / world
+        if self.runtime.is_main:
+            emit(METRICS_PREFIX, {
+                "step": step,
+                "samples_per_s": round(self.common["global_batch"] * steps / elapsed, 3),
+                "step_time_s": round(elapsed / steps, 6),
+                "loss": round(loss, 6),
+                "peak_mem_mb": round(peak_mem_mb(self.runtime.device), 1),
+                **self.common,
+                "warmup": step <= self.warmup_end,
+            })
+        self.last_step, self.last_time = step, now
+        self.loss_sum.zero_()
+
+    def finish(self, step: int, steps_run: int, wall_s: float) -> None:
+        """The final line; the last step always logs, so last_time is the end of the run."""
+        measured = step - self.warmup_end
+        mean = None
+        if measured > 0 and self.measure_start is not None:
+            mean = round(self.common["global_batch"] * measured / (self.last_time - self.measure_start), 3)
+        peak = all_reduce_scalar(self.runtime, peak_mem_mb(self.runtime.device), dist.ReduceOp.MAX)
+        if self.runtime.is_main:
+            emit(METRICS_PREFIX, {
+                "final": True, "step": step, "steps_run": steps_run, "mean_samples_per_s": mean,
+                "peak_mem_mb": round(peak, 1), "wall_s": round(wall_s, 3), **self.common,
+            })
+
+
+def checkpoint_state(trainer: Trainer, step: int) -> dict[str, Any]:
+    """Full (unsharded) model and optimizer state; collective under FSDP, so every rank calls it."""
+    full = StateDictOptions(full_state_dict=True, cpu_offload=trainer.runtime.distributed)
+    model_state, optim_state = get_state_dict(unwrap(trainer.model), trainer.optimizer, options=full)
+    state = {"step": step, "model": model_state, "optimizer": optim_state}
+    if trainer.scaler is not None:
+        state["scaler"] = trainer.scaler.state_dict()
+    return state
+
+
+def save_checkpoint(trainer: Trainer, directory: Path, step: int) -> None:
+    state = checkpoint_state(trainer, step)
+    if not trainer.runtime.is_main:
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = directory / f"{CHECKPOINT_NAME}.partial"
+    # Write then rename: a run killed mid-save leaves the previous last.pt intact.
+    torch.save(state, partial)
+    partial.replace(directory / CHECKPOINT_NAME)
+    say(trainer.runtime, f"saved {directory / CHECKPOINT_NAME} at step {step}")
+
+
+def read_checkpoint_on_rank0(runtime: Runtime, path: Path) -> dict[str, Any] | None:
+    """Rank 0 reads the file and sends it to the others, so only rank 0 needs to see it."""
+    state = None
+    if runtime.is_main and path.exists():
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    if runtime.distributed:
+        box = [state]
+        dist.broadcast_object_list(box, src=0)
+        state = box[0]
+    return state
+
+
+def load_checkpoint(trainer: Trainer, directory: Path) -> int:
+    """Restore last.pt when it exists; returns the step to continue from (0 without one)."""
+    path = directory / CHECKPOINT_NAME
+    state = read_checkpoint_on_rank0(trainer.runtime, path)
+    if state is None:
+        say(trainer.runtime, f"no checkpoint at {path}; starting from step 0")
+        return 0
+    set_state_dict(unwrap(trainer.model), trainer.optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
+    if trainer.scaler is not None and "scaler" in state:
+        trainer.scaler.load_state_dict(state["scaler"])
+    say(trainer.runtime, f"resumed from {path} at step {state['step']}")
+    return int(state["step"])
+
+
+def weights_checksum(model: nn.Module) -> float:
+    """Sum of every parameter; under FSDP the shards are gathered first (a collective)."""
+    from torch.distributed.tensor import DTensor
+
+    total = 0.0
+    for param in model.parameters():
+        tensor = param.full_tensor() if isinstance(param, DTensor) else param
+        total += tensor.detach().double().sum().item()
+    return round(total, 6)
+
+
+def print_checksum(trainer: Trainer) -> None:
+    runtime = trainer.runtime
+    weights = weights_checksum(trainer.model)
+    reduced = all_reduce_scalar(runtime, float(runtime.rank + 1), dist.ReduceOp.SUM)
+    emit(CHECKSUM_PREFIX, {"rank": runtime.rank, "weights": weights, "allreduce": reduced})
+
+
+def micro_batch_groups(loader: DataLoader, grad_accum: int) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
+    batches: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for batch in loader:
+        batches.append(batch)
+        if len(batches) == grad_accum:
+            yield batches
+            batches = []
+
+
+def build_trainer(args: argparse.Namespace, runtime: Runtime) -> Trainer:
+    # Same seed on every rank: FSDP2 shards each rank's own copy of the initial weights.
+    torch.manual_seed(args.seed)
+    model = build_model(args.model, args.num_classes)
+    amp_dtype = pick_amp_dtype(runtime.device, args.amp)
+    params = sum(p.numel() for p in model.parameters())
+    say(runtime, f"model={args.model} params={params:,} strategy={args.strategy.value} "
+                 f"world_size={runtime.world_size} device={runtime.device.type} amp={amp_dtype}")
+    model = wrap_model(model, args.strategy, runtime, amp_dtype)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
+    scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
+    return Trainer(model=model, optimizer=optimizer, strategy=args.strategy, runtime=runtime,
+                   amp_dtype=amp_dtype, grad_accum=args.grad_accum, scaler=scaler)
+
+
+def should_log(step: int, args: argparse.Namespace) -> bool:
+    return step % args.log_every == 0 or step == args.steps
+
+
+def train(args: argparse.Namespace, trainer: Trainer, start_step: int) -> None:
+    runtime = trainer.runtime
+    common = {
+        "world_size": runtime.world_size,
+        "global_batch": args.batch_size * args.grad_accum * runtime.world_size,
+        "strategy": args.strategy.value,
+        "device": runtime.device.type,
+        "amp": str(trainer.amp_dtype).removeprefix("torch.") if trainer.amp_dtype else None,
+    }
+    began = time.perf_counter()
+    trainer.model.train()
+    groups = micro_batch_groups(make_loader(args, runtime, start_step), args.grad_accum)
+    meter = Meter.start(runtime, common, start_step, args.warmup_steps)
+    step = start_step
+    for step, micro_batches in enumerate(groups, start=start_step + 1):
+        if step == args.fail_at_step and runtime.rank == args.fail_rank:
+            raise RuntimeError(f"injected failure at step {step} on rank {runtime.rank} (--fail-at-step)")
+        loss = trainer.step(micro_batches)
+        meter.record(step, loss, log=should_log(step, args))
+        if args.checkpoint_dir and args.save_every and step % args.save_every == 0 and step != args.steps:
+            save_checkpoint(trainer, args.checkpoint_dir, step)
+    if args.checkpoint_dir:
+        save_checkpoint(trainer, args.checkpoint_dir, step)
+    meter.finish(step, step - start_step, time.perf_counter() - began)
+
+
+@record
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    runtime = init_runtime(args.strategy)
+    logging.basicConfig(level=logging.INFO if runtime.is_main else logging.WARNING,
+                        format="train_resnet50: %(message)s", stream=sys.stdout)
+    trainer = build_trainer(args, runtime)
+    start_step = load_checkpoint(trainer, args.checkpoint_dir) if args.resume else 0
+    train(args, trainer, start_step)
+    if args.print_checksum:
+        print_checksum(trainer)
+    if runtime.distributed:
+        # The DDP reducer must go before its process group, and no rank may tear gloo down
+        # under a peer still in a collective: either hangs the job at exit.
+        del trainer
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""jobs/train_resnet50.py run for real on CPU: the metrics protocol, rank agreement under
+torchrun, injected failures, checkpoint/resume, and every strategy; plus the bundled ResNet-50."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+
+from tests.helpers import REPO
+
+SCRIPT = REPO / "jobs" / "train_resnet50.py"
+TINY = ["--model", "tiny", "--image-size", "32", "--batch-size", "4", "--num-classes", "10"]
+METRIC_KEYS = {"step", "samples_per_s", "step_time_s", "loss", "peak_mem_mb", "world_size", "global_batch",
+               "strategy", "device", "amp", "warmup"}
+FINAL_KEYS = {"final", "step", "steps_run", "mean_samples_per_s", "peak_mem_mb", "wall_s", "world_size",
+              "global_batch", "strategy", "device", "amp"}
+TIMEOUT = 180
+TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def load_resnet_model() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("resnet_model", REPO / "jobs" / "resnet_model.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def train(*args: str, nproc: int | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The script under torchrun with `nproc` processes, or as plain python when nproc is None."""
+    launcher = [] if nproc is None else ["-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                                         "--master-addr", "127.0.0.1", "--master-port", str(free_port())]
+    inherited = {name: value for name, value in os.environ.items() if name not in TORCHRUN_VARS}
+    full_env = {**inherited, "OMP_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run([sys.executable, *launcher, str(SCRIPT), *args], cwd=REPO, env=full_env,
+                          capture_output=True, text=True, timeout=TIMEOUT, check=False)
+
+
+def records(result: subprocess.CompletedProcess[str], prefix: str) -> list[dict[str, Any]]:
+    return [json.loads(line.removeprefix(prefix + " ")) for line in result.stdout.splitlines()
+            if line.startswith(prefix + " ")]
+
+
+def metrics(result: subprocess.CompletedProcess[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """(interval records, the final record) of a successful run."""
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = records(result, "DISTRUN_METRICS")
+    assert lines and lines[-1].get("final") is True, result.stdout
+    return lines[:-1], lines[-1]
+
+
+def weights(result: subprocess.CompletedProcess[str]) -> list[float]:
+    return [record["weights"] for record in sorted(records(result, "DISTRUN_CHECKSUM"), key=lambda r: r["rank"])]
+
+
+@pytest.fixture(scope="module")
+def ddp_run() -> subprocess.CompletedProcess[str]:
+    return train(*TINY, "--steps", "4", "--log-every", "2", "--print-checksum", nproc=2)
+
+
+def test_bundled_resnet50_matches_torchvision_parameter_count_and_blocks() -> None:
+    resnet_model = load_resnet_model()
+    model = resnet_model.build_resnet50()
+    assert sum(p.numel() for p in model.parameters()) == 25_557_032
+    assert len(resnet_model.shard_units(model)) == 3 + 4 + 6 + 3
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 1000)
+
+
+def test_two_rank_run_defaults_to_ddp_and_rank0_prints_every_metrics_line(ddp_run) -> None:
+    intervals, final = metrics(ddp_run)
+    assert [r["step"] for r in intervals] == [2, 4]
+    for record in intervals:
+        assert record.keys() >= METRIC_KEYS
+        assert (record["world_size"], record["global_batch"], record["strategy"]) == (2, 8, "ddp")
+        assert (record["device"], record["amp"]) == ("cpu", None)
+        assert record["samples_per_s"] > 0 and record["step_time_s"] > 0 and record["peak_mem_mb"] > 0
+    assert [r["warmup"] for r in intervals] == [True, False]
+    assert final.keys() >= FINAL_KEYS
+    assert final["step"] == 4 and final["mean_samples_per_s"] > 0
+    assert final["peak_mem_mb"] >= max(r["peak_mem_mb"] for r in intervals)
+
+
+def test_two_ddp_ranks_end_with_the_same_weights_and_a_working_all_reduce(ddp_run) -> None:
+    checksums = records(ddp_run, "DISTRUN_CHECKSUM")
+    assert sorted(r["rank"] for r in checksums) == [0, 1]
+    assert {r["allreduce"] for r in checksums} == {3.0}
+    assert len(set(weights(ddp_run))) == 1
+
+
+def test_fsdp_on_two_ranks_trains_the_same_weights_as_ddp(ddp_run) -> None:
+    result = train(*TINY, "--steps", "4", "--log-every", "2", "--print-checksum", "--strategy", "fsdp", nproc=2)
+    intervals, _ = metrics(result)
+    assert {r["strategy"] for r in intervals} == {"fsdp"}
+    fsdp_weights = weights(result)
+    assert len(fsdp_weights) == 2 and len(set(fsdp_weights)) == 1
+    assert fsdp_weights[0] == pytest.approx(weights(ddp_run)[0], abs=1e-3)
+
+
+def test_injected_failure_on_rank_1_fails_the_whole_job() -> None:
+    result = train(*TINY, "--steps", "4", "--fail-at-step", "2", "--fail-rank", "1", nproc=2)
+    assert result.returncode != 0
+    assert "injected failure at step 2 on rank 1" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("strategy", ["single", "dp"])
+def test_one_process_strategy_runs_without_torchrun(strategy: str) -> None:
+    result = train(*TINY, "--steps", "2", "--log-every", "1", "--strategy", strategy)
+    intervals, final = metrics(result)
+    assert [(r["step"], r["strategy"], r["world_size"]) for r in intervals] == [(1, strategy, 1), (2, strategy, 1)]
+    assert final["steps_run"] == 2
+    assert ("dp without GPUs is a plain single process" in result.stdout) == (strategy == "dp")
+
+
+def test_one_process_strategy_refuses_a_multi_process_launch() -> None:
+    result = train(*TINY, "--strategy", "dp", env={"WORLD_SIZE": "2"})
+    assert result.returncode == 2
+    assert "launch it with nproc_per_node 1" in result.stderr
+
+
+def test_resume_after_a_failure_continues_from_the_checkpoint_to_the_same_weights(tmp_path: Path) -> None:
+    run = [*TINY, "--steps", "4", "--log-every", "1", "--print-checksum", "--checkpoint-dir", str(tmp_path)]
+    uninterrupted = train(*TINY, "--steps", "4", "--log-every", "1", "--print-checksum")
+    crashed = train(*run, "--save-every", "2", "--fail-at-step", "3")
+    assert crashed.returncode != 0
+    assert torch.load(tmp_path / "last.pt", weights_only=True)["step"] == 2
+    resumed = train(*run, "--resume")
+    intervals, final = metrics(resumed)
+    assert "resumed from" in resumed.stdout
+    assert [r["step"] for r in intervals] == [3, 4]
+    assert (final["step"], final["steps_run"]) == (4, 2)
+    assert weights(resumed) == weights(uninterrupted)
