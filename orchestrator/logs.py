@@ -109,6 +109,12 @@ class LogSink:
         """A message from distrun itself about a host, shown and kept like a host's line."""
         self.line(node, f"distrun: {text}")
 
+    def summary(self, text: str) -> None:
+        """The job's closing summary, appended to combined.log so `logs` and `logs -f` show it."""
+        with self.lock:
+            self._file(self.dir.combined).write(text.rstrip("\n") + "\n")
+        self.flush()
+
     def _metrics(self, line: LogLine, data: dict[str, Any]) -> None:
         record = {"t": time.time(), "node": line.node, "rank": line.rank, **data}
         with self.lock:
@@ -178,8 +184,9 @@ def follow(path: Path, finished: Callable[[], bool], pattern: re.Pattern[str] | 
                     partial = ""
                 continue
             if finished():
-                rest = fh.read()
-                for ln in (partial + rest).splitlines():
+                rest = (partial + fh.read()).rstrip("\n")
+                # split("\n"), not splitlines(): a log line may hold \x1e, \x0c and the like.
+                for ln in rest.split("\n") if rest else []:
                     if pattern is None or pattern.search(ln):
                         yield ln
                 return

@@ -1,5 +1,5 @@
-"""Ends one job's processes on a host, found by its id; used by `distrun stop` when the
-job's controller is gone. argv: JOB_ID [GRACE_SECONDS]."""
+"""Ends one job's processes on a host, found by job id and node name; used by `distrun stop`
+when the job's controller is gone. argv: JOB_ID NODE [GRACE_SECONDS]."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from orchestrator.remote.supervisor import end_job, job_processes
 
 
 def main(argv: list[str]) -> None:
-    job_id = argv[0]
-    grace = float(argv[1]) if len(argv) > 1 else 5.0
-    found = len(job_processes(job_id, os.getpid()))
-    killed = end_job(job_id, None, grace)
+    job_id, node = argv[0], argv[1]
+    grace = float(argv[2]) if len(argv) > 2 else 5.0
+    found = len(job_processes(job_id, os.getpid(), node))
+    killed = end_job(job_id, node, None, grace)
     sys.stdout.write(json.dumps({"found": found, "killed": killed}) + "\n")

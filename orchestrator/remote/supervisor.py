@@ -7,13 +7,15 @@ Output (stdout): torchrun's output lines as they are, and events as lines that s
 the byte 0x1e followed by JSON: `started`, `hb`, `tel`, `exit`, `note`.
 
 The job's processes are found two ways: torchrun's process group, and every process whose
-environment carries `DISTRUN_JOB_ID=<id>` (torchrun starts each worker in a session of its
-own, so the group alone would miss workers once torchrun itself is gone). Another job on
-the same host has another id and is never touched.
+environment carries `DISTRUN_JOB_ID=<id>` and `DISTRUN_NODE=<node>` (torchrun starts each
+worker in a session of its own, so the group alone would miss workers once torchrun itself
+is gone). Another job on the same host has another id and is never touched; the node name
+keeps apart hosts that share one process table (containers, namespaces).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -43,13 +45,14 @@ class Output:
             except (BrokenPipeError, OSError, ValueError):
                 pass
 
-    def event(self, kind: str, **fields: Any) -> None:
+    def event(self, kind: str, /, **fields: Any) -> None:
         self.raw(EVENT + json.dumps({"ev": kind, **fields}).encode() + b"\n")
 
 
-def job_processes(job_id: str, exclude: int) -> list[int]:
-    """Pids of every process on this host whose environment has DISTRUN_JOB_ID=job_id."""
+def job_processes(job_id: str, exclude: int, node: str | None = None) -> list[int]:
+    """Pids of every process whose environment has DISTRUN_JOB_ID=job_id (and DISTRUN_NODE=node)."""
     marker = f"DISTRUN_JOB_ID={job_id}".encode()
+    node_marker = f"DISTRUN_NODE={node}".encode() if node else marker
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == exclude:
@@ -59,22 +62,18 @@ def job_processes(job_id: str, exclude: int) -> list[int]:
                 env = fh.read().split(b"\0")
         except OSError:
             continue
-        if marker in env:
+        if marker in env and node_marker in env:
             found.append(int(entry))
     return found
 
 
 def _signal_all(pgid: int | None, pids: list[int], sig: int) -> None:
     if pgid is not None:
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(pgid, sig)
-        except OSError:
-            pass
     for pid in pids:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, sig)
-        except OSError:
-            pass
 
 
 def _alive(pid: int) -> bool:
@@ -86,22 +85,22 @@ def _alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-def end_job(job_id: str, pgid: int | None, grace: float, reap: Any = None) -> int:
+def end_job(job_id: str, node: str, pgid: int | None, grace: float, reap: Any = None) -> int:
     """SIGTERM the job's processes, SIGKILL what is left after `grace` seconds.
 
     Returns:
         How many processes were still alive after the grace period.
     """
     me = os.getpid()
-    _signal_all(pgid, job_processes(job_id, me), signal.SIGTERM)
+    _signal_all(pgid, job_processes(job_id, me, node), signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         if reap is not None:
             reap()
-        if not [p for p in job_processes(job_id, me) if _alive(p)]:
+        if not [p for p in job_processes(job_id, me, node) if _alive(p)]:
             return 0
         time.sleep(0.05)
-    left = [p for p in job_processes(job_id, me) if _alive(p)]
+    left = [p for p in job_processes(job_id, me, node) if _alive(p)]
     _signal_all(pgid, left, signal.SIGKILL)
     return len(left)
 
@@ -112,7 +111,9 @@ class Supervisor:
         self.out = out
         self.job_id: str = cfg["job_id"]
         self.grace = float(cfg.get("stop_grace", 5.0))
-        self.hb_timeout = float(cfg.get("heartbeat_timeout", 15.0))
+        # None: a scheduler (Slurm) owns the job's lifetime; no controller heartbeat on stdin.
+        timeout = cfg.get("heartbeat_timeout", 15.0)
+        self.hb_timeout = None if timeout is None else float(timeout)
         self.last_hb = time.monotonic()
         self.stop_reason: str | None = None
         self.stopping = threading.Event()
@@ -127,7 +128,7 @@ class Supervisor:
         env.update(self.cfg.get("env", {}))
         env["DISTRUN_JOB_ID"] = self.job_id
         env["DISTRUN_NODE"] = self.cfg["node"]
-        self.child = subprocess.Popen(  # noqa: S603 - argv list from the plan, no shell
+        self.child = subprocess.Popen(
             self.cfg["argv"],
             env=env,
             cwd=self.cfg.get("cwd") or None,
@@ -146,8 +147,7 @@ class Supervisor:
 
     def relay(self) -> None:
         """Copy torchrun's output to stdout and the host-side log, whole lines at a time."""
-        assert self.child is not None and self.child.stdout is not None  # noqa: S101 - set in start_child
-        fd = self.child.stdout.fileno()
+        fd = self.child.stdout.fileno()  # type: ignore[union-attr]  # set in start_child
         rest = b""
         while True:
             chunk = os.read(fd, CHUNK)
@@ -180,7 +180,7 @@ class Supervisor:
         """Send our heartbeat; end the job when the controller's heartbeat stops."""
         while not self.done.wait(HEARTBEAT_EVERY):
             self.out.event("hb")
-            if time.monotonic() - self.last_hb > self.hb_timeout:
+            if self.hb_timeout is not None and time.monotonic() - self.last_hb > self.hb_timeout:
                 self.stop(f"controller heartbeat silent for more than {self.hb_timeout:g} s")
 
     def stop(self, reason: str) -> None:
@@ -192,7 +192,7 @@ class Supervisor:
 
     def _end(self) -> None:
         pgid = self.child.pid if self.child else None
-        left = end_job(self.job_id, pgid, self.grace, reap=self.child.poll if self.child else None)
+        left = end_job(self.job_id, self.cfg["node"], pgid, self.grace, reap=self.child.poll if self.child else None)
         self.out.event("note", msg=f"job processes ended ({self.stop_reason}); {left} needed SIGKILL")
 
     def run(self, stdin: BinaryIO) -> int:
@@ -203,13 +203,14 @@ class Supervisor:
         except OSError as exc:
             self.out.event("exit", rc=127, error=f"cannot start {self.cfg['argv'][0]}: {exc}")
             return 127
-        threading.Thread(target=self.control, args=(stdin,), daemon=True).start()
+        if self.hb_timeout is not None:
+            threading.Thread(target=self.control, args=(stdin,), daemon=True).start()
         threading.Thread(target=self.watchdog, daemon=True).start()
-        sampler = start_telemetry(self.cfg, self.out, self.done)
+        sampler = start_telemetry(self.cfg, self.out, self.done, self.dir)
         self.relay()
         rc = self.child.wait()
         # Whatever the job left behind (a worker in its own session) goes with it.
-        end_job(self.job_id, self.child.pid, min(self.grace, 2.0))
+        end_job(self.job_id, self.cfg["node"], self.child.pid, min(self.grace, 2.0))
         self.done.set()
         if sampler is not None:
             sampler.join(timeout=2)
@@ -218,15 +219,18 @@ class Supervisor:
         return 0
 
 
-def start_telemetry(cfg: dict[str, Any], out: Output, done: threading.Event) -> threading.Thread | None:
-    """Start the telemetry sampler when it was shipped and the job asks for it."""
+def start_telemetry(cfg: dict[str, Any], out: Output, done: threading.Event, keep_dir: str) -> threading.Thread | None:
+    """Start the telemetry sampler when it was shipped and the job asks for it; it keeps a
+    copy of its samples in keep_dir/<node>.telemetry.jsonl beside the host-side log."""
     interval = cfg.get("telemetry_interval")
     sampler = sys.modules.get("orchestrator.remote.sampler")
     if not interval or sampler is None:
         return None
     thread = threading.Thread(
         target=sampler.run,
-        kwargs={"interval": float(interval), "job_id": cfg["job_id"], "emit": out.event, "done": done},
+        kwargs={"interval": float(interval), "job_id": cfg["job_id"], "node": cfg["node"], "emit": out.event,
+                "done": done,
+                "keep": os.path.join(keep_dir, f"{cfg['node']}.telemetry.jsonl")},
         daemon=True,
     )
     thread.start()

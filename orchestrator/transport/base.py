@@ -94,9 +94,11 @@ class RemoteProcess(ABC):
         rc = self._wait(timeout)
         if rc is None:
             return None
+        # The exit status can arrive before the last buffered lines are read: only report
+        # the exit once every line has been delivered.
         for thread in self._pumps:
             thread.join(timeout)
-        return rc
+        return None if any(thread.is_alive() for thread in self._pumps) else rc
 
 
 def _pump(stream: BinaryIO, callback: LineCallback) -> None:

@@ -1,0 +1,382 @@
+"""Multi-host launch over SSH on real sshd hosts: agreement, fail fast, no orphans, operations."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, distrun
+
+WORKER = Path(__file__).parent / "jobs" / "worker.py"
+TRAIN = REPO / "jobs" / "train_resnet50.py"
+
+
+def write_job(
+    tmp_path: Path, name: str = "w", args: list[str] | None = None, extra: str = "", script: Path = WORKER,
+    heartbeat: float = 8,
+) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        f"name: {name}\nscript: {script}\nargs: {json.dumps(args or [])}\nnproc_per_node: 2\n"
+        f"env: {{OMP_NUM_THREADS: '1'}}\nheartbeat_timeout: {heartbeat:g}\nstop_grace: 3\n" + extra
+    )
+    return path
+
+
+def start(job: Path, inv: Path, home: Path, job_id: str, *extra: str) -> subprocess.Popen[str]:
+    """`distrun launch` in the background, its output in HOME/<job_id>.out."""
+    env = {**os.environ, "DISTRUN_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / f"{job_id}.out", "w") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", "launch", str(job), "-i", str(inv), "--job-id", job_id, *extra],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, text=True,
+        )
+
+
+def output(home: Path, job_id: str) -> str:
+    path = home / f"{job_id}.out"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def job_procs(cluster, job_id: str) -> dict[int, list]:
+    return {i: cluster.processes_with_env(i, "DISTRUN_JOB_ID", job_id) for i in range(cluster.n)}
+
+
+def wait_for(predicate, timeout: float, every: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every)
+    return predicate()
+
+
+def wait_for_line(home: Path, job_id: str, text: str, timeout: float = 120) -> None:
+    path = home / "jobs" / job_id / "combined.log"
+    assert wait_for(lambda: path.exists() and text in path.read_text(errors="replace"), timeout), (
+        f"{text!r} never appeared in {path}; distrun said: {output(home, job_id)[-2000:]}"
+    )
+
+
+def record(home: Path, job_id: str) -> dict:
+    return next(r for r in json.loads(distrun("ps", "--json", "--all", home=home).stdout) if r["id"] == job_id)
+
+
+@pytest.fixture
+def inv(cluster3, tmp_path) -> Path:
+    return cluster3.write_inventory(tmp_path / "inv.yaml")
+
+
+def test_three_hosts_two_processes_each_agree_on_allreduce_and_trained_weights(cluster3, inv, tmp_path):
+    home = tmp_path / "home"
+    job = write_job(
+        tmp_path,
+        "ddp",
+        [
+            "--model",
+            "tiny",
+            "--steps",
+            "3",
+            "--image-size",
+            "32",
+            "--batch-size",
+            "4",
+            "--log-every",
+            "1",
+            "--print-checksum",
+        ],
+        script=TRAIN,
+    )
+    result = distrun("launch", str(job), "-i", str(inv), "--job-id", "ddp-3x2", home=home)
+    assert result.returncode == 0, result.stdout[-3000:]
+    sums = [
+        json.loads(line.split("DISTRUN_CHECKSUM ", 1)[1])
+        for line in result.stdout.splitlines()
+        if "DISTRUN_CHECKSUM " in line
+    ]
+    assert sorted(s["rank"] for s in sums) == list(range(6))
+    assert {s["allreduce"] for s in sums} == {21.0}
+    assert len({s["weights"] for s in sums}) == 1
+    rec = record(home, "ddp-3x2")
+    assert rec["state"] == "succeeded" and rec["exit_code"] == 0
+    assert rec["hosts"] == ["node0", "node1", "node2"] and rec["master_addr"] == cluster3.addr(0)
+    assert all(not procs for procs in job_procs(cluster3, "ddp-3x2").values())
+
+
+def test_every_torchrun_worker_variable_is_present_and_correct_in_each_rank(cluster3, inv, tmp_path):
+    home = tmp_path / "home"
+    result = distrun("launch", str(write_job(tmp_path)), "-i", str(inv), "--job-id", "env-1", home=home)
+    assert result.returncode == 0, result.stdout[-3000:]
+    envs = [json.loads(line.split("ENV ", 1)[1]) for line in result.stdout.splitlines() if " ENV {" in line]
+    assert len(envs) == 6
+    for env in envs:
+        rank, local = int(env["RANK"]), int(env["LOCAL_RANK"])
+        assert env["hostname"] == f"node{rank // 2}"
+        assert local == rank % 2 and int(env["GROUP_RANK"]) == rank // 2
+        assert env["WORLD_SIZE"] == "6" and env["LOCAL_WORLD_SIZE"] == "2" and env["GROUP_WORLD_SIZE"] == "3"
+        assert env["ROLE_RANK"] == str(rank) and env["ROLE_WORLD_SIZE"] == "6"
+        assert env["MASTER_ADDR"] == cluster3.addr(0) and env["MASTER_PORT"].isdigit()
+        assert env["TORCHELASTIC_RESTART_COUNT"] == "0" and env["TORCHELASTIC_MAX_RESTARTS"] == "0"
+        assert env["TORCHELASTIC_RUN_ID"] and env["DISTRUN_JOB_ID"] == "env-1"
+        assert env["GLOO_SOCKET_IFNAME"] == "eth0"
+
+
+def test_a_rank_raising_on_one_host_stops_all_hosts_and_names_host_and_rank(cluster3, inv, tmp_path):
+    home = tmp_path / "home"
+    job = write_job(tmp_path, args=["--fail-rank", "3", "--sleep", "60"])
+    result = distrun("launch", str(job), "-i", str(inv), "--job-id", "fail-1", home=home, timeout=90)
+    assert result.returncode == 1, result.stdout[-3000:]
+    summary = result.stdout[result.stdout.index("Root Cause") :]
+    assert "host: node1" in summary and "rank: 3" in summary
+    assert "deliberate failure on rank 3" in summary
+    assert record(home, "fail-1")["state"] == "failed"
+    assert all(not procs for procs in job_procs(cluster3, "fail-1").values())
+
+
+def test_cutting_one_hosts_link_stops_the_others_within_20_s_and_it_cleans_itself(cluster3, inv, tmp_path):
+    home = tmp_path / "home"
+    proc = start(write_job(tmp_path, args=["--sleep", "120"]), inv, home, "cut-1")
+    try:
+        wait_for_line(home, "cut-1", "tick 5")
+        cluster3.cut(2)
+        cut_at = time.monotonic()
+        assert wait_for(lambda: not job_procs(cluster3, "cut-1")[0] and not job_procs(cluster3, "cut-1")[1], 25)
+        gone_after = time.monotonic() - cut_at
+        proc.wait(timeout=60)
+        out = output(home, "cut-1")
+    finally:
+        cluster3.restore(2)
+        if proc.poll() is None:
+            proc.kill()
+    assert gone_after <= 20, f"others still running {gone_after:.1f} s after the cut"
+    assert proc.returncode == 1
+    assert "host: node2" in out and "host lost" in out
+    # The cut host's supervisor ends the job itself once the heartbeat has been silent.
+    assert wait_for(lambda: not job_procs(cluster3, "cut-1")[2], 20)
+
+
+def test_sigint_to_distrun_stops_every_host_and_exits_130(cluster3, inv, tmp_path):
+    home = tmp_path / "home"
+    proc = start(write_job(tmp_path, args=["--sleep", "120"]), inv, home, "int-1")
+    wait_for_line(home, "int-1", "tick 5")
+    began = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+    assert proc.returncode == 130
+    assert wait_for(lambda: all(not p for p in job_procs(cluster3, "int-1").values()), 10 - (time.monotonic() - began))
+    assert record(home, "int-1")["state"] == "stopped"
+
+
+def test_stopping_one_of_two_jobs_on_the_same_hosts_leaves_the_other_to_finish(cluster3, inv, tmp_path):
+    home = tmp_path / "home"
+    long_job = start(write_job(tmp_path, "a", ["--sleep", "120"]), inv, home, "two-a")
+    short_job = start(write_job(tmp_path, "b", ["--sleep", "12"]), inv, home, "two-b")
+    try:
+        wait_for_line(home, "two-a", "tick 5")
+        wait_for_line(home, "two-b", "tick 5")
+        assert distrun("stop", "two-a", home=home).returncode == 0
+        long_job.wait(timeout=30)
+        assert all(not p for p in job_procs(cluster3, "two-a").values())
+        assert any(job_procs(cluster3, "two-b").values()), "stopping two-a touched two-b"
+        short_job.wait(timeout=120)
+    finally:
+        for proc in (long_job, short_job):
+            if proc.poll() is None:
+                proc.kill()
+    assert record(home, "two-a")["state"] == "stopped"
+    assert short_job.returncode == 0 and record(home, "two-b")["state"] == "succeeded"
+
+
+def test_auto_port_skips_29500_when_it_is_taken_on_the_master(cluster3, inv, tmp_path):
+    holder = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            cluster3.ns(0),
+            sys.executable,
+            "-c",
+            "import socket,time;s=socket.socket();s.bind(('0.0.0.0',29500));s.listen();time.sleep(300)",
+        ],
+    )
+    try:
+        time.sleep(1.0)
+        home = tmp_path / "home"
+        result = distrun("launch", str(write_job(tmp_path)), "-i", str(inv), "--job-id", "port-1", home=home)
+        assert result.returncode == 0, result.stdout[-3000:]
+        assert record(home, "port-1")["master_port"] not in (0, 29500)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_an_explicit_busy_port_is_an_infrastructure_error_naming_host_and_port(cluster3, inv, tmp_path):
+    holder = subprocess.Popen(
+        [
+            "ip",
+            "netns",
+            "exec",
+            cluster3.ns(0),
+            sys.executable,
+            "-c",
+            "import socket,time;s=socket.socket();s.bind(('0.0.0.0',29511));s.listen();time.sleep(300)",
+        ],
+    )
+    try:
+        time.sleep(1.0)
+        job = write_job(tmp_path, extra="rendezvous: {port: 29511}\n")
+        result = distrun("launch", str(job), "-i", str(inv), home=tmp_path / "home")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode == 3
+    assert "node0" in result.stderr and "29511" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_detach_then_follow_logs_then_stop(cluster3, inv, tmp_path):
+    home = tmp_path / "home"
+    job = write_job(tmp_path, args=["--sleep", "120"])
+    detached = distrun("launch", str(job), "-i", str(inv), "--detach", home=home, timeout=60)
+    assert detached.returncode == 0, detached.stderr
+    job_id = detached.stdout.strip().splitlines()[-1]
+    wait_for_line(home, job_id, "tick 5")
+    env = {**os.environ, "DISTRUN_HOME": str(home)}
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "logs", job_id, "-f", "--rank", "4"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(2)
+    assert distrun("ps", home=home).stdout.count("running") == 1
+    stopped = distrun("stop", job_id, home=home)
+    assert stopped.returncode == 0, stopped.stderr
+    out, _ = follower.communicate(timeout=30)
+    assert follower.returncode == 0 and "tick 4" in out
+    assert record(home, job_id)["state"] == "stopped"
+    assert all(not p for p in job_procs(cluster3, job_id).values())
+
+
+def test_a_killed_controller_leaves_hosts_that_clean_themselves_and_ps_shows_lost(cluster3, inv, tmp_path):
+    home = tmp_path / "home"
+    proc = start(write_job(tmp_path, args=["--sleep", "120"]), inv, home, "kill-1")
+    wait_for_line(home, "kill-1", "tick 5")
+    proc.kill()
+    proc.wait()
+    assert wait_for(lambda: all(not p for p in job_procs(cluster3, "kill-1").values()), 8 + 10)
+    assert record(home, "kill-1")["state"] == "lost"
+
+
+def test_stop_cleans_the_hosts_of_a_lost_job_directly(cluster3, inv, tmp_path):
+    home = tmp_path / "home"
+    job = write_job(tmp_path, args=["--sleep", "120"], heartbeat=600)
+    proc = start(job, inv, home, "lost-1")
+    wait_for_line(home, "lost-1", "tick 5")
+    proc.kill()
+    proc.wait()
+    assert any(job_procs(cluster3, "lost-1").values())
+    result = distrun("stop", "lost-1", home=home)
+    assert result.returncode == 0, result.stderr
+    assert all(not p for p in job_procs(cluster3, "lost-1").values())
+    assert record(home, "lost-1")["state"] == "stopped"
+
+
+def test_200000_lines_from_each_rank_arrive_complete_in_terminal_and_files(cluster3, inv, tmp_path):
+    home = tmp_path / "home"
+    result = distrun(
+        "launch",
+        str(write_job(tmp_path, args=["--lines", "200000"])),
+        "-i",
+        str(inv),
+        "--job-id",
+        "flood-1",
+        home=home,
+        timeout=400,
+    )
+    assert result.returncode == 0, result.stdout[-2000:]
+    for rank in range(6):
+        lines = (home / "jobs" / "flood-1" / "ranks" / f"{rank}.log").read_text().splitlines()
+        assert sum(1 for ln in lines if ln.startswith(f"line {rank} ")) == 200000
+    assert sum(1 for ln in result.stdout.splitlines() if " line " in ln) == 6 * 200000
+
+
+def test_secrets_reach_ranks_through_stdin_and_never_show_in_host_ps(cluster3, inv, tmp_path):
+    home = tmp_path / "home"
+    job = write_job(tmp_path, args=["--sleep", "8"], extra="")
+    text = job.read_text().replace("env: {OMP_NUM_THREADS: '1'}", "env: {OMP_NUM_THREADS: '1', TOKEN: '${env:T}'}")
+    job.write_text(text)
+    env = {**os.environ, "DISTRUN_HOME": str(home), "T": "sekrit-271828"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", "launch", str(job), "-i", str(inv), "--job-id", "sec-1"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_line(home, "sec-1", "tick 5")
+    listing = cluster3.host_run(1, ["ps", "-eww", "-o", "args"]).stdout
+    proc.communicate(timeout=60)
+    assert "sec-1" in listing and "sekrit-271828" not in listing
+    assert proc.returncode == 0
+    assert "sekrit" not in (home / "jobs" / "sec-1" / "plan.json").read_text()
+
+
+def test_max_restarts_restarts_the_workers_and_counts_the_restart(cluster3, inv, tmp_path):
+    # One host: across hosts, torchrun's agents restart out of step and gloo's re-rendezvous
+    # fails inside torch; distrun's part (passing max_restarts, counting restarts) is the same.
+    home = tmp_path / "home"
+    job = write_job(tmp_path, args=["--fail-rank", "1", "--fail-before-init"], extra="max_restarts: 1\n")
+    result = distrun("launch", str(job), "-i", str(inv), "--nodes", "node1", "--job-id", "restart-1", home=home,
+                     timeout=180)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "restarts: 1" in result.stdout
+    assert record(home, "restart-1")["restarts"] == 1
+
+
+def test_sync_copies_the_workdir_to_private_host_dirs_skipping_ignored_and_unchanged(cluster_factory, tmp_path):
+    cluster = cluster_factory(2, private_dirs=True)
+    inv = cluster.write_inventory(tmp_path / "inv.yaml")
+    project = tmp_path / "project"
+    (project / "pkg").mkdir(parents=True)
+    (project / "train.py").write_text("import os\nprint('CWD', os.getcwd(), sorted(os.listdir('.')))\n")
+    (project / "pkg" / "data.txt").write_text("payload\n")
+    (project / "secret.key").write_text("no\n")
+    (project / ".distrunignore").write_text("*.key\n")
+    job = project / "job.yaml"
+    job.write_text("name: sync\nscript: train.py\nnproc_per_node: 1\nsync: true\nworkdir: /srv/node/project\n")
+    home = tmp_path / "home"
+    first = distrun("launch", str(job), "-i", str(inv), home=home, cwd=project)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert first.stdout.count("file(s) sent") == 2 and "(4 file(s) sent)" in first.stdout
+    listing = cluster.host_run(1, ["find", "/srv/node/project", "-type", "f"]).stdout.split()
+    assert sorted(listing) == [
+        "/srv/node/project/.distrunignore",
+        "/srv/node/project/job.yaml",
+        "/srv/node/project/pkg/data.txt",
+        "/srv/node/project/train.py",
+    ]
+    assert not Path("/srv/node/project").exists() or not (Path("/srv/node/project") / "train.py").exists()
+    second = distrun("launch", str(job), "-i", str(inv), home=home, cwd=project)
+    assert second.returncode == 0 and second.stdout.count("(0 file(s) sent)") == 2
+
+
+def test_unreachable_host_at_launch_is_exit_3_naming_it_and_nothing_starts(cluster3, inv, tmp_path):
+    cluster3.stop_sshd(1)
+    try:
+        result = distrun(
+            "launch", str(write_job(tmp_path)), "-i", str(inv), "--job-id", "down-1", home=tmp_path / "home"
+        )
+    finally:
+        cluster3.start_sshd(1)
+    assert result.returncode == 3
+    assert "node1" in result.stderr and "Traceback" not in result.stderr
+    assert all(not p for p in job_procs(cluster3, "down-1").values())

@@ -1,0 +1,184 @@
+"""The Slurm backend on a real Slurm (slurmctld here, a slurmd on each of two namespace hosts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, distrun
+
+from .conftest import requires_cluster
+from .slurm import SlurmCluster
+
+pytestmark = requires_cluster
+
+DDP_JOB = REPO / "tests" / "slurm_ddp_job.py"
+
+
+def write_job(tmp_path: Path, name: str, args: list[str], extra: str = "") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(
+        f"name: {name}\nscript: {DDP_JOB}\nargs: {json.dumps(args)}\nnproc_per_node: 2\n"
+        "env: {OMP_NUM_THREADS: '1'}\nstop_grace: 3\n" + extra
+    )
+    return path
+
+
+def launch(slurm: SlurmCluster, tmp_path: Path, job: Path, job_id: str, *extra: str,
+           timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    inventory = slurm.cluster.write_inventory(tmp_path / "inventory.yaml")
+    return distrun("launch", str(job), "--backend", "slurm", "-i", str(inventory), "--job-id", job_id, *extra,
+                   home=tmp_path / "home", env=slurm.env, timeout=timeout)
+
+
+def record(slurm: SlurmCluster, tmp_path: Path, job_id: str) -> dict:
+    listed = distrun("ps", "--json", "--all", home=tmp_path / "home", env=slurm.env).stdout
+    return next(r for r in json.loads(listed) if r["id"] == job_id)
+
+
+def job_processes(slurm: SlurmCluster, job_id: str) -> list:
+    return [p for i in range(slurm.cluster.n) for p in slurm.cluster.processes_with_env(i, "DISTRUN_JOB_ID", job_id)]
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return predicate()
+
+
+def slurm_state(slurm: SlurmCluster, slurm_id: str) -> str:
+    out = slurm.run("scontrol", "show", "job", "-o", slurm_id).stdout
+    return out.split("JobState=", 1)[1].split()[0]
+
+
+def combined(tmp_path: Path, job_id: str) -> Path:
+    return tmp_path / "home" / "jobs" / job_id / "combined.log"
+
+
+def test_two_nodes_of_two_processes_train_with_ddp_and_agree(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    result = launch(slurm_cluster, tmp_path, write_job(tmp_path, "ddp", ["--steps", "3"]), "ddp-1")
+
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    sums = {int(line.split(" r", 1)[1].split("]")[0]): json.loads(line.split("CHECKSUM ", 1)[1])
+            for line in result.stdout.splitlines() if " CHECKSUM " in line}
+    assert sorted(sums) == [0, 1, 2, 3]
+    assert {s["world"] for s in sums.values()} == {4} and {s["allreduce"] for s in sums.values()} == {10.0}
+    assert len({s["weights"] for s in sums.values()}) == 1
+    assert [sums[r]["host"] for r in range(4)] == ["node0", "node0", "node1", "node1"]
+    rec = record(slurm_cluster, tmp_path, "ddp-1")
+    assert rec["state"] == "succeeded" and rec["exit_code"] == 0 and rec["backend"] == "slurm"
+    assert rec["hosts"] == ["node0", "node1"] and rec["master_addr"] == "node0" and rec["master_port"] > 0
+    assert slurm_state(slurm_cluster, rec["slurm_id"]) == "COMPLETED"
+    job_dir = tmp_path / "home" / "jobs" / "ddp-1"
+    assert "[node1 r3] CHECKSUM" in combined(tmp_path, "ddp-1").read_text()
+    assert "CHECKSUM" in (job_dir / "ranks" / "2.log").read_text()
+    assert (job_dir / "telemetry.jsonl").exists()
+    ps = distrun("ps", home=tmp_path / "home", env=slurm_cluster.env).stdout
+    assert f"slurm={rec['slurm_id']}" in ps
+    assert slurm_cluster.queue() == [] and job_processes(slurm_cluster, "ddp-1") == []
+
+
+def test_a_failing_rank_fails_the_job_names_its_node_and_rank_and_releases_the_nodes(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    job = write_job(tmp_path, "fail", ["--fail-rank", "3", "--sleep", "120"])
+    began = time.monotonic()
+    result = launch(slurm_cluster, tmp_path, job, "fail-1")
+    took = time.monotonic() - began
+
+    assert result.returncode == 1, result.stdout[-3000:]
+    summary = result.stdout[result.stdout.index("Root Cause"):]
+    assert "host: node1" in summary and "rank: 3" in summary
+    assert "rank 3 fails on purpose" in summary
+    assert took < 90, f"the job took {took:.0f} s to end after rank 3 failed"
+    rec = record(slurm_cluster, tmp_path, "fail-1")
+    assert rec["state"] == "failed" and rec["exit_code"] == 1
+    assert slurm_cluster.queue() == [] and job_processes(slurm_cluster, "fail-1") == []
+
+
+def test_stop_cancels_a_detached_running_job_in_slurm_and_leaves_no_process(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    submitted = launch(slurm_cluster, tmp_path, write_job(tmp_path, "long", ["--sleep", "300"]), "stop-1",
+                       "--detach", timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    assert submitted.stdout.strip() == "stop-1"
+    assert wait_for(lambda: "[node1 r3] step 3" in combined(tmp_path, "stop-1").read_text(), 120)
+    follower = subprocess.Popen([sys.executable, "-m", "orchestrator", "logs", "-f", "stop-1"], cwd=REPO,
+                                env={**os.environ, "DISTRUN_HOME": str(home), **slurm_cluster.env},
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert record(slurm_cluster, tmp_path, "stop-1")["state"] == "running"
+        stopped = distrun("stop", "stop-1", home=home, env=slurm_cluster.env, timeout=60)
+        followed, _ = follower.communicate(timeout=30)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    rec = record(slurm_cluster, tmp_path, "stop-1")
+    assert rec["state"] == "stopped"
+    assert slurm_state(slurm_cluster, rec["slurm_id"]) == "CANCELLED"
+    assert "[node0 r0] step 0" in followed and "CANCELLED" in followed
+    assert slurm_cluster.queue() == [] and job_processes(slurm_cluster, "stop-1") == []
+
+
+def test_a_job_waiting_for_busy_nodes_shows_why_and_can_be_stopped_while_pending(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    busy = write_job(tmp_path, "busy", ["--sleep", "300"])
+    waiting = write_job(tmp_path, "waiting", ["--steps", "1"], extra="slurm: {extra: [--exclusive]}\n")
+    assert launch(slurm_cluster, tmp_path, busy, "busy-1", "--detach", timeout=60).returncode == 0
+    try:
+        assert wait_for(lambda: record(slurm_cluster, tmp_path, "busy-1")["state"] == "running", 60)
+        assert launch(slurm_cluster, tmp_path, waiting, "wait-1", "--detach", timeout=60).returncode == 0
+        assert wait_for(lambda: "pending (Resources)" in combined(tmp_path, "wait-1").read_text(), 30)
+        assert record(slurm_cluster, tmp_path, "wait-1")["state"] == "pending"
+        assert distrun("stop", "wait-1", home=tmp_path / "home", env=slurm_cluster.env).returncode == 0
+        assert wait_for(lambda: record(slurm_cluster, tmp_path, "wait-1")["state"] == "stopped", 30)
+    finally:
+        distrun("stop", "busy-1", home=tmp_path / "home", env=slurm_cluster.env, timeout=60)
+    assert wait_for(lambda: slurm_cluster.queue() == [], 30)
+    assert job_processes(slurm_cluster, "busy-1") == []
+
+
+def test_a_job_asking_for_more_nodes_than_slurm_has_is_refused_at_once(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    began = time.monotonic()
+    result = launch(slurm_cluster, tmp_path, write_job(tmp_path, "big", []), "big-1", "--nnodes", "3", timeout=60)
+
+    assert result.returncode == 2
+    assert "asks for 3 nodes but Slurm partition debug has 2 (node0, node1)" in result.stderr
+    assert "Traceback" not in result.stderr and time.monotonic() - began < 20
+    assert slurm_cluster.queue() == []
+
+
+@pytest.mark.skipif(not (REPO / "jobs" / "resnet50.yaml").exists(), reason="jobs/resnet50.yaml not written yet")
+def test_the_resnet50_job_spec_runs_unchanged_on_slurm(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    result = launch(slurm_cluster, tmp_path, REPO / "jobs" / "resnet50.yaml", "resnet-1",
+                    "--", "--model", "tiny", "--steps", "3", "--image-size", "32", "--batch-size", "4",
+                    timeout=300)
+
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert record(slurm_cluster, tmp_path, "resnet-1")["state"] == "succeeded"
+
+
+def test_a_batch_script_that_fails_before_torchrun_shows_slurms_error_in_the_summary(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    inventory = slurm_cluster.cluster.write_inventory(tmp_path / "inventory.yaml", python="/nonexistent/python3")
+    result = distrun("launch", str(write_job(tmp_path, "nopy", [])), "--backend", "slurm", "-i", str(inventory),
+                     "--job-id", "nopy-1", home=tmp_path / "home", env=slurm_cluster.env, timeout=120)
+
+    assert result.returncode == 1, result.stdout[-3000:]
+    summary = result.stdout[result.stdout.index("Root Cause"):]
+    assert "host: node0" in summary and "/nonexistent/python3" in summary
+    assert record(slurm_cluster, tmp_path, "nopy-1")["state"] == "failed"
+    assert slurm_cluster.queue() == []

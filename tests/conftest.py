@@ -1,0 +1,23 @@
+"""Project-wide pytest setup: the `cluster` marker and why cluster tests were skipped."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cluster: real multi-host test on namespace hosts (root, ip netns, sshd)")
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    skipped = terminalreporter.stats.get("skipped", [])
+    reasons = Counter(_skip_reason(report) for report in skipped if "cluster" in report.keywords)
+    for reason, count in reasons.items():
+        terminalreporter.write_line(f"{count} cluster tests skipped: {reason}")

@@ -1,0 +1,144 @@
+"""`distrun launch` end to end on the built-in local inventory: real torchrun, real ranks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers import REPO, distrun
+
+TINY = ["--", "--model", "tiny", "--steps", "4", "--log-every", "2", "--image-size", "32", "--batch-size", "4",
+        "--print-checksum"]
+
+
+def write_job(tmp_path, extra: str = "") -> str:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(
+        "name: tiny\n"
+        f"script: {REPO / 'jobs' / 'train_resnet50.py'}\n"
+        "env: {OMP_NUM_THREADS: '1', API_TOKEN: '${env:DISTRUN_TEST_TOKEN}'}\n"
+        "telemetry: {interval: 0.5}\n" + extra
+    )
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def finished_job(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("local")
+    home = tmp / "home"
+    result = distrun("launch", write_job(tmp), *TINY, home=home, env={"DISTRUN_TEST_TOKEN": "tok-3141592"})
+    return home, result
+
+
+def job_dir(home):
+    (path,) = (home / "jobs").iterdir()
+    return path
+
+
+def test_local_launch_succeeds_with_two_ranks_and_a_throughput_summary(finished_job):
+    _, result = finished_job
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "[localhost r0]" in result.stdout and "[localhost r1]" in result.stdout
+    assert "succeeded" in result.stdout and "samples/s" in result.stdout
+
+
+def test_local_launch_writes_per_rank_logs_combined_log_and_metrics(finished_job):
+    home, _ = finished_job
+    root = job_dir(home)
+    assert (root / "ranks" / "0.log").read_text().strip()
+    assert (root / "ranks" / "1.log").read_text().strip()
+    combined = (root / "combined.log").read_text()
+    assert "[localhost r1]" in combined
+    metrics = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if not m.get("final")] == [2, 4]
+    assert all(m["rank"] == 0 and m["node"] == "localhost" for m in metrics)
+    assert metrics[-1]["final"] is True
+
+
+def test_local_launch_records_the_job_as_succeeded(finished_job):
+    home, _ = finished_job
+    result = distrun("ps", "--json", home=home)
+    (rec,) = json.loads(result.stdout)
+    assert rec["state"] == "succeeded" and rec["exit_code"] == 0
+    assert rec["hosts"] == ["localhost"] and rec["master_addr"] == "127.0.0.1"
+    assert rec["ended"] >= rec["started"]
+
+
+def test_secret_values_never_reach_plan_logs_or_database(finished_job):
+    home, result = finished_job
+    for path in [*home.rglob("*")]:
+        if path.is_file():
+            assert b"tok-3141592" not in path.read_bytes(), path
+    assert "tok-3141592" not in result.stdout + result.stderr
+    plan = json.loads((job_dir(home) / "plan.json").read_text())
+    assert plan["hosts"][0]["env"]["API_TOKEN"] == "***"
+
+
+def test_logs_command_filters_by_rank_grep_and_tail(finished_job):
+    home, _ = finished_job
+    rank1 = distrun("logs", "last", "--rank", "1", home=home).stdout.splitlines()
+    assert rank1 and not any(line.startswith("[localhost r0]") for line in rank1)
+    metrics = distrun("logs", "last", "--grep", "DISTRUN_METRICS", home=home).stdout.splitlines()
+    assert metrics and all("DISTRUN_METRICS" in line for line in metrics)
+    assert len(distrun("logs", "last", "--tail", "3", home=home).stdout.splitlines()) == 3
+
+
+def test_job_ids_are_accepted_by_unique_prefix(finished_job):
+    home, _ = finished_job
+    (rec,) = json.loads(distrun("ps", "--json", home=home).stdout)
+    prefix = rec["id"][: len("tiny-") + 4]
+    result = distrun("logs", prefix, "--tail", "1", home=home)
+    assert result.returncode == 0, result.stderr
+
+
+def test_unknown_job_id_is_a_one_line_usage_error(tmp_path):
+    result = distrun("logs", "nope", home=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "no job matches 'nope'" in result.stderr
+
+
+def test_a_rank_that_raises_fails_the_job_with_exit_1_and_names_the_rank(tmp_path):
+    home = tmp_path / "home"
+    result = distrun("launch", write_job(tmp_path), *TINY, "--fail-at-step", "2", "--fail-rank", "1",
+                     home=home, env={"DISTRUN_TEST_TOKEN": "x"})
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Root Cause (first observed failure)" in result.stdout
+    assert "rank: 1" in result.stdout
+    rec = json.loads(distrun("ps", "--json", home=home).stdout)[0]
+    assert rec["state"] == "failed" and rec["exit_code"] == 1
+
+
+def test_dry_run_prints_argv_and_masked_env_and_starts_nothing(tmp_path):
+    home = tmp_path / "home"
+    result = distrun("launch", write_job(tmp_path), "--dry-run", home=home, env={"DISTRUN_TEST_TOKEN": "zz-secret"})
+    assert result.returncode == 0, result.stderr
+    assert "torch.distributed.run" in result.stdout and "--nproc-per-node 2" in result.stdout
+    assert "API_TOKEN=***" in result.stdout and "zz-secret" not in result.stdout
+    assert not (home / "jobs").exists() or not any((home / "jobs").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("name: x\nscript: jobs/train_resnet50.py\nnproc_per_nod: 2\n", "unknown key (did you mean 'nproc_per_node'?)"),
+        ("name: x\nscript: jobs/train_resnet50.py\nnnodes: -1\n", "nnodes"),
+        ("name: x\nscript: jobs/does_not_exist.py\n", "script"),
+    ],
+)
+def test_bad_job_files_give_one_line_file_line_errors_and_exit_2(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    result = distrun("launch", str(path), home=tmp_path / "home")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    line = result.stderr.strip()
+    assert "\n" not in line and f"{path}:" in line and message in line
+
+
+def test_nnodes_larger_than_the_inventory_is_an_error_at_the_nnodes_line(tmp_path):
+    path = tmp_path / "big.yaml"
+    path.write_text("name: x\nscript: jobs/train_resnet50.py\nnnodes: 3\n")
+    result = distrun("launch", str(path), home=tmp_path / "home")
+    assert result.returncode == 2
+    assert f"{path}:3: nnodes" in result.stderr
