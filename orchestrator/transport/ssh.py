@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import functools
 import getpass
+import importlib.util
 import ipaddress
 import logging
 import os
@@ -20,17 +21,38 @@ import posixpath
 import re
 import shlex
 import socket
+import sys
 import threading
+import types
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-import paramiko
-
 from orchestrator.errors import InfraError, UsageError
 from orchestrator.spec.model import HostKeyPolicy, NodeSpec
 from orchestrator.transport.base import ConnectError, ConnectFailure, RemoteProcess, Transport
+
+
+class _Deferred(types.ModuleType):
+    """Stands in for a module until one of its attributes is used, then imports it."""
+
+    def __getattr__(self, attr: str) -> object:
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), attr)
+
+
+def _defer_invoke_import() -> None:
+    """paramiko imports invoke only to run ssh_config's `Match exec`; importing it costs about
+    as much CPU as the rest of paramiko, on every run, so it waits until a `Match exec` needs it."""
+    if "invoke" not in sys.modules and importlib.util.find_spec("invoke") is not None:
+        sys.modules["invoke"] = _Deferred("invoke")
+
+
+_defer_invoke_import()
+
+import paramiko  # noqa: E402 - after _defer_invoke_import, which must run first
 
 CONFIG_ENV = "DISTRUN_SSH_CONFIG"
 TIMEOUT_ENV = "DISTRUN_SSH_TIMEOUT"
@@ -59,6 +81,8 @@ class Endpoint:
     user: str
     identity_files: tuple[str, ...]
     use_default_keys: bool = True
+    # Files named by ssh_config are skipped when missing, as ssh(1) does; the inventory's must exist.
+    identities_from_config: bool = False
 
     @property
     def address(self) -> str:
@@ -91,7 +115,8 @@ def command_line(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd:
     Args:
         argv: The command and its arguments, each delivered literally.
         env: Extra environment variables for the command.
-        cwd: The directory to run in (the login directory when None).
+        cwd: The directory to run in (the login directory when None); a leading `~/` is the
+            remote home.
 
     Returns:
         `cd CWD && exec env K=V ... ARGV...`, with every word shell-quoted.
@@ -108,7 +133,14 @@ def command_line(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd:
             raise UsageError(f"invalid environment variable name {bad[0]!r}")
         words += ["env", *(f"{key}={value}" for key, value in env.items())]
     line = shlex.join([*words, *argv])
-    return f"cd {shlex.quote(cwd)} && {line}" if cwd else line
+    return f"cd {_quote_dir(cwd)} && {line}" if cwd else line
+
+
+def _quote_dir(path: str) -> str:
+    """Quote a directory for the shell, leaving a leading `~` to expand to the home directory."""
+    if path == "~" or path.startswith("~/"):
+        return "~" + (f"/{shlex.quote(path[2:])}" if path[2:] else "")
+    return shlex.quote(path)
 
 
 def connect_timeout() -> float:
@@ -161,34 +193,37 @@ def resolve_route(node: NodeSpec, config: paramiko.SSHConfig) -> Route:
         UsageError: a ProxyJump value cannot be parsed.
     """
     entry = config.lookup(node.host)
-    identities = (node.identity_file,) if node.identity_file else tuple(entry.get("identityfile", ()))
+    named = (node.identity_file,) if node.identity_file else ()
+    configured = () if named else tuple(entry.get("identityfile", ()))
     target = Endpoint(
         hostname=entry.get("hostname", node.host),
         port=node.port or int(entry.get("port", DEFAULT_PORT)),
         user=node.user or entry.get("user") or getpass.getuser(),
-        identity_files=identities,
-        use_default_keys=not identities,
+        identity_files=named or configured,
+        use_default_keys=not (named or configured),
+        identities_from_config=bool(configured),
     )
     jump_spec = node.proxy_jump or entry.get("proxyjump")
     if not jump_spec or jump_spec.lower() == "none":
         return Route((target,))
-    jumps = tuple(_jump_endpoint(part.strip(), config, identities) for part in jump_spec.split(","))
+    jumps = tuple(_jump_endpoint(part.strip(), config, target) for part in jump_spec.split(","))
     return Route((*jumps, target))
 
 
-def _jump_endpoint(spec: str, config: paramiko.SSHConfig, fallback_identities: tuple[str, ...]) -> Endpoint:
+def _jump_endpoint(spec: str, config: paramiko.SSHConfig, target: Endpoint) -> Endpoint:
     match = _JUMP.match(spec)
     if match is None:
         raise UsageError(f"proxy_jump {spec!r}: expected [user@]host[:port]")
     host = match["ip6"] or match["host"]
     entry = config.lookup(host)
-    identities = tuple(entry.get("identityfile", ())) or fallback_identities
+    own = tuple(entry.get("identityfile", ()))
     return Endpoint(
         hostname=entry.get("hostname", host),
         port=int(match["port"] or entry.get("port", DEFAULT_PORT)),
         user=match["user"] or entry.get("user") or getpass.getuser(),
-        identity_files=identities,
-        use_default_keys=not identities,
+        identity_files=own or target.identity_files,
+        use_default_keys=not (own or target.identity_files),
+        identities_from_config=bool(own) or target.identities_from_config,
     )
 
 
@@ -381,7 +416,10 @@ class SSHTransport(Transport):
 
     def _client(self) -> paramiko.Transport:
         self.connect()
-        return self._links[-1]
+        links = self._links
+        if not links:
+            raise InfraError(f"{self.label}: connection closed")
+        return links[-1]
 
     def start(
         self, argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None
@@ -520,6 +558,8 @@ def _identities(endpoint: Endpoint, label: str) -> Iterator[tuple[str, paramiko.
         ConnectError: a named identity file is missing or unreadable.
     """
     for path in endpoint.identity_files:
+        if endpoint.identities_from_config and not Path(os.path.expanduser(path)).is_file():
+            continue
         yield path, _key_file(path, label)
     if os.environ.get("SSH_AUTH_SOCK"):
         agent = paramiko.Agent()

@@ -1,0 +1,249 @@
+"""`distrun exec`: run one command on many hosts at once and show what each host said.
+
+Text output gathers hosts whose output (stdout, then stderr) and status are identical into
+one block headed by their host range, as `clush -b` does; a host that could not be
+reached shows its error as its output. A last line on stderr names the hosts that failed
+and why.
+
+`--json` prints one list instead, in inventory order, one object per host:
+
+    [{"node": "node0", "host": "10.0.0.10", "rc": 0, "stdout": "...", "stderr": "", "error": null}, ...]
+
+- `node`: the inventory name; `host`: the inventory `host` (address or ssh_config alias).
+- `rc`: the command's exit status; null when it never ran or did not finish.
+- `stdout`, `stderr`: the output lines joined by "\\n" (no final newline).
+- `error`: null when the command ran to its end, whatever its exit status; otherwise one
+  line saying why not (unreachable, authentication failed, host key, timed out).
+
+Exit status: 3 when any host could not be reached or logged into, whatever the others did
+(the answer is incomplete); else 1 when the command failed on any host (non-zero exit, or
+it ran past `--timeout`); else 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, TextIO, TypeVar
+
+from orchestrator.display import HostOutput, failure_summary, gather, render_blocks
+from orchestrator.errors import ExitCode, InfraError, UsageError
+from orchestrator.parallel import for_each
+from orchestrator.spec.fields import suggestion
+from orchestrator.spec.model import Inventory, NodeSpec
+from orchestrator.transport import RemoteProcess, Transport, transport_for
+from orchestrator.transport.base import ConnectError
+
+STOP_WAIT = 5.0  # after --timeout, how long a stopped command may take to report
+T = TypeVar("T", Transport, RemoteProcess)
+
+
+@dataclass(frozen=True)
+class ExecRequest:
+    """What `distrun exec` was asked."""
+
+    argv: tuple[str, ...]
+    inventory: str | None = None
+    nodes: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()
+    timeout: float | None = None
+    as_json: bool = False
+
+
+@dataclass(frozen=True)
+class HostResult:
+    """How the command went on one host.
+
+    `failure` is the summary's few words for a host that did not succeed ("exit code 2",
+    "unreachable", "timed out"); "" for one that did.
+    """
+
+    node: str
+    host: str
+    rc: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    error: str | None = None
+    failure: str = ""
+    unreachable: bool = False
+
+    @classmethod
+    def finished(cls, node: NodeSpec, rc: int, stdout: str, stderr: str) -> HostResult:
+        """The command ran to its end with status `rc`."""
+        return cls(node.name, node.host, rc, stdout, stderr, failure="" if rc == 0 else f"exit code {rc}")
+
+    @classmethod
+    def failed(cls, node: NodeSpec, exc: Exception) -> HostResult:
+        """The command could not run; a ConnectError means the host was not reached at all."""
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, ConnectError):
+            return cls(node.name, node.host, error=message, failure=exc.failure.value, unreachable=True)
+        return cls(node.name, node.host, error=message, failure="error")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "host": self.host, "rc": self.rc, "stdout": self.stdout,
+                "stderr": self.stderr, "error": self.error}
+
+
+def execute(request: ExecRequest, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    """Run the command on the selected hosts in parallel and print the results.
+
+    Args:
+        request: The command, inventory and selection.
+        out: Where the per-host output (or the JSON list) goes.
+        err: Where the failure summary goes.
+
+    Returns:
+        The exit status: 0 all succeeded, 1 the command failed somewhere, 3 a host was not reached.
+
+    Raises:
+        UsageError: no command, or the selection names unknown nodes or labels.
+        SpecError: the inventory file is not valid.
+    """
+    from orchestrator.spec import resolve_inventory_path
+
+    if not request.argv:
+        raise UsageError("exec: no command given (usage: distrun exec [OPTIONS] -- COMMAND ...)")
+    nodes = select(resolve_inventory_path(request.inventory), request.nodes, request.labels)
+    results = run_on_all(nodes, request.argv, request.timeout)
+    if request.as_json:
+        out.write(json.dumps([r.to_json() for r in results], indent=2, ensure_ascii=False) + "\n")
+    else:
+        report(results, out, err)
+    return int(exit_code(results))
+
+
+def select(inventory: Inventory, names: Sequence[str], labels: Sequence[str]) -> list[NodeSpec]:
+    """The nodes named (every node when none is) that carry all `labels`, in inventory order.
+
+    Raises:
+        UsageError: a name is not in the inventory (the closest one is suggested), or no
+            chosen node carries the labels.
+    """
+    known = [node.name for node in inventory.nodes]
+    for name in names:
+        if name not in known:
+            raise UsageError(f"--nodes: unknown node {name!r} in inventory {inventory.path} "
+                             f"({suggestion(name, known, 'nodes')})")
+    chosen = [node for node in inventory.nodes if not names or node.name in names]
+    selected = [node for node in chosen if set(labels).issubset(node.labels)]
+    if not selected:
+        present = sorted({label for node in chosen for label in node.labels})
+        hint = f"labels there: {', '.join(present)}" if present else "those nodes have no labels"
+        raise UsageError(f"--label: no selected node of inventory {inventory.path} has label(s) "
+                         f"{', '.join(labels)} ({hint})")
+    return selected
+
+
+def run_on_all(nodes: Sequence[NodeSpec], argv: Sequence[str], timeout: float | None) -> list[HostResult]:
+    """Connect to every node and run `argv` there, all at once; one host's failure is its result.
+
+    Returns:
+        One result per node, in the nodes' order.
+    """
+    live = _Live()
+    with live.stopped_on_signal():
+        results = for_each(nodes, lambda node: _run_on(node, argv, timeout, live), key=lambda node: node.name)
+    return [_as_result(node, results[node.name]) for node in nodes]
+
+
+def _run_on(node: NodeSpec, argv: Sequence[str], timeout: float | None, live: _Live) -> HostResult:
+    transport = live.add(transport_for(node))
+    try:
+        transport.connect()
+        proc = live.add(transport.start(argv))
+        out: list[str] = []
+        errs: list[str] = []
+        proc.stream(out.append, errs.append)
+        proc.close_stdin()
+        rc = proc.wait(timeout)
+        if rc is None:
+            proc.terminate()
+            proc.wait(STOP_WAIT)
+            return HostResult(node.name, node.host, None, "\n".join(out), "\n".join(errs),
+                              error=f"{node.name}: timed out after {timeout:g} s", failure="timed out")
+        return HostResult.finished(node, rc, "\n".join(out), "\n".join(errs))
+    finally:
+        transport.close()
+
+
+def _as_result(node: NodeSpec, outcome: HostResult | Exception) -> HostResult:
+    return outcome if isinstance(outcome, HostResult) else HostResult.failed(node, outcome)
+
+
+class _Live:
+    """The connections and commands under way, so that Ctrl-C or SIGTERM can end them all."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: list[Transport | RemoteProcess] = []
+
+    def add(self, item: T) -> T:
+        with self._lock:
+            self._items.append(item)
+        return item
+
+    def stop_all(self) -> None:
+        with self._lock:
+            items = list(self._items)
+        for item in items:
+            with contextlib.suppress(InfraError, OSError):
+                if isinstance(item, RemoteProcess):
+                    item.terminate()
+                else:
+                    item.close()
+
+    @contextlib.contextmanager
+    def stopped_on_signal(self) -> Iterator[None]:
+        """Within: SIGINT or SIGTERM ends every command, then stops as it would have."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def stop(signum: int, _frame: FrameType | None) -> None:
+            self.stop_all()
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise SystemExit(int(ExitCode.TERMINATED))
+
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def report(results: Sequence[HostResult], out: TextIO, err: TextIO) -> None:
+    """Print gathered blocks to `out` and, when some host failed, the summary line to `err`."""
+    out.write(render_blocks(gather({r.node: _shown(r) for r in results})))
+    out.flush()
+    summary = failure_summary({r.node: r.failure for r in results if r.failure}, len(results))
+    if summary:
+        err.write(f"distrun: {summary}\n")
+
+
+def _shown(result: HostResult) -> HostOutput:
+    lines = [*_lines(result.stdout), *_lines(result.stderr)]
+    if result.error is not None:
+        lines.append(result.error)
+    return HostOutput(tuple(lines), result.failure)
+
+
+def _lines(text: str) -> list[str]:
+    return text.split("\n") if text else []
+
+
+def exit_code(results: Sequence[HostResult]) -> ExitCode:
+    """3 if a host was not reached, else 1 if the command failed on a host, else 0."""
+    if any(r.unreachable for r in results):
+        return ExitCode.INFRA
+    if any(r.failure for r in results):
+        return ExitCode.FAILED
+    return ExitCode.OK

@@ -1,0 +1,140 @@
+"""`distrun exec` without a cluster: selection, exit codes, the report, the local transport."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import ExitCode, InfraError, UsageError
+from orchestrator.execute import ExecRequest, HostResult, execute, exit_code, report, select
+from orchestrator.spec import inventory_from_text
+from orchestrator.spec.model import NodeSpec
+from orchestrator.transport.base import ConnectError, ConnectFailure
+from tests.helpers import REPO
+
+INVENTORY = inventory_from_text(
+    "nodes:\n"
+    "  - {name: node0, host: 10.0.0.10, labels: [a100]}\n"
+    "  - {name: node1, host: 10.0.0.11, labels: [h100, ib]}\n"
+    "  - {name: node2, host: 10.0.0.12, labels: [h100]}\n",
+    "inv.yaml",
+)
+NODE = NodeSpec(name="node1", host="10.0.0.11")
+
+
+def children(pid: int) -> list[int]:
+    """Pids whose parent is `pid`."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def names(nodes: list[NodeSpec]) -> list[str]:
+    return [node.name for node in nodes]
+
+
+def test_no_selection_means_every_node_in_inventory_order() -> None:
+    assert names(select(INVENTORY, (), ())) == ["node0", "node1", "node2"]
+
+
+def test_named_nodes_keep_inventory_order() -> None:
+    assert names(select(INVENTORY, ("node2", "node0"), ())) == ["node0", "node2"]
+
+
+def test_unknown_node_names_the_closest_valid_one() -> None:
+    expected = r"--nodes: unknown node 'nodee1' in inventory inv.yaml \(did you mean 'node1'\?\)"
+    with pytest.raises(UsageError, match=expected):
+        select(INVENTORY, ("nodee1",), ())
+
+
+def test_labels_must_all_match() -> None:
+    assert names(select(INVENTORY, (), ("h100",))) == ["node1", "node2"]
+    assert names(select(INVENTORY, (), ("h100", "ib"))) == ["node1"]
+    assert names(select(INVENTORY, ("node0", "node2"), ("h100",))) == ["node2"]
+
+
+def test_label_nobody_has_lists_the_labels_there_are() -> None:
+    with pytest.raises(UsageError, match="labels there: a100, h100, ib"):
+        select(INVENTORY, (), ("tpu",))
+
+
+def test_exit_code_is_zero_only_when_every_host_succeeded() -> None:
+    ok = HostResult.finished(NODE, 0, "", "")
+    failed = HostResult.finished(NODE, 2, "", "")
+    down = HostResult.failed(NODE, ConnectError("node1 (10.0.0.11:22): unreachable: x", ConnectFailure.UNREACHABLE))
+    assert exit_code([ok, ok]) is ExitCode.OK
+    assert exit_code([ok, failed]) is ExitCode.FAILED
+    assert exit_code([ok, down]) is ExitCode.INFRA
+    assert exit_code([failed, down]) is ExitCode.INFRA
+
+
+def test_a_failure_after_connecting_is_not_an_unreachable_host() -> None:
+    result = HostResult.failed(NODE, InfraError("node1: cannot start x: channel closed"))
+    assert (result.unreachable, result.failure, result.rc) == (False, "error", None)
+    assert exit_code([result]) is ExitCode.FAILED
+
+
+def test_report_gathers_output_and_summarises_failures() -> None:
+    results = [
+        HostResult.finished(NodeSpec("node0", "a"), 0, "same", ""),
+        HostResult.finished(NodeSpec("node1", "b"), 0, "same", ""),
+        HostResult.finished(NodeSpec("node2", "c"), 1, "", "boom"),
+        HostResult.failed(NodeSpec("node3", "d"), ConnectError("node3 (d:22): authentication failed as root with k "
+                                                               "(check identity_file / user)", ConnectFailure.AUTH)),
+    ]
+    out, err = io.StringIO(), io.StringIO()
+    report(results, out, err)
+    assert out.getvalue() == (
+        "---------------\nnode[0-1] (2)\n---------------\nsame\n"
+        "---------------\nnode2 (1): exit code 1\n---------------\nboom\n"
+        "---------------\nnode3 (1): auth failed\n---------------\n"
+        "node3 (d:22): authentication failed as root with k (check identity_file / user)\n"
+    )
+    assert err.getvalue() == "distrun: 2 of 4 hosts failed: node2 (exit code 1), node3 (auth failed)\n"
+
+
+def test_json_lists_every_documented_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DISTRUN_INVENTORY", raising=False)
+    out = io.StringIO()
+    code = execute(ExecRequest(argv=("sh", "-c", "echo a; echo b; echo e >&2; exit 3"), as_json=True), out=out)
+    assert code == ExitCode.FAILED
+    assert json.loads(out.getvalue()) == [
+        {"node": "localhost", "host": "localhost", "rc": 3, "stdout": "a\nb", "stderr": "e", "error": None}
+    ]
+
+
+def test_runs_on_the_built_in_local_inventory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DISTRUN_INVENTORY", raising=False)
+    out, err = io.StringIO(), io.StringIO()
+    assert execute(ExecRequest(argv=("echo", "$(hostname)")), out=out, err=err) == ExitCode.OK
+    assert out.getvalue() == "---------------\nlocalhost (1)\n---------------\n$(hostname)\n"
+    assert err.getvalue() == ""
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupt_ends_the_commands_and_exits_at_once(signum: int, code: int) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "exec", "--", "sleep", "60"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not children(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert children(proc.pid), "the command never started"
+    began = time.monotonic()
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == code
+    assert time.monotonic() - began < 5
+    assert "Traceback" not in stderr
