@@ -1,0 +1,73 @@
+"""The report page in a real browser (headless Chromium): no console errors, and pixels where
+the table and the plots should be."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.report import JOB_COLOURS, PLOT_FRAME_COLOUR, TABLE_HEAD_COLOUR, write_report
+from orchestrator.store import Store
+from tests.browser import chromium, colour_mask, frames, ink, inside, load_rgb, render, table_rows
+from tests.test_report import standard_set
+
+pytestmark = pytest.mark.skipif(chromium() is None, reason="chromium is not installed "
+                                "(tests/install-system-deps.sh installs it when run as root)")
+
+WIDTH, HEIGHT = 1400, 5000
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
+    return Store()
+
+
+def test_helper_catches_an_uncaught_error_and_console_messages(tmp_path: Path) -> None:
+    page = tmp_path / "broken.html"
+    page.write_text("<html><body><p>x</p><script>console.error('logged-e');throw new Error('deliberate-x')"
+                    "</script></body></html>")
+
+    shot = render(page, tmp_path / "broken.png", 400, 300)
+
+    assert any("Uncaught Error: deliberate-x" in line for line in shot.console), shot.stderr[-3000:]
+    assert any("logged-e" in line for line in shot.console)
+
+
+def test_report_renders_without_console_messages(store: Store, tmp_path: Path) -> None:
+    page = write_report(standard_set(store), tmp_path / "report.html")
+
+    shot = render(page, tmp_path / "report.png", WIDTH, HEIGHT)
+
+    assert shot.console == []
+
+
+@pytest.fixture
+def screenshot(store: Store, tmp_path: Path) -> np.ndarray:
+    page = write_report(standard_set(store), tmp_path / "report.html")
+    return load_rgb(render(page, tmp_path / "report.png", WIDTH, HEIGHT).screenshot)
+
+
+def test_screenshot_shows_seven_framed_plots_with_curves_and_bars_in_them(screenshot: np.ndarray) -> None:
+    boxes = frames(colour_mask(screenshot, PLOT_FRAME_COLOUR))
+
+    # Throughput and memory bars, throughput and loss over steps, one telemetry plot per job (3).
+    assert len(boxes) == 7, boxes
+    for box in boxes:
+        region = inside(screenshot, box)
+        assert box.right - box.left >= 600 and box.bottom - box.top >= 250, box
+        assert ink(region) > 0.03, box
+        drawn = {c: int(colour_mask(region, c, tolerance=12).sum()) for c in JOB_COLOURS}
+        assert drawn[JOB_COLOURS[0]] > 40, (box, drawn)
+    assert boxes[-1].bottom < HEIGHT - 50, "the last plot runs past the screenshot"
+
+
+def test_screenshot_shows_the_table_header_and_one_bordered_row_per_job(screenshot: np.ndarray) -> None:
+    header, rows = table_rows(screenshot, TABLE_HEAD_COLOUR)
+
+    assert len(header) >= 25, "the header band is missing"
+    assert len(rows) == 3, rows
+    for row in rows:
+        assert np.any(inside(screenshot, row, 2) < 100, axis=-1).sum() > 200, f"no text in the table row {row}"
