@@ -1,0 +1,616 @@
+"""The Slurm backend: the same job spec, logs, records and failure summary, with Slurm placing the job.
+
+`launch` renders an sbatch script from the plan (see slurm_script), submits it, shows the pending
+reason until Slurm allocates nodes, then follows each node's stream file in the shared job
+directory with the same HostRun/LogSink/summary code the SSH backend drives through its channels.
+The inventory only gives the nodes' settings (python, iface, env, gpus), from its first selected
+node; Slurm chooses the hosts. Slurm owns the job's lifetime: `distrun stop` is `scancel`, and a
+node that fails ends the step on all nodes through `srun --kill-on-bad-exit`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from orchestrator import remote, telemetry
+from orchestrator.backends import LaunchRequest
+from orchestrator.backends.slurm_script import (
+    BOOTSTRAP,
+    BatchJob,
+    SlurmFiles,
+    node_argv,
+    node_config,
+    render_script,
+    resolve_options,
+)
+from orchestrator.errors import ExitCode, InfraError, UsageError
+from orchestrator.launch import EXIT_WAIT, Failure, HostRun, Launcher, Prepared
+from orchestrator.plan import LaunchPlan, build_plan
+from orchestrator.spec import JobSpec, NodeSpec, load_job, resolve_inventory_path, select_nodes
+from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id
+
+SLURM_TIMEOUT = 30.0
+POLL = 0.5  # between two `scontrol show job` while pending or running
+FOLLOW_POLL = 0.1  # between two reads of a stream file at its end
+CHUNK = 1 << 16
+DRAIN = 2.0  # after Slurm ended the job, how long the nodes' last lines get to arrive
+RELEASE_WAIT = 30.0  # how long the controller waits for Slurm to release the nodes at the end
+STOP_WAIT = 30.0
+
+SLURM_STATES = {
+    "PENDING": JobState.PENDING, "CONFIGURING": JobState.PENDING, "REQUEUED": JobState.PENDING,
+    "REQUEUE_HOLD": JobState.PENDING, "REQUEUE_FED": JobState.PENDING, "RESV_DEL_HOLD": JobState.PENDING,
+    "RUNNING": JobState.RUNNING, "COMPLETING": JobState.RUNNING, "SUSPENDED": JobState.RUNNING,
+    "STOPPED": JobState.RUNNING, "RESIZING": JobState.RUNNING, "SIGNALING": JobState.RUNNING,
+    "STAGE_OUT": JobState.RUNNING,
+    "COMPLETED": JobState.SUCCEEDED,
+    "FAILED": JobState.FAILED, "TIMEOUT": JobState.FAILED, "OUT_OF_MEMORY": JobState.FAILED,
+    "BOOT_FAIL": JobState.FAILED, "DEADLINE": JobState.FAILED, "SPECIAL_EXIT": JobState.FAILED,
+    "CANCELLED": JobState.STOPPED, "PREEMPTED": JobState.STOPPED, "REVOKED": JobState.STOPPED,
+    "NODE_FAIL": JobState.LOST,
+}
+# States in which Slurm itself ended a job that distrun had not seen fail.
+ENDED_BY_SLURM = frozenset({"TIMEOUT", "NODE_FAIL", "PREEMPTED", "DEADLINE", "OUT_OF_MEMORY", "BOOT_FAIL"})
+# Pending reasons that no amount of waiting resolves.
+HOPELESS = frozenset({"PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "InvalidAccount", "InvalidQOS"})
+UNREACHABLE = re.compile(r"Unable to contact slurm controller|Socket timed out|Connection refused|Zero Bytes")
+MASTER_LINE = re.compile(r"^distrun: master (\S+):(\d+)$")
+
+
+def distrun_state(slurm_state: str) -> JobState:
+    """distrun's state for one of Slurm's (`CANCELLED by 0` and `COMPLETING+` forms included).
+
+    A state this table does not know is taken as still running: Slurm holds the job.
+    """
+    base = slurm_state.split(" ")[0].rstrip("+").upper()
+    return SLURM_STATES.get(base, JobState.RUNNING)
+
+
+# ---------------------------------------------------------------- Slurm's commands
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One reading of `scontrol show job`."""
+
+    id: str
+    state: str
+    reason: str
+    nodelist: str
+    batch_host: str
+
+    @property
+    def distrun_state(self) -> JobState:
+        return distrun_state(self.state)
+
+    @property
+    def allocated(self) -> bool:
+        """Nodes are allocated and the batch script runs (or ran)."""
+        return self.distrun_state is not JobState.PENDING and self.nodelist not in ("", "(null)")
+
+
+def parse_job(text: str) -> SlurmJob:
+    """Parse `scontrol show job -o ID` (key=value pairs on one line)."""
+    def field(key: str) -> str:
+        match = re.search(rf"(?:^|\s){key}=(\S*)", text)
+        return match.group(1) if match else ""
+
+    return SlurmJob(id=field("JobId"), state=field("JobState"), reason=field("Reason"),
+                    nodelist=field("NodeList"), batch_host=field("BatchHost"))
+
+
+def run_slurm(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run one of Slurm's commands.
+
+    Raises:
+        InfraError: the command is missing, or did not answer in SLURM_TIMEOUT.
+    """
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TIMEOUT, check=False)
+    except FileNotFoundError:
+        raise InfraError(f"{argv[0]} not found: the Slurm backend runs Slurm's commands (sbatch, scontrol, "
+                         "squeue, scancel, sinfo) on this machine") from None
+    except subprocess.TimeoutExpired:
+        raise InfraError(f"{argv[0]} did not answer within {SLURM_TIMEOUT:g} s (is slurmctld up?)") from None
+
+
+def _error_text(result: subprocess.CompletedProcess[str]) -> str:
+    lines = [ln.strip() for ln in result.stderr.splitlines() if ln.strip()]
+    return lines[-1] if lines else f"exit code {result.returncode}"
+
+
+def _checked(argv: list[str]) -> str:
+    """stdout of a Slurm command that must succeed.
+
+    Raises:
+        InfraError: it failed.
+    """
+    result = run_slurm(argv)
+    if result.returncode != 0:
+        raise InfraError(f"{argv[0]}: {_error_text(result)}")
+    return result.stdout
+
+
+def query_job(slurm_id: str) -> SlurmJob | None:
+    """The job as slurmctld knows it now; None once it has forgotten the job."""
+    result = run_slurm(["scontrol", "show", "job", "-o", slurm_id])
+    if result.returncode != 0:
+        if "Invalid job id" in result.stderr:
+            return None
+        raise InfraError(f"scontrol: {_error_text(result)}")
+    return parse_job(result.stdout)
+
+
+def in_queue(slurm_id: str) -> bool:
+    """Whether squeue still lists the job (pending, running or completing)."""
+    return bool(run_slurm(["squeue", "-h", "-j", slurm_id, "-o", "%i"]).stdout.strip())
+
+
+def hostnames(nodelist: str) -> list[str]:
+    return _checked(["scontrol", "show", "hostnames", nodelist]).split()
+
+
+def node_addresses(names: list[str]) -> dict[str, str]:
+    """Each node's NodeAddr, as Slurm reaches it."""
+    addrs = {}
+    for line in _checked(["scontrol", "show", "node", "-o", ",".join(names)]).splitlines():
+        name, addr = re.search(r"NodeName=(\S+)", line), re.search(r"NodeAddr=(\S+)", line)
+        if name and addr:
+            addrs[name.group(1)] = addr.group(1)
+    return addrs
+
+
+def partition_nodes(partition: str | None) -> tuple[str, list[str]]:
+    """The partition a job goes to (the given one, else Slurm's default) and its nodes."""
+    pairs = [line.split() for line in _checked(["sinfo", "-h", "-N", "-o", "%N %P"]).splitlines() if line.strip()]
+    default = next((p.rstrip("*") for _, p in pairs if p.endswith("*")), None)
+    name = partition or default
+    if name is None:
+        return "(all)", sorted({n for n, _ in pairs})
+    return name, sorted({n for n, p in pairs if p.rstrip("*") == name})
+
+
+def submit(script: str) -> str:
+    """sbatch the script; returns the Slurm job id.
+
+    Raises:
+        UsageError: Slurm refused the request (e.g. more nodes than the partition has).
+        InfraError: slurmctld could not be reached.
+    """
+    result = run_slurm(["sbatch", "--parsable", script])
+    if result.returncode != 0:
+        why = _error_text(result).removeprefix("sbatch: error: ")
+        error = InfraError if UNREACHABLE.search(result.stderr) else UsageError
+        raise error(f"Slurm refused the job: {why}")
+    return result.stdout.strip().split(";")[0]
+
+
+def cancel(slurm_id: str) -> None:
+    _checked(["scancel", slurm_id])
+
+
+# ---------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True)
+class NodeTemplate:
+    """What the inventory says about a Slurm job's nodes: the settings of its first selected node."""
+
+    node: NodeSpec
+    selected: int
+    inventory_path: str
+
+
+def node_template(job: JobSpec, request: LaunchRequest) -> NodeTemplate:
+    """The inventory node (the master, else the first selected) whose settings every node gets.
+
+    Raises:
+        UsageError: --nodes was given (Slurm places the job), or the inventory is wrong.
+    """
+    if request.nodes:
+        raise UsageError("--nodes: Slurm chooses the nodes of a Slurm job (use --nnodes, or "
+                         "slurm.extra: ['--nodelist=a,b'] in the job)")
+    inventory = resolve_inventory_path(request.inventory)
+    selected = select_nodes(replace(job, nnodes=None), inventory)
+    node = next((n for n in selected if n.name == inventory.master), selected[0])
+    if job.slurm.gpus_per_node:
+        node = replace(node, gpus=job.slurm.gpus_per_node)
+    return NodeTemplate(node, len(selected), inventory.path)
+
+
+def slurm_plan(job: JobSpec, request: LaunchRequest, template: NodeTemplate, job_id: str) -> LaunchPlan:
+    """The plan for every node: one torchrun argv whose per-node values each node fills in.
+
+    Nodes are named rank0.. until Slurm allocates them (see `allocated_plan`); their number is
+    --nnodes, else the job's nnodes, else the inventory's selected nodes.
+    """
+    nnodes = request.nnodes or job.nnodes or template.selected
+    nodes = [replace(template.node, name=f"rank{i}") for i in range(nnodes)]
+    plan = build_plan(job, nodes, {}, job_id=job_id, inventory_path=template.inventory_path, master=nodes[0],
+                      master_addr="$MASTER_ADDR", master_port=0, controller_cwd=os.getcwd(),
+                      controller_env=dict(os.environ), extra_args=request.extra_args, backend="slurm")
+    script_part = (2 if job.module else 1) + len(job.args) + len(request.extra_args)
+    hosts = [replace(h, argv=node_argv(h.argv, len(h.argv) - script_part)) for h in plan.hosts]
+    return replace(plan, hosts=hosts)
+
+
+def gpus_per_node(job: JobSpec, plan: LaunchPlan, template: NodeTemplate) -> int | None:
+    """GPUs to ask per node: `slurm.gpus_per_node`, else one per process on GPU nodes."""
+    if job.slurm.gpus_per_node:
+        return job.slurm.gpus_per_node
+    return plan.hosts[0].nproc if template.node.gpus else None
+
+
+def allocated_plan(plan: LaunchPlan, names: list[str], addrs: dict[str, str]) -> LaunchPlan:
+    """The plan with Slurm's nodes in node-rank order in place of rank0..."""
+    hosts = [replace(h, node=name, host=addrs.get(name, name)) for h, name in zip(plan.hosts, names, strict=True)]
+    return replace(plan, hosts=hosts, master_node=names[0], master_addr=names[0])
+
+
+def batch_job(job: JobSpec, request: LaunchRequest, job_dir: JobDir, job_id: str) -> tuple[BatchJob, bytes]:
+    """The batch job and the supervisor bundle its nodes run."""
+    template = node_template(job, request)
+    plan = slurm_plan(job, request, template, job_id)
+    gpus = gpus_per_node(job, plan, template)
+    modules = ["probe", *HostRun.modules(), "slurm_node"]
+    bundle = remote.bundle("slurm_node", modules, telemetry.shipped_modules({"gpus": gpus or 0}))
+    batch = BatchJob(plan=plan, options=resolve_options(job, request.slurm_overrides), gpus_per_node=gpus,
+                     port=job.rendezvous.port, bundle_size=len(bundle), files=SlurmFiles(job_dir.root))
+    return batch, bundle
+
+
+def follow_lines(path: Path, finished: Callable[[], bool]) -> Iterator[str]:
+    """Lines appended to `path` until `finished()`, then what is left.
+
+    Split on newlines only: an event line starts with 0x1e, which str.splitlines splits on.
+    """
+    while not path.exists():
+        if finished():
+            return
+        time.sleep(FOLLOW_POLL)
+    rest = b""
+    with open(path, "rb") as fh:
+        while True:
+            chunk = fh.read(CHUNK)
+            if chunk:
+                *lines, rest = (rest + chunk).split(b"\n")
+            elif finished():
+                *lines, rest = (rest + fh.read()).split(b"\n")
+                yield from (line.decode("utf-8", "replace") for line in [*lines, rest] if line)
+                return
+            else:
+                lines = []
+                time.sleep(FOLLOW_POLL)
+            yield from (line.decode("utf-8", "replace") for line in lines)
+
+
+# ---------------------------------------------------------------- launching
+
+
+def launch(request: LaunchRequest, backend: str) -> int:
+    """Submit the job to Slurm and follow it to its end (or print the script with --dry-run)."""
+    job = load_job(request.job_file)
+    job_id = request.job_id or new_job_id(job.name)
+    store = Store()
+    job_dir = store.job_dir(job_id)
+    batch, bundle = batch_job(job, request, job_dir, job_id)
+    script = render_script(batch)
+    if request.dry_run:
+        print(script, end="")
+        return int(ExitCode.OK)
+    check_node_count(batch.plan.nnodes, batch.options.partition)
+    write_files(job_dir, batch, bundle, script)
+    slurm_id = submit(str(batch.files.script))
+    store.save(JobRecord(id=job_id, name=job.name, spec_path=job.path, inventory=batch.plan.inventory_path,
+                         hosts=[], backend=backend, state=JobState.PENDING, controller_pid=os.getpid(),
+                         slurm_id=slurm_id))
+    terminal = None if request.quiet else sys.stdout
+    return Submission(store, job_dir, batch, slurm_id, terminal).follow(request.live)
+
+
+def check_node_count(nnodes: int, partition: str | None) -> None:
+    """Refuse a job that asks for more nodes than its partition has: it would pend forever.
+
+    Raises:
+        UsageError: the partition is unknown or too small.
+    """
+    name, nodes = partition_nodes(partition)
+    if not nodes:
+        raise UsageError(f"--partition {partition}: Slurm has no such partition (see `sinfo`)")
+    if nnodes > len(nodes):
+        raise UsageError(f"the job asks for {nnodes} nodes but Slurm partition {name} has {len(nodes)} "
+                         f"({', '.join(nodes)}) (lower nnodes or --nnodes, or choose another --partition)")
+
+
+def write_files(job_dir: JobDir, batch: BatchJob, bundle: bytes, script: str) -> None:
+    """The job directory: plan.json (secrets masked) and what the nodes read from slurm/."""
+    job_dir.create()
+    files = batch.files
+    files.dir.mkdir(exist_ok=True)
+    job_dir.plan.write_text(json.dumps(batch.plan.to_dict(), indent=2) + "\n", encoding="utf-8")
+    files.bundle.write_bytes(bundle)
+    files.bootstrap.write_text(BOOTSTRAP, encoding="utf-8")
+    files.node_config.write_text(json.dumps(node_config(batch.plan, files), indent=2) + "\n", encoding="utf-8")
+    if batch.plan.secrets:
+        write_private(files.secrets, json.dumps(batch.plan.secrets))
+    files.script.write_text(script, encoding="utf-8")
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (mode 0600 from its creation on)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        os.fchmod(fd, 0o600)
+        fh.write(text)
+
+
+class Submission:
+    """A submitted job until Slurm allocates its nodes; then the SlurmLauncher follows it."""
+
+    def __init__(self, store: Store, job_dir: JobDir, batch: BatchJob, slurm_id: str,
+                 terminal: TextIO | None) -> None:
+        self.store = store
+        self.job_dir = job_dir
+        self.batch = batch
+        self.slurm_id = slurm_id
+        self.job_id = batch.plan.job_id
+        self.terminal = terminal
+        self.interrupted: int | None = None
+
+    def say(self, text: str) -> None:
+        """A line for the terminal (stderr when detached) and combined.log."""
+        out = self.terminal or sys.stderr
+        out.write(f"[slurm] {text}\n")
+        out.flush()
+        with open(self.job_dir.combined, "a", encoding="utf-8") as fh:
+            fh.write(f"[slurm] {text}\n")
+
+    def follow(self, live: bool) -> int:
+        self.say(f"job {self.job_id} submitted as Slurm job {self.slurm_id}")
+        job = self._await_allocation()
+        if self.interrupted is not None:
+            cancel(self.slurm_id)
+            name = signal.Signals(self.interrupted).name
+            code = ExitCode.INTERRUPTED if self.interrupted == signal.SIGINT else ExitCode.TERMINATED
+            return self._end(JobState.STOPPED, int(code), f"job {self.job_id} stopped ({name}) while pending; "
+                             f"Slurm job {self.slurm_id} cancelled")
+        if job is None or not job.allocated:
+            return self._ended_unallocated(job)
+        return self._launcher(job, live).run()
+
+    def _await_allocation(self) -> SlurmJob | None:
+        """Poll until Slurm allocates nodes or ends the job, showing each new pending reason."""
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            shown = ""
+            while self.interrupted is None:
+                job = query_job(self.slurm_id)
+                if job is None or job.allocated or job.distrun_state.finished:
+                    return job
+                shown = self._show_pending(job, shown)
+                time.sleep(POLL)
+            return None
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self.interrupted = signum
+
+    def _show_pending(self, job: SlurmJob, shown: str) -> str:
+        """Say why the job waits when that changed; give up on a reason that never resolves.
+
+        Raises:
+            UsageError: the job can never run as asked (the job is cancelled).
+        """
+        if job.reason == shown:
+            return shown
+        if job.reason in HOPELESS:
+            cancel(self.slurm_id)
+            detail = f"Slurm cannot run job {self.slurm_id} as asked ({job.reason}); cancelled"
+            self._end(JobState.FAILED, int(ExitCode.USAGE), detail, quiet=True)
+            raise UsageError(detail)
+        waiting = "waiting for the scheduler" if job.reason in ("None", "") else job.reason
+        self.say(f"job {self.slurm_id} pending ({waiting})")
+        self.store.update(self.job_id, detail=f"pending in Slurm: {waiting}")
+        return job.reason
+
+    def _ended_unallocated(self, job: SlurmJob | None) -> int:
+        """The job ended before Slurm gave it nodes (cancelled while pending, or lost)."""
+        if job is None:
+            return self._end(JobState.LOST, int(ExitCode.FAILED),
+                             f"job {self.job_id} lost: Slurm forgot job {self.slurm_id} before it started")
+        state = job.distrun_state
+        code = ExitCode.TERMINATED if state is JobState.STOPPED else ExitCode.FAILED
+        return self._end(state, int(code), f"job {self.job_id} {state.value}: Slurm job {self.slurm_id} ended "
+                         f"{job.state} while pending ({job.reason})")
+
+    def _end(self, state: JobState, code: int, detail: str, quiet: bool = False) -> int:
+        self.store.update(self.job_id, state=state, exit_code=code, ended=time.time(), detail=detail)
+        (self.job_dir.root / "summary.txt").write_text(detail + "\n", encoding="utf-8")
+        if not quiet:
+            self.say(detail)
+        return code
+
+    def _launcher(self, job: SlurmJob, live: bool) -> SlurmLauncher:
+        names = hostnames(job.nodelist)
+        plan = allocated_plan(self.batch.plan, names, node_addresses(names))
+        self.job_dir.plan.write_text(json.dumps(plan.to_dict(), indent=2) + "\n", encoding="utf-8")
+        self.store.update(self.job_id, hosts=names, master_addr=plan.master_addr, detail="")
+        self.say(f"job {self.slurm_id} running on {', '.join(names)}")
+        record = self.store.get(self.job_id)
+        terminal = self.terminal
+        return SlurmLauncher(Prepared(plan, {}, {}), self.store, record, terminal,
+                             colour=terminal is not None and terminal.isatty(), live=live,
+                             slurm_id=self.slurm_id, files=self.batch.files, batch_host=job.batch_host or names[0])
+
+
+class SlurmLauncher(Launcher):
+    """The Launcher fed by the nodes' stream files instead of SSH channels; Slurm starts and ends."""
+
+    def __init__(self, prepared: Prepared, store: Store, record: JobRecord, terminal: TextIO | None, *,
+                 colour: bool, live: bool, slurm_id: str, files: SlurmFiles, batch_host: str) -> None:
+        super().__init__(prepared, store, record, terminal, colour=colour, live=live)
+        self.slurm_id = slurm_id
+        self.files = files
+        self.batch_host = batch_host
+        self.latest: SlurmJob | None = None
+        self.ended_at: float | None = None
+        self.cancelled = False
+        self.done = threading.Event()
+        self.followers: list[threading.Thread] = []
+
+    # -- following
+
+    def _start_following(self) -> None:
+        targets: list[Callable[[], None]] = [self._poll_loop, self._follow_output]
+        targets += [lambda h=host: self._follow_node(h) for host in self.hosts]
+        for target in targets:
+            thread = threading.Thread(target=target, daemon=True)
+            thread.start()
+            self.followers.append(thread)
+
+    def _follow_node(self, host: HostRun) -> None:
+        path = self.files.stream(host.node)
+
+        def finished() -> bool:
+            if not path.exists():
+                host.last_seen = time.monotonic()  # not started yet, which is not silence
+            return host.exited.is_set() or self.done.is_set()
+
+        for line in follow_lines(path, finished):
+            host.on_stdout(line)
+
+    def _follow_output(self) -> None:
+        """The batch script's own output (the master's address, srun's errors) as the batch host's lines."""
+        for line in follow_lines(self.files.output(self.slurm_id), self.done.is_set):
+            self.sink.line(self.batch_host, f"slurm: {line}")
+            match = MASTER_LINE.match(line)
+            if match:
+                self.store.update(self.plan.job_id, master_addr=match.group(1), master_port=int(match.group(2)))
+
+    def _poll_loop(self) -> None:
+        while not self.done.wait(POLL):
+            try:
+                self._poll()
+            except InfraError as exc:
+                self.sink.note(self.batch_host, f"slurm: {exc}")
+
+    def _poll(self) -> SlurmJob | None:
+        job = query_job(self.slurm_id)
+        if job is not None:
+            self.latest = job
+        if (job is None or job.distrun_state.finished) and self.ended_at is None:
+            self.ended_at = time.monotonic()
+        return job
+
+    def _stop_following(self) -> None:
+        self.done.set()
+        for thread in self.followers:
+            thread.join(timeout=5)
+
+    # -- the Launcher's steps, Slurm's way
+
+    def _run(self) -> int:
+        self._start_following()
+        self.store.update(self.plan.job_id, state=JobState.RUNNING)
+        failure = self._monitor()
+        if self.interrupted is not None:
+            return self._finish_interrupted()
+        job = self._poll() or self.latest
+        if job is not None and job.state == "CANCELLED" and not self.cancelled:
+            return self._finish_cancelled()
+        if job is not None and job.state in ENDED_BY_SLURM:
+            node = failure.node if failure is not None else self.batch_host
+            failure = Failure(node, time.monotonic(), f"Slurm ended the job: {job.state} ({job.reason})", lost=True)
+        if failure is not None:
+            return self._finish_failed(failure)
+        return self._finish_succeeded()
+
+    def _failures(self, now: float, lost_after: float) -> list[Failure]:
+        """The Launcher's, and nodes whose supervisor never reported an exit from a job Slurm ended."""
+        found = super()._failures(now, lost_after)
+        if self.ended_at is not None and now - self.ended_at > DRAIN:
+            state = self.latest.state if self.latest is not None else "gone"
+            seen = {f.node for f in found}
+            found += [Failure(h.node, now, f"Slurm job {self.slurm_id} ended ({state}) without an exit "
+                              "from this node's supervisor", lost=True)
+                      for h in self.hosts if not h.exited.is_set() and h.node not in seen]
+        return found
+
+    def _stop_all(self, reason: str) -> None:
+        """After a failure Slurm ends the other nodes itself (--kill-on-bad-exit); else scancel."""
+        live = [h for h in self.hosts if not h.exited.is_set()]
+        for host in live:
+            self.sink.note(host.node, f"stopping ({reason})")
+        if live and self.interrupted is None:
+            self._await_exits(live, self.plan.stop_grace)
+            live = [h for h in live if not h.exited.is_set()]
+        if live and self.ended_at is None:
+            self.cancelled = True
+            cancel(self.slurm_id)
+            self._await_exits(live, self.plan.stop_grace + EXIT_WAIT)
+
+    def _await_exits(self, hosts: list[HostRun], timeout: float) -> None:
+        """Until each host reported its exit, Slurm ended the job (and DRAIN passed), or timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not all(h.exited.is_set() for h in hosts):
+            if self.ended_at is not None and time.monotonic() - self.ended_at > DRAIN:
+                return
+            time.sleep(0.05)
+
+    def _finish_cancelled(self) -> int:
+        self._stop_all("cancelled in Slurm")
+        return self._finish(JobState.STOPPED, int(ExitCode.TERMINATED),
+                            f"job {self.plan.job_id} stopped: Slurm job {self.slurm_id} was cancelled; "
+                            "every node's processes ended")
+
+    def _finish(self, state: JobState, code: int, detail: str) -> int:
+        """Wait for Slurm to release the nodes and the last lines to arrive, then the Launcher's finish."""
+        deadline = time.monotonic() + RELEASE_WAIT
+        while in_queue(self.slurm_id) and time.monotonic() < deadline:
+            time.sleep(POLL)
+        self._stop_following()
+        job = query_job(self.slurm_id)
+        if job is not None:
+            detail += f"\nSlurm job {self.slurm_id}: {job.state}"
+        return super()._finish(state, code, detail)
+
+
+def stop(store: Store, record: JobRecord) -> int:
+    """scancel the job; its controller, when alive, records the end, else this does."""
+    from orchestrator.cli import controller_alive
+
+    if record.state.finished:
+        print(f"job {record.id} already ended ({record.state.value})")
+        return int(ExitCode.OK)
+    if record.slurm_id is None:
+        raise UsageError(f"job {record.id} has no Slurm job id yet (it is being submitted); try again")
+    cancel(record.slurm_id)
+    deadline = time.monotonic() + STOP_WAIT
+    alive = controller_alive(record)
+    while time.monotonic() < deadline and not _ended(store, record, alive):
+        time.sleep(0.2)
+    if not alive:
+        store.update(record.id, state=JobState.STOPPED, ended=time.time(),
+                     detail=f"Slurm job {record.slurm_id} cancelled by `distrun stop`")
+    print(f"job {record.id} stopped (Slurm job {record.slurm_id} cancelled)")
+    return int(ExitCode.OK)
+
+
+def _ended(store: Store, record: JobRecord, controller: bool) -> bool:
+    """Whether the stop is complete: the controller recorded it, or (no controller) Slurm is done."""
+    if controller:
+        return store.get(record.id).state.finished
+    return not in_queue(record.slurm_id or "")

@@ -1,0 +1,181 @@
+"""The files of a Slurm job: the sbatch script rendered from the plan, and what its nodes read.
+
+Pure: nothing here runs a command. `distrun launch --backend slurm --dry-run` prints the script.
+
+The job directory must be on a filesystem that the controller and every node share (a shared
+home or a cluster filesystem, as on most Slurm clusters): the nodes read the supervisor bundle
+and their configuration from it, and append their output to `slurm/<node>.stream`, which the
+controller follows. Secrets never appear in the script: they go to `slurm/secrets.json`, mode
+0600, read by each node's supervisor.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator import remote
+from orchestrator.plan import DEFAULT_PORT, LaunchPlan
+from orchestrator.spec.model import JobSpec, SlurmOptions
+
+# torchrun options whose values differ per node or are known only inside the allocation; the
+# node fills in `$NAME` from its environment (the batch script exports MASTER_ADDR/MASTER_PORT).
+NODE_VALUES = {
+    "--node-rank": "$SLURM_NODEID",
+    "--master-addr": "$MASTER_ADDR",
+    "--master-port": "$MASTER_PORT",
+    "--rdzv-endpoint": "$MASTER_ADDR:$MASTER_PORT",
+}
+EXPANDED = ["SLURM_NODEID", "MASTER_ADDR", "MASTER_PORT"]
+# Reads the bundle from the file named by the first argument, then runs the usual bootstrap.
+BOOTSTRAP = 'import sys\nsys.stdin = open(sys.argv.pop(1), encoding="utf-8")\n' + remote.BOOTSTRAP
+
+
+@dataclass(frozen=True)
+class SlurmFiles:
+    """Where a Slurm job's files live in its job directory."""
+
+    root: Path
+
+    @property
+    def dir(self) -> Path:
+        return self.root / "slurm"
+
+    @property
+    def script(self) -> Path:
+        return self.dir / "job.sbatch"
+
+    @property
+    def bootstrap(self) -> Path:
+        return self.dir / "bootstrap.py"
+
+    @property
+    def bundle(self) -> Path:
+        return self.dir / "bundle.json"
+
+    @property
+    def node_config(self) -> Path:
+        return self.dir / "node.json"
+
+    @property
+    def secrets(self) -> Path:
+        return self.dir / "secrets.json"
+
+    @property
+    def output_pattern(self) -> Path:
+        """sbatch's --output: the batch script's own output; %j is the Slurm job id."""
+        return self.root / "slurm-%j.out"
+
+    def output(self, slurm_id: str) -> Path:
+        return self.root / f"slurm-{slurm_id}.out"
+
+    def stream(self, node: str) -> Path:
+        return self.dir / f"{node}.stream"
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """Everything the sbatch script says."""
+
+    plan: LaunchPlan
+    options: SlurmOptions
+    gpus_per_node: int | None
+    port: int | None
+    bundle_size: int
+    files: SlurmFiles
+
+    @property
+    def python(self) -> str:
+        return self.plan.hosts[0].python
+
+
+def resolve_options(job: JobSpec, overrides: dict[str, str | None]) -> SlurmOptions:
+    """The job's `slurm:` section with --partition/--time/--account from the command line over it."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return SlurmOptions(
+        partition=given.get("partition", job.slurm.partition), time=given.get("time", job.slurm.time),
+        account=given.get("account", job.slurm.account), gpus_per_node=job.slurm.gpus_per_node,
+        extra=job.slurm.extra,
+    )
+
+
+def node_argv(argv: list[str], options_end: int) -> list[str]:
+    """torchrun's argv with the per-node values replaced by `$NAME` references.
+
+    Args:
+        argv: a host's torchrun argv from the plan.
+        options_end: how many leading items are torchrun's own options (the script follows).
+    """
+    out = list(argv)
+    for i in range(options_end - 1):
+        if out[i] in NODE_VALUES:
+            out[i + 1] = NODE_VALUES[out[i]]
+    return out
+
+
+def node_config(plan: LaunchPlan, files: SlurmFiles) -> dict[str, Any]:
+    """What each node's task reads from slurm/node.json (no secrets)."""
+    return {
+        "job_id": plan.job_id, "cwd": plan.hosts[0].workdir, "stop_grace": plan.stop_grace,
+        "telemetry_interval": plan.telemetry_interval, "stream_dir": str(files.dir),
+        "secrets": str(files.secrets) if plan.secrets else None, "expand": EXPANDED,
+    }
+
+
+def render_script(batch: BatchJob) -> str:
+    """The sbatch script: directives, the job's environment, the master, then one srun."""
+    return "\n".join(["#!/bin/bash", *_directives(batch), *_preamble(batch), "set -euo pipefail", "",
+                      *_exports(batch.plan), "", *_body(batch)]) + "\n"
+
+
+def _directives(batch: BatchJob) -> list[str]:
+    opts = batch.options
+    lines = [f"--job-name={batch.plan.job_name}", f"--nodes={batch.plan.nnodes}", "--ntasks-per-node=1",
+             f"--output={batch.files.output_pattern}"]
+    lines += [f"--{key}={value}" for key, value in
+              (("partition", opts.partition), ("time", opts.time), ("account", opts.account)) if value]
+    if batch.gpus_per_node:
+        lines.append(f"--gpus-per-node={batch.gpus_per_node}")
+    return [f"#SBATCH {line}" for line in [*lines, *opts.extra]]
+
+
+def _preamble(batch: BatchJob) -> list[str]:
+    lines = [
+        "#",
+        f"# distrun job {batch.plan.job_id}, written by `distrun launch --backend slurm`, which follows it.",
+        f"# Every node must see {batch.files.root} (a shared filesystem): each node's supervisor",
+        f"# reads slurm/{batch.files.node_config.name} there and appends its output to slurm/<node>.stream.",
+    ]
+    if batch.plan.secrets:
+        names = ", ".join(sorted(batch.plan.secrets))
+        lines.append(f"# Secrets ({names}) are not in this file: the supervisors read "
+                     f"slurm/{batch.files.secrets.name} (mode 0600).")
+    return [*lines, ""]
+
+
+def _exports(plan: LaunchPlan) -> list[str]:
+    env = plan.hosts[0].env
+    return [f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items())]
+
+
+def _body(batch: BatchJob) -> list[str]:
+    files = batch.files
+    launcher = shlex.join([batch.python, str(files.bootstrap), str(files.bundle), str(batch.bundle_size)])
+    port = f"{batch.port} exact" if batch.port else str(DEFAULT_PORT)
+    argv = batch.plan.hosts[0].argv
+    return [
+        f"DISTRUN=({launcher})",
+        "# The master is node 0 of the allocation (node rank 0); its port is chosen free there.",
+        f'master=$(srun --nodes=1 --ntasks=1 --relative=0 "${{DISTRUN[@]}}" port {port})',
+        'read -r MASTER_ADDR MASTER_PORT <<<"$master"',
+        "export MASTER_ADDR MASTER_PORT",
+        'echo "distrun: master $MASTER_ADDR:$MASTER_PORT"',
+        "",
+        "# One supervisor per node starts torchrun; each node fills in the '$NAME' arguments itself.",
+        "# --kill-on-bad-exit: when one node fails, Slurm ends the step on every node.",
+        f"srun --nodes={batch.plan.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
+        f'    "${{DISTRUN[@]}}" {shlex.quote(str(files.node_config))} -- \\',
+        f"    {shlex.join(argv)}",
+    ]

@@ -1,0 +1,97 @@
+"""A Slurm job's task on one node: starts the supervisor and writes its stream to the job directory.
+
+`srun` runs this once per node of the allocation. argv: NODE_CONFIG -- TORCHRUN_ARGV...
+Before that the batch script asks node 0 of the allocation, the master, for the rendezvous:
+argv `port FROM` prints `NODE PORT`, the node's Slurm name and the first free port from FROM;
+`port N exact` prints `NODE N` when N is free, else exits 3.
+
+NODE_CONFIG is a JSON file the controller wrote into the job directory, which every node sees
+(a shared filesystem): job_id, cwd, stop_grace, telemetry_interval, stream_dir, secrets (the
+path of a mode-0600 JSON file of secret variables, kept out of the batch script), and expand:
+names of variables that this node fills into the torchrun arguments (`$SLURM_NODEID` differs
+per node, so the batch shell cannot). Nothing else in the arguments is expanded.
+
+The supervisor's output (torchrun's lines and `\\x1e{json}` events) is appended to
+STREAM_DIR/<node>.stream, which the controller follows. Slurm owns the job's lifetime, so the
+supervisor watches no controller heartbeat; scancel and `srun --kill-on-bad-exit` reach it
+as SIGTERM. The task exits with torchrun's status, so that a failed node ends the step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import sys
+from typing import Any
+
+from orchestrator.remote.probe import first_free_port, port_free
+from orchestrator.remote.supervisor import Output, Supervisor
+
+
+def expand(argv: list[str], names: list[str], env: dict[str, str]) -> list[str]:
+    """Replace `$NAME` in each argument for the given names only, from `env`."""
+    if not names:
+        return list(argv)
+    pattern = re.compile(r"\$(" + "|".join(re.escape(n) for n in names) + r")\b")
+    return [pattern.sub(lambda m: env.get(m.group(1), m.group(0)), arg) for arg in argv]
+
+
+def supervisor_config(cfg: dict[str, Any], node: str, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+    """The supervisor's configuration for this node."""
+    secrets: dict[str, str] = {}
+    if cfg.get("secrets"):
+        with open(cfg["secrets"], encoding="utf-8") as fh:
+            secrets = json.load(fh)
+    return {
+        "job_id": cfg["job_id"], "node": node, "argv": expand(argv, cfg.get("expand", []), env),
+        "env": secrets, "cwd": cfg.get("cwd"), "heartbeat_timeout": None,
+        "stop_grace": cfg.get("stop_grace", 5.0), "telemetry_interval": cfg.get("telemetry_interval"),
+    }
+
+
+def exit_status(rc: int | None) -> int:
+    """A shell-style exit status for torchrun's return code (a signal N becomes 128 + N)."""
+    if rc is None:
+        return 127
+    return 128 - rc if rc < 0 else rc
+
+
+def choose_port(argv: list[str]) -> int:
+    """`port FROM`: this node and the first free port from FROM; `port N exact`: N when it is free."""
+    start = int(argv[1])
+    if argv[2:] == ["exact"]:
+        port = start if port_free(start) else None
+        what = f"rendezvous port {start} is in use"
+    else:
+        port = first_free_port(start)
+        what = f"no free TCP port from {start}"
+    node = node_name()
+    if port is None:
+        sys.stderr.write(f"distrun: {what} on {node}\n")
+        return 3
+    sys.stdout.write(f"{node} {port}\n")
+    return 0
+
+
+def node_name() -> str:
+    """This node's name in Slurm (what the other nodes resolve), else its hostname."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def main(argv: list[str]) -> None:
+    if argv[0] == "port":
+        sys.exit(choose_port(argv))
+    config_path, command = argv[0], argv[2:]
+    with open(config_path, encoding="utf-8") as fh:
+        cfg = json.load(fh)
+    node = node_name()
+    env = dict(os.environ)
+    stream_path = os.path.join(cfg["stream_dir"], f"{node}.stream")
+    with open(stream_path, "ab") as stream:
+        supervisor = Supervisor(supervisor_config(cfg, node, command, env), Output(stream))
+        supervisor.run(sys.stdin.buffer)
+    rc = supervisor.child.returncode if supervisor.child is not None else None
+    # The supervisor's threads may still sit in blocking calls; leave without joining them.
+    os._exit(exit_status(rc))
