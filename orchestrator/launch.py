@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import sys
@@ -16,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from orchestrator import remote
+from orchestrator import remote, telemetry
 from orchestrator.errors import ExitCode, InfraError
 from orchestrator.logs import LogSink
 from orchestrator.parallel import failures, for_each
@@ -26,13 +27,15 @@ from orchestrator.store import JobDir, JobRecord, JobState, Store
 from orchestrator.transport import RemoteProcess, Transport, transport_for
 
 PROBE_TIMEOUT = 30.0
+AUTO_PORT_WINDOW = 1000
 HEARTBEAT_EVERY = 1.0
 SETTLE = 1.5  # after a first failure, how long to wait for its peers' failures before blaming one
 EXIT_WAIT = 10.0  # beyond the stop grace, how long stopped hosts get to report their exit
 SUMMARY_LINES = 20
 ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
-RESTART = re.compile(r"will restart worker group|Restarting worker group")
+# torchrun prints this (at ERROR, unlike its INFO "will restart") once per failed attempt.
+FAILED_ATTEMPT = re.compile(r"failed \(exitcode: -?\d+\) local_rank: \d+")
 COLLATERAL = re.compile(
     r"Connection closed by peer|Connection reset by peer|DistBackendError|Broken pipe|"
     r"SIGTERM|Signal 15|heartbeat silent|stopped by the controller"
@@ -92,6 +95,12 @@ def probe_facts(transport: Transport, options: dict[str, Any]) -> dict[str, Any]
     return json.loads(out.strip().splitlines()[-1])
 
 
+def auto_port_start() -> int:
+    """Where the search for a free port starts: a random point of a window above 29500, so
+    two jobs launched at the same moment on the same master do not both pick 29500."""
+    return DEFAULT_PORT + random.randrange(AUTO_PORT_WINDOW)
+
+
 def gather_facts(transports: dict[str, Transport], master: NodeSpec, port: int | None,
                  route_to: str) -> dict[str, dict[str, Any]]:
     """Probe every host at once; the master also checks the rendezvous port.
@@ -102,7 +111,7 @@ def gather_facts(transports: dict[str, Transport], master: NodeSpec, port: int |
     def options(t: Transport) -> dict[str, Any]:
         opts: dict[str, Any] = {"route_to": route_to}
         if t.name == master.name:
-            opts.update({"port_exact": port} if port else {"port_from": DEFAULT_PORT})
+            opts.update({"port_exact": port} if port else {"port_from": auto_port_start()})
         return opts
 
     results = for_each(transports.values(), lambda t: probe_facts(t, options(t)), key=lambda t: t.name)
@@ -201,15 +210,16 @@ class HostRun:
     """One host's supervisor as the controller sees it."""
 
     plan: HostPlan
-    transport: Transport
+    transport: Transport | None  # None where a scheduler starts the supervisor (Slurm)
     sink: LogSink
     on_telemetry: Any = None
+    extra_modules: dict[str, str] = field(default_factory=dict)
     proc: RemoteProcess | None = None
     last_seen: float = field(default_factory=time.monotonic)
     exit_rc: int | None = None
     exit_error: str | None = None
     pid: int | None = None
-    restarts: int = 0
+    failed_attempts: int = 0
     exited: threading.Event = field(default_factory=threading.Event)
     root_rank: int | None = None
     root_exit: int | None = None
@@ -220,7 +230,7 @@ class HostRun:
         return self.plan.node
 
     def start(self, launch_plan: LaunchPlan) -> None:
-        payload = remote.bundle("supervisor", self.modules())
+        payload = remote.bundle("supervisor", self.modules(), self.extra_modules)
         argv = remote.bootstrap_argv(self.plan.python, payload, "distrun-supervisor", launch_plan.job_id, self.node)
         config = {
             "job_id": launch_plan.job_id, "node": self.node, "argv": self.plan.argv,
@@ -228,6 +238,8 @@ class HostRun:
             "heartbeat_timeout": launch_plan.heartbeat_timeout, "stop_grace": launch_plan.stop_grace,
             "telemetry_interval": launch_plan.telemetry_interval,
         }
+        if self.transport is None:
+            raise InfraError(f"{self.node}: no transport to start its supervisor with")
         self.proc = self.transport.start(argv)
         self.proc.stream(self.on_stdout, self.on_stderr)
         self.last_seen = time.monotonic()
@@ -261,8 +273,8 @@ class HostRun:
         elif self._in_root_cause and (m := ROOT_EXIT.match(line)):
             self.root_exit = int(m.group(1))
             self._in_root_cause = False
-        elif RESTART.search(line):
-            self.restarts += 1
+        elif FAILED_ATTEMPT.search(line):
+            self.failed_attempts += 1
 
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("ev")
@@ -279,6 +291,11 @@ class HostRun:
         elif kind == "tel" and self.on_telemetry is not None:
             self.on_telemetry(self.node, event)
 
+    @property
+    def restarts(self) -> int:
+        """Attempts torchrun restarted: its failed attempts, less the last if the host failed."""
+        return max(0, self.failed_attempts - (1 if self.exit_rc else 0))
+
     def channel_closed(self) -> bool:
         return self.proc is not None and self.proc.wait(0) is not None and not self.exited.is_set()
 
@@ -293,22 +310,26 @@ class Launcher:
     """Runs a plan to its end and returns the exit code."""
 
     def __init__(self, prepared: Prepared, store: Store, record: JobRecord, terminal: TextIO | None,
-                 colour: bool = False) -> None:
+                 colour: bool = False, live: bool = False) -> None:
         self.plan = prepared.plan
         self.transports = prepared.transports
         self.store = store
         self.record = record
         self.dir: JobDir = store.job_dir(self.plan.job_id)
         self.terminal = terminal
-        self.sink = LogSink(self.dir, terminal, colour, on_metrics=self._on_metrics)
+        self.monitor = telemetry.Monitor([h.node for h in self.plan.hosts], self.plan.telemetry_interval,
+                                         self._on_alert, self._running, title=self.plan.job_id)
+        self.sink = LogSink(self.dir, self.monitor.terminal(terminal, live), colour, on_metrics=self._on_metrics)
         self.telemetry_lock = threading.Lock()
         self.telemetry_file = open(self.dir.telemetry, "a", encoding="utf-8")  # noqa: SIM115 - closed in run()
-        self.hosts = [HostRun(h, self.transports[h.node], self.sink, self._on_telemetry) for h in self.plan.hosts]
+        self.hosts = [HostRun(h, self.transports.get(h.node), self.sink, self._on_telemetry,
+                              telemetry.shipped_modules(prepared.facts.get(h.node))) for h in self.plan.hosts]
         self.interrupted: int | None = None
         self.last_metrics: dict[str, Any] | None = None
         self.final_metrics: dict[str, Any] | None = None
 
     def _on_metrics(self, _line: Any, record: dict[str, Any]) -> None:
+        self.monitor.metrics(record)
         self.last_metrics = record
         if record.get("final"):
             self.final_metrics = record
@@ -319,6 +340,18 @@ class Launcher:
         with self.telemetry_lock:
             self.telemetry_file.write(json.dumps(sample) + "\n")
             self.telemetry_file.flush()
+        self.monitor.sample(node, sample)
+
+    def _on_alert(self, alert: telemetry.Alert) -> None:
+        """An alert is a log line of its host and part of the job's record."""
+        self.sink.note(alert.node, alert.line())
+        with self.telemetry_lock:
+            self.record.alerts.append(alert.record())
+            alerts = list(self.record.alerts)
+        self.store.update(self.plan.job_id, alerts=alerts)
+
+    def _running(self, node: str) -> bool:
+        return any(h.node == node and not h.exited.is_set() for h in self.hosts)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.interrupted = signum
@@ -326,8 +359,10 @@ class Launcher:
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
+            self.monitor.start()
             return self._run()
         finally:
+            self.monitor.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.sink.close()
@@ -413,11 +448,14 @@ class Launcher:
                 host.proc.close_stdin()
 
     def _finish(self, state: JobState, code: int, detail: str) -> int:
+        self.sink.flush()
+        self.monitor.stop()
+        detail = "\n".join([detail, *telemetry.summary_lines(self.record.alerts)])
         restarts = max((h.restarts for h in self.hosts), default=0)
         self.store.update(self.plan.job_id, state=state, exit_code=code, ended=time.time(),
                           detail=detail, restarts=restarts)
         (self.dir.root / "summary.txt").write_text(detail + "\n", encoding="utf-8")
-        self.sink.flush()
+        self.sink.summary(detail)
         self._say(detail)
         return code
 

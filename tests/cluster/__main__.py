@@ -19,7 +19,7 @@ from .registry import CHECKOUT, describe, records
 def _up(args: argparse.Namespace) -> int:
     try:
         with Cluster(args.n, private_dirs=args.private_dirs, bastion=args.bastion) as cluster:
-            inventory = cluster.write_inventory()
+            inventory = cluster.write_inventory(args.inventory)
             print(f"prefix: {cluster.prefix}")
             print(f"inventory: {inventory}")
             print(f"up in {cluster.bringup_seconds:.2f} s; try: {shlex.join(cluster.ssh_argv(0))} hostname")
@@ -56,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("-n", type=int, default=3, help="number of hosts (default 3)")
     up.add_argument("--bastion", action="store_true", help="reach hosts only through a bastion")
     up.add_argument("--private-dirs", action="store_true", help="a private tmpfs on /srv/node per host")
+    up.add_argument("--inventory", help="write the cluster's inventory here (default: in its state directory)")
     up.set_defaults(run=_up)
     down = commands.add_parser("down", help="remove this checkout's clusters whose creator died")
     down.add_argument("--force", action="store_true", help="also remove clusters whose creator still runs")
