@@ -79,7 +79,7 @@ def _detach(job_file: str, job_id: str | None) -> int:
     at = argv.index("launch")
     argv[at + 1:at + 1] = ["--job-id", job_id, "--detached-child", "--no-live"]
     with open(job_dir.controller_log, "ab") as log:
-        child = subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
+        child = subprocess.Popen(
             [sys.executable, "-m", "orchestrator", *argv], stdin=subprocess.DEVNULL, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True,
         )
@@ -125,7 +125,9 @@ def refresh_lost(store: Store, records: list[JobRecord]) -> None:
 
 def _age(rec: JobRecord) -> str:
     seconds = int((rec.ended or time.time()) - rec.started)
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 @cli.command()
@@ -199,6 +201,96 @@ def stop(job_ref: str) -> None:
     store = Store()
     rec = store.get(job_ref)
     sys.exit(backends.stop(store, rec))
+
+
+@cli.command()
+@click.argument("job_ref")
+@click.option("--once", is_flag=True, help="Print one frame and exit, even for a running job.")
+def top(job_ref: str, once: bool) -> None:
+    """Show every host's and GPU's latest figures: live for a running job, the last samples of a finished one."""
+    from rich.console import Console
+
+    from orchestrator.telemetry import top as show
+
+    store = Store()
+    job_id = store.get(job_ref).id
+
+    def current() -> JobRecord:
+        rec = store.get(job_id)
+        refresh_lost(store, [rec])
+        return rec
+
+    show(store.job_dir(job_id), current, Console(), once=once)
+
+
+@cli.command("exec", context_settings={"allow_interspersed_args": False})
+@click.option("-i", "--inventory", help="Inventory YAML (default: $DISTRUN_INVENTORY, else this machine).")
+@click.option("--nodes", help="Comma-separated node names to run on (default: every node).")
+@click.option("--label", "labels", multiple=True, help="Only nodes with this label (repeatable: all must match).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Stop the command after S seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (documented in the README).")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def exec_command(inventory: str | None, nodes: str | None, labels: tuple[str, ...], timeout: float | None,
+                 as_json: bool, command: tuple[str, ...]) -> None:
+    """Run COMMAND on the selected hosts at once; hosts with identical output are shown together.
+
+    Every word of COMMAND arrives as one argument; for pipes or globs use `-- sh -c '...'`.
+    Exit status: 0 all succeeded, 1 the command failed on some host, 3 a host was not reached.
+    """
+    from orchestrator.execute import ExecRequest, execute
+
+    request = ExecRequest(argv=command, inventory=inventory, nodes=tuple(_split_names(nodes) or ()),
+                          labels=labels, timeout=timeout, as_json=as_json)
+    sys.exit(execute(request))
+
+
+@cli.command()
+@click.argument("job_refs", nargs=-1, required=True, metavar="JOB_REF...")
+@click.option("-o", "--output", default="report.html", show_default=True, type=click.Path(dir_okay=False),
+              help="The HTML file to write.")
+def report(job_refs: tuple[str, ...], output: str) -> None:
+    """Write one self-contained HTML page comparing finished jobs (JOB_REF: an id, a unique prefix, or `last`)."""
+    from orchestrator.report import load_jobs, write_report
+
+    path = write_report(load_jobs(Store(), job_refs), Path(output))
+    click.echo(f"report written to {path}")
+
+
+@cli.command()
+@click.argument("jobs", nargs=-1, required=True, metavar="JOBS...")
+@click.option("-i", "--inventory", help="Inventory YAML (default: $DISTRUN_INVENTORY, else this machine).")
+@click.option("-o", "--output", default="report.html", show_default=True, type=click.Path(dir_okay=False),
+              help="The HTML file to write.")
+def bench(jobs: tuple[str, ...], inventory: str | None, output: str) -> None:
+    """Run job files one after another (or take finished job ids) and write the comparison report.
+
+    JOBS: job YAMLs, directories of job YAMLs, or finished job ids. Exit status 1 when any job
+    did not succeed; the report is written either way, with that row marked.
+    """
+    from orchestrator.compare import run_bench
+
+    sys.exit(run_bench(jobs, inventory, Path(output)))
+
+
+@cli.command()
+@click.option("-i", "--inventory", help="Inventory YAML (default: $DISTRUN_INVENTORY, else this machine).")
+@click.option("--job", "job_file", type=click.Path(dir_okay=False), help="Check with this job's hosts, port, nproc.")
+@click.option("--nodes", help="Comma-separated node names to check (default: every node, or the job's).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (documented in the README).")
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
+@click.option("--bandwidth", is_flag=True, help="Also time a short all-reduce across the hosts.")
+@click.option("--min-busbw", type=click.FloatRange(min=0), help="Warn under this all-reduce busbw, GB/s.")
+def doctor(inventory: str | None, job_file: str | None, nodes: str | None, as_json: bool, strict: bool,
+           bandwidth: bool, min_busbw: float | None) -> None:
+    """Check every host for what makes multi-host jobs hang; one row per check.
+
+    Exit status: 0 no errors, 1 a check failed (warnings too with --strict), 3 a host was not reached.
+    """
+    from orchestrator.doctor import DoctorRequest, run_doctor
+
+    request = DoctorRequest(inventory=inventory, job_file=job_file, nodes=_split_names(nodes), as_json=as_json,
+                            strict=strict, bandwidth=bandwidth, min_busbw=min_busbw)
+    sys.exit(run_doctor(request))
 
 
 def main() -> None:

@@ -78,7 +78,7 @@ def run_prepared(prepared: Prepared, request: LaunchRequest, backend: str) -> in
     store.save(new_record(prepared.plan, backend))
     terminal = None if request.quiet else sys.stdout
     launcher = Launcher(prepared, store, store.get(prepared.plan.job_id), terminal,
-                        colour=terminal is not None and sys.stdout.isatty())
+                        colour=terminal is not None and sys.stdout.isatty(), live=request.live)
     return launcher.run()
 
 
@@ -118,4 +118,4 @@ def stop_on_hosts(store: Store, record: JobRecord) -> int:
 
 
 def _cleanup(transport: Transport, job_id: str) -> str:
-    return run_remote(transport, "cleanup", ["supervisor", "cleanup"], {}, job_id)
+    return run_remote(transport, "cleanup", ["supervisor", "cleanup"], {}, job_id, transport.name)

@@ -4,35 +4,156 @@ Reads one JSON line of options on stdin:
     route_to: an address; report the interface whose route reaches it
     port_from: report the first free TCP port from this one (on the master only)
     port_exact: report whether exactly this port is free
-Fast: nothing is imported that takes long (torch's version comes from its metadata).
+    full: also report what `distrun doctor` checks (see `full_facts`)
+    workdir: with `full`, where to measure free disk
+    resolve: names or addresses to look up with getaddrinfo
+    listen_seconds: listen on the rendezvous port (`port_exact`, else the free port found from
+        `port_from`) so other hosts can test connecting, until `{"stop": true}` or end of stdin,
+        at most this long; a `listening` event is printed as soon as the socket listens
+    connect_to: [addr, port]: try a TCP connection (CONNECT_TIMEOUT) and report how it went
+    connect_later: read `{"connect_to": [addr, port] | null, "resolve": [...], "route_to": addr}`
+        from stdin after gathering the facts, then connect, resolve and find the route as above
+
+Later stdin lines are control messages: `{"stop": true}`, the `connect_to` message above, and
+`{"module": "pynvml", "source": TEXT | null}`, the reply to a `need` event.
+
+Output: event lines (the byte 0x1e, then JSON with "ev": `listening` {port, ok, error,
+interfaces, hostname} or `need` {module}), then one line with the facts as JSON.
+
+Fast without `full`: nothing is imported that takes long (torch's version comes from its
+version.py, else its package metadata). With `full`, torch is imported only on hosts with an
+NVIDIA GPU, where the NCCL and cuDNN it loads matter; elsewhere its version.py is read (what
+`torch.version` holds, without the import's ~1.5 s of CPU).
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
+import fcntl
 import json
 import os
 import platform
+import resource
+import shutil
 import socket
+import struct
 import subprocess
 import sys
-from typing import Any
+import threading
+import time
+import traceback
+import types
+from collections.abc import Callable
+from importlib import util
+from typing import Any, BinaryIO
 
 PORT_SPAN = 200
+CONNECT_TIMEOUT = 2.0
+CONTROL_WAIT = 30.0
+MODULE_WAIT = 10.0
+DRAIN_TIMEOUT = 1.0
+MIB = 1 << 20
+EVENT = b"\x1e"
+SIOCGIFADDR = 0x8915
+SIOCGIFNETMASK = 0x891B
+SMI_GPU_FIELDS = (
+    "index,name,memory.total,memory.used,driver_version,persistence_mode,"
+    "ecc.errors.uncorrected.volatile.total,uuid"
+)
+SMI_APP_FIELDS = "gpu_uuid,pid,used_memory"
+SMI_MISSING = ("", "N/A", "[N/A]", "[Not Supported]", "Not Supported", "[Unknown Error]")
+
+Emit = Callable[[str, dict[str, Any]], None]
+
+
+# ---------------------------------------------------------------- control channel
+
+
+class Inbox:
+    """Control messages (one JSON object a line) read from stdin by one thread, taken by key."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._messages: list[dict[str, Any]] = []
+        self._closed = False
+        self._cond = threading.Condition()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: BinaryIO) -> None:
+        for raw in iter(stream.readline, b""):
+            with contextlib.suppress(ValueError):
+                message = json.loads(raw)
+                if isinstance(message, dict):
+                    with self._cond:
+                        self._messages.append(message)
+                        self._cond.notify_all()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def take(self, key: str, timeout: float) -> dict[str, Any] | None:
+        """The first message that has `key`; None at end of input or after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for message in self._messages:
+                    if key in message:
+                        self._messages.remove(message)
+                        return message
+                left = deadline - time.monotonic()
+                if self._closed or left <= 0:
+                    return None
+                self._cond.wait(left)
+
+
+class Output:
+    """Whole lines to stdout from several threads."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+        self.lock = threading.Lock()
+
+    def line(self, data: bytes) -> None:
+        with self.lock:
+            self.stream.write(data + b"\n")
+            self.stream.flush()
+
+    def event(self, kind: str, fields: dict[str, Any]) -> None:
+        self.line(EVENT + json.dumps({"ev": kind, **fields}).encode())
+
+
+# ---------------------------------------------------------------- network
 
 
 def interfaces() -> dict[str, list[str]]:
-    """Interface name -> IPv4 addresses with prefix length, from `ip -o -4 addr`."""
+    """Interface name -> IPv4 addresses with prefix length, from `ip -o -4 addr`, else ioctl."""
     try:
         text = subprocess.run(
             ["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, timeout=5, check=False
         ).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return {}
+        return interfaces_by_ioctl()
     found: dict[str, list[str]] = {}
     for line in text.splitlines():
         parts = line.split()
         if len(parts) >= 4 and parts[2] == "inet":
             found.setdefault(parts[1], []).append(parts[3])
+    return found
+
+
+def interfaces_by_ioctl() -> dict[str, list[str]]:
+    """The same as `interfaces()` on hosts without iproute2: one IPv4 address per interface."""
+    found: dict[str, list[str]] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                addr = socket.inet_ntoa(fcntl.ioctl(sock.fileno(), SIOCGIFADDR, request)[20:24])
+                mask = fcntl.ioctl(sock.fileno(), SIOCGIFNETMASK, request)[20:24]
+            except OSError:
+                found[name] = []
+                continue
+            found[name] = [f"{addr}/{bin(int.from_bytes(mask, 'big')).count('1')}"]
     return found
 
 
@@ -47,10 +168,18 @@ def route_iface(addr: str) -> str | None:
     return text[text.index("dev") + 1] if "dev" in text else None
 
 
+def _bindable_socket() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # torchrun's store sets it too: a port whose last connection waits in TIME_WAIT is free to it.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    return sock
+
+
 def port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """Whether a TCP listener could bind `port` on every address, as torchrun's store does."""
+    with _bindable_socket() as sock:
         try:
-            sock.bind(("0.0.0.0", port))  # noqa: S104 - torchrun's store listens on every address
+            sock.bind(("0.0.0.0", port))
         except OSError:
             return False
     return True
@@ -58,6 +187,195 @@ def port_free(port: int) -> bool:
 
 def first_free_port(start: int) -> int | None:
     return next((p for p in range(start, min(start + PORT_SPAN, 65536)) if port_free(p)), None)
+
+
+def resolve(names: list[str]) -> dict[str, dict[str, Any]]:
+    """name -> {"addrs": [IPv4/IPv6 addresses], "error": None} or {"addrs": [], "error": why}."""
+    found: dict[str, dict[str, Any]] = {}
+    for name in names:
+        try:
+            infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        except OSError as exc:
+            found[name] = {"addrs": [], "error": exc.strerror or str(exc)}
+            continue
+        found[name] = {"addrs": sorted({str(info[4][0]) for info in infos}), "error": None}
+    return found
+
+
+def connect(addr: str, port: int) -> dict[str, Any]:
+    """Open and close one TCP connection: {"addr", "port", "ok", "error", "ms"}."""
+    began = time.monotonic()
+    error = None
+    try:
+        sock = socket.create_connection((addr, port), timeout=CONNECT_TIMEOUT)
+    except TimeoutError:
+        error = f"timed out after {CONNECT_TIMEOUT:g} s"
+    except OSError as exc:
+        error = (exc.strerror or str(exc)).lower()
+    else:
+        # Closing first leaves TIME_WAIT here, not on the master's rendezvous port.
+        sock.close()
+    ms = round((time.monotonic() - began) * 1000, 1)
+    return {"addr": addr, "port": port, "ok": error is None, "error": error, "ms": ms}
+
+
+class Listener:
+    """Listens on a port and accepts connections until closed; records who connected."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.accepted: list[str] = []
+        self.error: str | None = None if port else "no free port"
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._sock: socket.socket | None = None
+        if port:
+            self._listen(port)
+
+    def _listen(self, port: int) -> None:
+        sock = _bindable_socket()
+        try:
+            sock.bind(("0.0.0.0", port))
+            sock.listen(128)
+        except OSError as exc:
+            sock.close()
+            self.error = (exc.strerror or str(exc)).lower()
+            return
+        self._sock = sock
+        self._thread = threading.Thread(target=self._serve, args=(sock,), daemon=True)
+        self._thread.start()
+
+    @property
+    def ok(self) -> bool:
+        return self._thread is not None
+
+    def _serve(self, sock: socket.socket) -> None:
+        with sock:
+            while not self._stop.is_set():
+                try:
+                    conn, peer = sock.accept()
+                except OSError:  # shut down by close()
+                    return
+                self.accepted.append(str(peer[0]))
+                _drain(conn)
+
+    def close(self) -> dict[str, Any]:
+        """Stop listening; return {"port", "ok", "error", "accepted": [peer addresses]}."""
+        self._stop.set()
+        if self._sock is not None and self._thread is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+            self._thread.join()
+        return {"port": self.port, "ok": self.ok, "error": self.error, "accepted": self.accepted}
+
+
+def _drain(conn: socket.socket) -> None:
+    """Wait for the peer to close first, so the rendezvous port is left without TIME_WAIT."""
+    with conn:
+        conn.settimeout(DRAIN_TIMEOUT)
+        with contextlib.suppress(OSError):
+            while conn.recv(4096):
+                pass
+
+
+# ---------------------------------------------------------------- torch
+
+
+def package_version(name: str) -> str | None:
+    from importlib import metadata  # ~60 ms to import: only for a torch without version.py
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+TORCH_UNKNOWN = {"cuda": None, "cuda_available": None, "nccl": None, "cudnn": None, "gloo": None,
+                 "nccl_available": None, "error": None}
+
+
+def torch_version_py() -> dict[str, Any] | None:
+    """torch/version.py's literal values without importing torch: {} when it has no such file,
+    None when torch is not installed."""
+    spec = util.find_spec("torch")
+    if spec is None:
+        return None
+    for where in spec.submodule_search_locations or []:
+        values = _assignments(os.path.join(where, "version.py"))
+        if "__version__" in values:
+            return values
+    return {}
+
+
+def torch_version() -> str | None:
+    """The installed torch's version without importing it: torch/version.py, else its metadata."""
+    values = torch_version_py()
+    if values is None:
+        return None
+    return values.get("__version__") or package_version("torch")
+
+
+def torch_from_files() -> dict[str, Any]:
+    """torch's version and CUDA version, as `torch.version` has them, without importing torch."""
+    values = torch_version_py()
+    if values is None:
+        return {**TORCH_UNKNOWN, "imported": False, "version": None, "error": "torch is not installed"}
+    return {**TORCH_UNKNOWN, "imported": False, "version": values.get("__version__") or package_version("torch"),
+            "cuda": values.get("cuda")}
+
+
+def _assignments(path: str) -> dict[str, Any]:
+    """Literal `NAME = value` assignments at the top of a Python file; {} when unreadable."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    found: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    with contextlib.suppress(ValueError):
+                        found[target.id] = ast.literal_eval(node.value)
+    return found
+
+
+def torch_imported() -> dict[str, Any]:
+    """What the torch this python imports reports, NCCL and cuDNN as loaded."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as exc:  # a broken install fails in many ways; all are reported
+        return {**TORCH_UNKNOWN, "imported": False, "version": torch_version(), "error": _one_line(exc)}
+    cuda_ok = bool(torch.cuda.is_available())
+    return {
+        "imported": True,
+        "version": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cuda_available": cuda_ok,
+        "nccl": _version_text(torch.cuda.nccl.version()) if cuda_ok else None,
+        "cudnn": _version_text(torch.backends.cudnn.version()) if cuda_ok else None,
+        "gloo": bool(dist.is_available() and dist.is_gloo_available()),
+        "nccl_available": bool(dist.is_available() and dist.is_nccl_available()),
+        "error": None,
+    }
+
+
+def _version_text(value: Any) -> str | None:
+    """(2, 21, 5) -> "2.21.5"; numbers as they are; None stays None."""
+    if value is None:
+        return None
+    return ".".join(str(part) for part in value) if isinstance(value, (tuple, list)) else str(value)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+# ---------------------------------------------------------------- GPUs
 
 
 def gpu_count() -> int:
@@ -68,21 +386,215 @@ def gpu_count() -> int:
         return 0
 
 
-def package_version(name: str) -> str | None:
-    from importlib import metadata
+def nvml_gpus(nv: Any) -> dict[str, Any]:
+    """Driver and per-GPU facts through an NVML binding module (nvidia-ml-py's `pynvml`).
 
+    Raises:
+        nv.NVMLError: NVML could not be initialised or a required query failed.
+    """
+    nv.nvmlInit()
     try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
+        driver = _text(nv.nvmlSystemGetDriverVersion())
+        devices = [_nvml_device(nv, index) for index in range(nv.nvmlDeviceGetCount())]
+    finally:
+        nv.nvmlShutdown()
+    return {"source": "nvml", "driver": driver, "devices": devices}
+
+
+def _nvml_device(nv: Any, index: int) -> dict[str, Any]:
+    handle = nv.nvmlDeviceGetHandleByIndex(index)
+    memory = nv.nvmlDeviceGetMemoryInfo(handle)
+
+    def optional(query: Callable[[], Any]) -> Any:
+        try:
+            return query()
+        except nv.NVMLError:
+            return None
+
+    ecc = optional(lambda: nv.nvmlDeviceGetTotalEccErrors(
+        handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))
+    persistence = optional(lambda: nv.nvmlDeviceGetPersistenceMode(handle))
+    processes = optional(lambda: nv.nvmlDeviceGetComputeRunningProcesses(handle)) or []
+    return {
+        "index": index,
+        "name": _text(nv.nvmlDeviceGetName(handle)),
+        "memory_total_mib": int(memory.total) // MIB,
+        "memory_used_mib": int(memory.used) // MIB,
+        "ecc_uncorrected": None if ecc is None else int(ecc),
+        "persistence": None if persistence is None else persistence == 1,
+        "processes": [{"pid": int(p.pid), "used_mib": int(p.usedGpuMemory or 0) // MIB} for p in processes],
+    }
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _smi_value(text: str) -> str | None:
+    text = text.strip()
+    return None if text in SMI_MISSING else text
+
+
+def _smi_int(text: str) -> int | None:
+    value = _smi_value(text)
+    try:
+        return None if value is None else int(float(value))
+    except ValueError:
         return None
 
 
-def facts(options: dict[str, Any]) -> dict[str, Any]:
+def parse_smi_apps(text: str) -> dict[str, list[dict[str, Any]]]:
+    """`nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory` CSV -> uuid -> processes."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 3 and _smi_int(fields[1]) is not None:
+            found.setdefault(fields[0], []).append({"pid": _smi_int(fields[1]), "used_mib": _smi_int(fields[2]) or 0})
+    return found
+
+
+def parse_smi_gpus(text: str, apps: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """`nvidia-smi --query-gpu=SMI_GPU_FIELDS --format=csv,noheader,nounits` -> gpu facts."""
+    devices = []
+    driver = None
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) != 8 or _smi_int(fields[0]) is None:
+            continue
+        index, name, total, used, version, persistence, ecc, uuid = fields
+        driver = driver or _smi_value(version)
+        mode = _smi_value(persistence)
+        devices.append({
+            "index": _smi_int(index),
+            "name": name,
+            "memory_total_mib": _smi_int(total),
+            "memory_used_mib": _smi_int(used),
+            "ecc_uncorrected": _smi_int(ecc),
+            "persistence": None if mode is None else mode.lower() == "enabled",
+            "processes": apps.get(uuid, []),
+        })
+    return {"source": "nvidia-smi", "driver": driver, "devices": devices}
+
+
+def smi_gpus() -> dict[str, Any] | None:
+    """GPU facts from nvidia-smi, or None when it is missing or fails."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        gpus = subprocess.run([smi, f"--query-gpu={SMI_GPU_FIELDS}", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=20, check=True).stdout
+        apps = subprocess.run([smi, f"--query-compute-apps={SMI_APP_FIELDS}", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=20, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_smi_gpus(gpus, parse_smi_apps(apps))
+
+
+def load_pynvml(inbox: Inbox, emit: Emit) -> Any:
+    """The host's own pynvml, else one the controller sends on request; None when neither."""
+    with contextlib.suppress(ImportError):
+        import pynvml
+
+        return pynvml
+    emit("need", {"module": "pynvml"})
+    reply = inbox.take("module", MODULE_WAIT)
+    if not reply or not reply.get("source"):
+        return None
+    module = types.ModuleType("pynvml")
+    sys.modules["pynvml"] = module
+    try:
+        exec(compile(reply["source"], "<distrun:pynvml>", "exec"), module.__dict__)
+    except Exception:  # a module that does not load is the same as none
+        del sys.modules["pynvml"]
+        return None
+    return module
+
+
+def gpu_facts(inbox: Inbox, emit: Emit) -> dict[str, Any]:
+    """NVML when it loads and initialises, else nvidia-smi, else {"source": "none"}."""
+    if gpu_count() or os.path.exists("/dev/nvidiactl"):
+        nv = load_pynvml(inbox, emit)
+        if nv is not None:
+            try:
+                return nvml_gpus(nv)
+            except Exception:  # no driver library, driver/library mismatch: fall back
+                pass
+    found = smi_gpus()
+    return found if found is not None else {"source": "none", "driver": None, "devices": []}
+
+
+# ---------------------------------------------------------------- the rest of the host
+
+
+def os_name() -> str:
+    values: dict[str, str] = {}
+    with contextlib.suppress(OSError), open("/etc/os-release", encoding="utf-8") as fh:
+        for line in fh:
+            key, _, value = line.strip().partition("=")
+            values[key] = value.strip('"')
+    return values.get("PRETTY_NAME") or platform.platform()
+
+
+def meminfo() -> dict[str, int | None]:
+    """{"total": bytes, "available": bytes} from /proc/meminfo."""
+    found: dict[str, int | None] = {"total": None, "available": None}
+    with contextlib.suppress(OSError), open("/proc/meminfo", encoding="utf-8") as fh:
+        for line in fh:
+            key, _, rest = line.partition(":")
+            if key in ("MemTotal", "MemAvailable"):
+                found["total" if key == "MemTotal" else "available"] = int(rest.split()[0]) * 1024
+    return found
+
+
+def space(path: str) -> dict[str, Any]:
+    """{"path", "exists", "total", "free"} (bytes) of the file system holding `path`, or its
+    closest existing parent when `path` does not exist."""
+    at = os.path.abspath(os.path.expanduser(path))
+    exists = os.path.exists(at)
+    while not os.path.exists(at):
+        at = os.path.dirname(at)
+    try:
+        st = os.statvfs(at)
+    except OSError:
+        return {"path": path, "exists": exists, "total": None, "free": None}
+    return {"path": path, "exists": exists, "total": st.f_blocks * st.f_frsize, "free": st.f_bavail * st.f_frsize}
+
+
+def memlock() -> int | None:
+    """The soft `ulimit -l` in bytes; None when unlimited."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def full_facts(options: dict[str, Any], inbox: Inbox, emit: Emit) -> dict[str, Any]:
+    """What doctor checks beyond the fast facts."""
+    gpu = gpu_facts(inbox, emit)
+    torch = torch_imported() if gpu["devices"] else torch_from_files()
+    return {
+        "os": os_name(),
+        "kernel": platform.release(),
+        "torch_info": torch,
+        "gpu": gpu,
+        "cpus": os.cpu_count(),
+        "cpus_usable": len(os.sched_getaffinity(0)),
+        "memory": meminfo(),
+        "shm": space("/dev/shm") if os.path.isdir("/dev/shm") else None,
+        "memlock": memlock(),
+        "disk": space(options.get("workdir") or os.getcwd()),
+    }
+
+
+# ---------------------------------------------------------------- putting it together
+
+
+def facts(options: dict[str, Any], listener: Listener | None = None) -> dict[str, Any]:
+    """The fast facts: what launch needs to plan. A listener already holds the port it checked."""
     result: dict[str, Any] = {
         "hostname": socket.gethostname(),
         "python": platform.python_version(),
         "python_path": sys.executable,
-        "torch": package_version("torch"),
+        "torch": torch_version(),
         "gpus": gpu_count(),
         "interfaces": interfaces(),
         "home": os.path.expanduser("~"),
@@ -90,13 +602,64 @@ def facts(options: dict[str, Any]) -> dict[str, Any]:
     if options.get("route_to"):
         result["route_iface"] = route_iface(options["route_to"])
     if options.get("port_from"):
-        result["free_port"] = first_free_port(int(options["port_from"]))
+        result["free_port"] = listener.port if listener else first_free_port(int(options["port_from"]))
     if options.get("port_exact"):
-        result["port_exact_free"] = port_free(int(options["port_exact"]))
+        result["port_exact_free"] = listener.ok if listener else port_free(int(options["port_exact"]))
     return result
 
 
-def main(argv: list[str]) -> None:
+def start_listener(options: dict[str, Any], out: Output) -> Listener:
+    """Listen on the rendezvous port (`port_exact`, else the first free from `port_from`) and tell
+    the controller at once, with what it needs to choose the master's address."""
+    port = options.get("port_exact") or first_free_port(int(options.get("port_from") or 0)) or 0
+    listener = Listener(int(port))
+    out.event("listening", {"port": listener.port, "ok": listener.ok, "error": listener.error,
+                            "interfaces": interfaces(), "hostname": socket.gethostname()})
+    return listener
+
+
+def connect_and_resolve(options: dict[str, Any], inbox: Inbox) -> dict[str, Any]:
+    """The `connect_to` and `resolve` results, from the options and the later stdin message."""
+    requests = [options]
+    if options.get("connect_later"):
+        requests.append(inbox.take("connect_to", CONTROL_WAIT) or {})
+    found: dict[str, Any] = {}
+    target = next((r["connect_to"] for r in requests if r.get("connect_to")), None)
+    if target:
+        found["connect"] = connect(str(target[0]), int(target[1]))
+    names = [name for r in requests for name in r.get("resolve") or []]
+    if names:
+        found["resolved"] = resolve(list(dict.fromkeys(names)))
+    route = next((r["route_to"] for r in requests[1:] if r.get("route_to")), None)
+    if route:
+        found["route_iface"] = route_iface(str(route))
+    return found
+
+
+def run() -> None:
     options = json.loads(sys.stdin.buffer.readline() or b"{}")
-    sys.stdout.write(json.dumps(facts(options)) + "\n")
+    inbox = Inbox(sys.stdin.buffer)
+    out = Output(sys.stdout.buffer)
+    listener = start_listener(options, out) if options.get("listen_seconds") else None
+    result = facts(options, listener)
+    if options.get("full"):
+        result.update(full_facts(options, inbox, out.event))
+    result.update(connect_and_resolve(options, inbox))
+    if listener is not None:
+        inbox.take("stop", float(options["listen_seconds"]))
+        result["listen"] = listener.close()
+    result["clock"] = time.time()
+    out.line(json.dumps(result).encode())
+
+
+def main(argv: list[str]) -> None:
+    code = 0
+    try:
+        run()
+    except Exception:
+        traceback.print_exc()
+        code = 1
     sys.stdout.flush()
+    sys.stderr.flush()
+    # Ending the interpreter normally would wait on the inbox thread's lock on stdin.
+    os._exit(code)

@@ -1,0 +1,176 @@
+"""`distrun doctor --bandwidth`: a short all-reduce across the selected hosts through torchrun.
+
+The all-reduce runs as an ordinary job through the launch machinery (plan, supervisor,
+teardown), recorded as `doctor-bandwidth-...`, so `distrun logs` shows it when it fails.
+NCCL with one process per GPU when every host has GPUs, else gloo with one process per host.
+Bandwidths are defined as nccl-tests defines them: algbw = bytes / time, and
+busbw = algbw * 2(n-1)/n for n ranks, the traffic each rank's link carried.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import InfraError
+from orchestrator.launch import Launcher, Prepared, close_all, connect_all, new_record, prepare, write_plan
+from orchestrator.parallel import failures, for_each
+from orchestrator.spec.model import Inventory, JobSpec, NodeSpec, Select, Telemetry
+from orchestrator.store import Store, new_job_id
+from orchestrator.transport import Transport
+
+SCRIPT = Path(__file__).resolve().parent.parent / "jobs" / "allreduce_bench.py"
+MIB = 1 << 20
+GLOO_SIZES = (1 * MIB, 16 * MIB, 64 * MIB)
+NCCL_SIZES = (1 * MIB, 64 * MIB, 256 * MIB)
+GLOO_ITERS = 5
+NCCL_ITERS = 20
+# Defaults for the busbw warning, GB/s: gloo under gigabit Ethernet's ~0.12 GB/s, NCCL under
+# ~10 GB/s (a 100 Gb/s link), are far below what hosts kept for training should reach.
+DEFAULT_MIN_BUSBW = {"gloo": 0.1, "nccl": 10.0}
+FAILURE_LINES = 8
+
+
+@dataclass(frozen=True)
+class SizeResult:
+    """One message size: the slowest rank's mean time per all-reduce."""
+
+    bytes: int
+    time_s: float
+    ranks: int
+
+    @property
+    def algbw(self) -> float:
+        """GB/s (10^9 bytes), as nccl-tests reports it."""
+        return self.bytes / self.time_s / 1e9 if self.time_s > 0 else math.inf
+
+    @property
+    def busbw(self) -> float:
+        """algbw scaled by 2(n-1)/n: what each rank's link carried for a ring all-reduce."""
+        return self.algbw * 2 * (self.ranks - 1) / self.ranks if self.ranks > 1 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bytes": self.bytes, "time_s": self.time_s, "algbw_gbps": self.algbw, "busbw_gbps": self.busbw}
+
+
+@dataclass(frozen=True)
+class BandwidthReport:
+    """What the all-reduce job measured, or why it did not."""
+
+    backend: str
+    nnodes: int
+    job_id: str
+    world_size: int = 0
+    results: list[SizeResult] = field(default_factory=list)
+    error: str | None = None
+
+    def best_busbw(self) -> float | None:
+        """The highest busbw over the sizes (the largest messages come closest to the link's peak)."""
+        return max((r.busbw for r in self.results), default=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"backend": self.backend, "nnodes": self.nnodes, "world_size": self.world_size,
+                "job_id": self.job_id, "results": [r.to_dict() for r in self.results], "error": self.error}
+
+
+def parse_results(metrics: dict[str, Any] | None) -> tuple[int, list[SizeResult]]:
+    """(world size, per-size results) from rank 0's final metrics line; (0, []) when absent."""
+    data = (metrics or {}).get("allreduce")
+    if not isinstance(data, dict):
+        return 0, []
+    ranks = int(data.get("world_size") or 0)
+    results = [SizeResult(int(r["bytes"]), float(r["time_s"]), ranks) for r in data.get("results", [])]
+    return ranks, results
+
+
+def bench_job(base: JobSpec | None, script: str, backend: str) -> JobSpec:
+    """The all-reduce job: the user's job's env and rendezvous when given, our script and sizes."""
+    gpu = backend == "nccl"
+    sizes = NCCL_SIZES if gpu else GLOO_SIZES
+    args = ("--backend", backend, "--sizes", ",".join(map(str, sizes)),
+            "--iters", str(NCCL_ITERS if gpu else GLOO_ITERS))
+    job = base or JobSpec(path="<doctor --bandwidth>", name="doctor-bandwidth")
+    return replace(job, name="doctor-bandwidth", script=script, module=None, args=args, nnodes=None,
+                   nproc_per_node=None if gpu else 1, workdir="/tmp", max_restarts=0, select=Select(),
+                   telemetry=Telemetry(enabled=False), sync=False, backend="ssh")
+
+
+def measure(base: JobSpec | None, inventory: Inventory, nodes: list[NodeSpec], backend: str,
+            store: Store | None = None) -> BandwidthReport:
+    """Run the all-reduce job on `nodes` and collect its timings.
+
+    Args:
+        base: The job whose env and rendezvous port to use, or None for defaults.
+        inventory: The inventory the nodes come from.
+        nodes: The hosts, every one taking part.
+        backend: "nccl" (one process per GPU) or "gloo" (one process per host).
+        store: Where the job is recorded; default: DISTRUN_HOME.
+
+    Returns:
+        The report; its `error` says why there are no results when the job failed.
+
+    Raises:
+        InfraError: a host could not be reached or its probe failed before the job started.
+    """
+    job_id = new_job_id("doctor-bandwidth")
+    # Straight in /tmp, which every host has: hosts sharing a file system would race to create a directory.
+    script = f"/tmp/distrun-{job_id}-{SCRIPT.name}"
+    job = bench_job(base, script, backend)
+    prepared = prepare(job, inventory, nodes, job_id=job_id, extra_args=[])
+    try:
+        copied = for_each(prepared.transports.values(), lambda t: _ship(t, job.script or ""), key=lambda t: t.name)
+    except BaseException:
+        close_all(prepared.transports)
+        raise
+    report = BandwidthReport(backend, len(nodes), job_id)
+    if failures(copied):
+        close_all(prepared.transports)
+        return replace(report, error="; ".join(str(e) for e in failures(copied).values()))
+    try:
+        return _run(prepared, store or Store(), report)
+    finally:
+        _remove(nodes, script)
+
+
+def _ship(transport: Transport, path: str) -> None:
+    """Copy the script to `path` on the host: to a name of the host's own first, then renamed, so
+    hosts sharing a file system never write the same file at once.
+
+    Raises:
+        InfraError: the file could not be copied or renamed.
+    """
+    staged = f"{path}.{transport.name}"
+    transport.put(SCRIPT, staged)
+    moved = transport.run(["mv", "-f", staged, path], timeout=30)
+    if moved.returncode != 0:
+        raise InfraError(f"{transport.name}: cannot place {path}: {moved.stderr.strip()}")
+
+
+def _run(prepared: Prepared, store: Store, report: BandwidthReport) -> BandwidthReport:
+    write_plan(store.job_dir(report.job_id), prepared)
+    store.save(new_record(prepared.plan, "ssh"))
+    captured = io.StringIO()
+    launcher = Launcher(prepared, store, store.get(report.job_id), captured)
+    launcher.run()
+    # Rank 0 prints only after every size was timed: with its line, the measurement is whole,
+    # whatever became of the job's teardown.
+    ranks, results = parse_results(launcher.final_metrics)
+    if not results:
+        tail = " | ".join(captured.getvalue().strip().splitlines()[-FAILURE_LINES:])
+        return replace(report, error=f"all-reduce job {report.job_id} failed (distrun logs {report.job_id}): {tail}")
+    return replace(report, world_size=ranks, results=results)
+
+
+def _remove(nodes: list[NodeSpec], path: str) -> None:
+    """Delete the copied script from every host; a host that is gone keeps it."""
+    try:
+        transports = connect_all(nodes)
+    except Exception:  # cleaning up is best effort: the measurement is what was asked for
+        return
+    try:
+        for_each(transports.values(), lambda t: t.run(["rm", "-f", path], timeout=30), key=lambda t: t.name)
+    finally:
+        close_all(transports)

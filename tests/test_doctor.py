@@ -1,0 +1,411 @@
+"""Doctor's checks on handmade facts, its table and JSON, its exit status, and launch's preflight."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from typing import Any
+
+import pytest
+
+from orchestrator import doctor
+from orchestrator.bandwidth import BandwidthReport, SizeResult, parse_results
+from orchestrator.doctor import Check, Context, HostResult, Status, run_checks
+from orchestrator.launch import Prepared
+from orchestrator.plan import HostPlan, LaunchPlan
+from orchestrator.spec.model import Inventory, JobSpec, NodeSpec, Rendezvous, TransportKind
+from orchestrator.transport import transport_for
+
+GIB = 1 << 30
+MASTER_ADDR = "10.0.0.10"
+PORT = 29500
+
+
+def device(index: int) -> dict[str, Any]:
+    return {"index": index, "name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559, "memory_used_mib": 0,
+            "ecc_uncorrected": 0, "persistence": True, "processes": []}
+
+
+def host_facts(index: int, gpus: int = 0) -> dict[str, Any]:
+    """A healthy host as the full probe reports it; node0 is the master."""
+    facts: dict[str, Any] = {
+        "hostname": f"node{index}", "python": "3.11.7", "torch": "2.13.0", "gpus": gpus,
+        "interfaces": {"lo": ["127.0.0.1/8"], "eth0": [f"10.0.0.{10 + index}/24"]},
+        "torch_info": {"imported": bool(gpus), "version": "2.13.0", "cuda": "12.8" if gpus else None,
+                       "cuda_available": bool(gpus) or None, "nccl": "2.27.3" if gpus else None,
+                       "cudnn": "91002" if gpus else None, "gloo": True, "nccl_available": bool(gpus) or None,
+                       "error": None},
+        "gpu": {"source": "nvml" if gpus else "none", "driver": "570.86.15" if gpus else None,
+                "devices": [device(i) for i in range(gpus)]},
+        "shm": {"path": "/dev/shm", "exists": True, "total": 64 * GIB, "free": 64 * GIB},
+        "memlock": None,
+        "disk": {"path": "/work", "exists": True, "total": 900 * GIB, "free": 500 * GIB},
+        "clock": 1_700_000_000.0, "clock_skew": 0.01,
+    }
+    if index == 0:
+        facts["listen"] = {"port": PORT, "ok": True, "error": None, "accepted": []}
+    else:
+        facts["connect"] = {"addr": MASTER_ADDR, "port": PORT, "ok": True, "error": None, "ms": 0.3}
+        facts["resolved"] = {MASTER_ADDR: {"addrs": [MASTER_ADDR], "error": None},
+                             "node0": {"addrs": [MASTER_ADDR], "error": None}}
+    return facts
+
+
+def set_in(facts: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    for key in parents:
+        facts = facts[key]
+    facts[last] = value
+
+
+def make(n: int = 3, gpus: int = 0, changes: dict[int, dict[str, Any]] | None = None,
+         job: JobSpec | None = None, inventory_gpus: int | None = None,
+         iface: str | None = "eth0") -> tuple[dict[str, HostResult], Context]:
+    """n healthy hosts, then `changes` {host index: {"dotted.path": value}} applied."""
+    results = {}
+    for i in range(n):
+        facts = host_facts(i, gpus)
+        for path, value in (changes or {}).get(i, {}).items():
+            set_in(facts, path, value)
+        results[f"node{i}"] = HostResult(f"node{i}", facts=facts)
+    nodes = tuple(NodeSpec(name=f"node{i}", host=f"10.0.0.{10 + i}", iface=iface, gpus=inventory_gpus)
+                  for i in range(n))
+    return results, Context(nodes, "node0", MASTER_ADDR, None, "node0", job)
+
+
+def by_name(checks: list[Check]) -> dict[str, Check]:
+    return {c.name: c for c in checks}
+
+
+def check(name: str, results: dict[str, HostResult], ctx: Context) -> Check:
+    return by_name(run_checks(results, ctx))[name]
+
+
+# ---------------------------------------------------------------- every check
+
+
+@pytest.mark.parametrize("gpus", [0, 8])
+def test_healthy_hosts_pass_every_check(gpus):
+    results, ctx = make(gpus=gpus, inventory_gpus=gpus or None)
+    checks = run_checks(results, ctx)
+    assert [c.name for c in checks if c.status is not Status.OK] == []
+    assert {c.name for c in checks} == {
+        "reachable", "probe", "python", "torch", "cuda", "nccl", "driver", "backend", "gpus", "gpu-busy", "ecc",
+        "shm", "memlock", "disk", "clock", "iface", "master-resolves", "port-free", "port-reachable"}
+
+
+def test_identical_values_are_gathered_into_one_host_range():
+    results, ctx = make(gpus=8)
+    checks = by_name(run_checks(results, ctx))
+    assert checks["torch"].detail == "node[0-2]: torch 2.13.0"
+    assert checks["gpus"].detail == "node[0-2]: 8 × NVIDIA H100 80GB HBM3 80 GiB"
+
+
+def test_a_torch_mismatch_names_the_odd_host_and_every_version():
+    results, ctx = make(changes={2: {"torch_info.version": "2.12.0"}})
+    torch = check("torch", results, ctx)
+    assert torch.status is Status.ERROR
+    assert torch.detail == "torch differs: node[0-1]: 2.13.0; node2: 2.12.0"
+    assert torch.hosts == ["node2"]
+    assert "same torch" in torch.hint
+
+
+def test_a_mismatch_without_a_majority_concerns_every_host():
+    results, ctx = make(n=2, changes={1: {"python": "3.12.1"}})
+    python = check("python", results, ctx)
+    assert python.status is Status.ERROR and python.hosts == ["node0", "node1"]
+    assert python.detail == "python differs: node0: 3.11.7; node1: 3.12.1"
+
+
+@pytest.mark.parametrize(("name", "path", "value"), [
+    ("cuda", "torch_info.cuda", "12.4"),
+    ("nccl", "torch_info.nccl", "2.21.5"),
+    ("driver", "gpu.driver", "550.54.15"),
+])
+def test_cuda_nccl_and_driver_must_match_on_every_host(name, path, value):
+    results, ctx = make(gpus=8, changes={1: {path: value}})
+    found = check(name, results, ctx)
+    assert found.status is Status.ERROR and found.hosts == ["node1"]
+    assert found.detail.startswith(f"{name} differs: node[0,2]: ") and found.detail.endswith(f"node1: {value}")
+
+
+def test_torch_that_fails_to_import_is_an_error_even_when_every_host_agrees():
+    error = "ImportError: libcudnn.so.9: cannot open shared object file"
+    results, ctx = make(changes={i: {"torch_info.error": error} for i in range(3)})
+    torch = check("torch", results, ctx)
+    assert torch.status is Status.ERROR and torch.hosts == ["node0", "node1", "node2"]
+    assert error in torch.detail
+
+
+def test_torch_missing_on_one_host_is_named():
+    results, ctx = make(changes={1: {"torch_info.version": None, "torch": None}})
+    torch = check("torch", results, ctx)
+    assert torch.status is Status.ERROR and "node1: not installed" in torch.detail
+
+
+def test_an_unreachable_host_is_an_error_and_the_others_are_still_checked():
+    results, ctx = make()
+    results["node2"] = HostResult("node2", error="node2 (10.0.0.12:22): connection timed out after 10 s",
+                                  unreachable=True)
+    checks = by_name(run_checks(results, ctx))
+    assert checks["reachable"].status is Status.ERROR and checks["reachable"].hosts == ["node2"]
+    assert "timed out" in checks["reachable"].detail
+    assert checks["python"].status is Status.OK and checks["python"].detail == "node[0-1]: python 3.11.7"
+    assert checks["probe"].status is Status.OK
+
+
+def test_a_probe_that_failed_on_a_reachable_host_is_reported_apart():
+    results, ctx = make()
+    results["node1"] = HostResult("node1", error="node1: probe failed using python '/opt/venv/bin/python': "
+                                  "No such file or directory")
+    checks = by_name(run_checks(results, ctx))
+    assert checks["reachable"].status is Status.OK
+    assert checks["probe"].status is Status.ERROR and checks["probe"].hosts == ["node1"]
+    assert "`python:`" in checks["probe"].hint
+
+
+def test_clock_skew_over_two_seconds_warns():
+    results, ctx = make(changes={1: {"clock_skew": -3.5}, 2: {"clock_skew": 1.9}})
+    clock = check("clock", results, ctx)
+    assert clock.status is Status.WARN and clock.hosts == ["node1"]
+    assert clock.detail == "node1: clock 3.5 s behind the controller"
+
+
+@pytest.mark.parametrize(("shm", "shown"), [({"path": "/dev/shm", "exists": True, "total": 64 << 20, "free": 0},
+                                             "/dev/shm 64 MiB (under 1.0 GiB)"), (None, "no /dev/shm")])
+def test_small_or_missing_shm_warns(shm, shown):
+    results, ctx = make(changes={2: {"shm": shm}})
+    found = check("shm", results, ctx)
+    assert found.status is Status.WARN and found.detail.startswith(f"node2: {shown}")
+
+
+def test_a_limited_memlock_warns_on_gpu_hosts_only():
+    results, ctx = make(gpus=8, changes={1: {"memlock": 64 * 1024}})
+    assert check("memlock", results, ctx).detail == "node1: ulimit -l 64 KiB on a GPU host"
+    results, ctx = make(gpus=0, changes={1: {"memlock": 64 * 1024}})
+    assert check("memlock", results, ctx).status is Status.OK
+
+
+def test_uncorrectable_ecc_errors_are_an_error():
+    results, ctx = make(gpus=2, changes={2: {"gpu.devices": [device(0), {**device(1), "ecc_uncorrected": 3}]}})
+    ecc = check("ecc", results, ctx)
+    assert ecc.status is Status.ERROR and ecc.detail == "node2: GPU 1: 3 uncorrectable ECC error(s)"
+
+
+def test_a_gpu_already_running_a_process_warns_with_its_pid():
+    busy = {**device(0), "processes": [{"pid": 4242, "used_mib": 30702}]}
+    results, ctx = make(gpus=1, changes={1: {"gpu.devices": [busy]}})
+    found = check("gpu-busy", results, ctx)
+    assert found.status is Status.WARN and found.detail == "node1: GPU 0: pid 4242 (30702 MiB)"
+
+
+def test_a_gpu_count_unlike_the_inventory_is_an_error():
+    results, ctx = make(gpus=8, inventory_gpus=8, changes={1: {"gpu.devices": [device(i) for i in range(4)]}})
+    gpus = check("gpus", results, ctx)
+    assert gpus.status is Status.ERROR and gpus.detail == "node1: 4 GPU(s) found, the inventory says gpus: 8"
+
+
+def test_nproc_per_node_above_the_gpu_count_is_an_error():
+    job = JobSpec(path="job.yaml", name="j", nproc_per_node=8)
+    results, ctx = make(gpus=4, job=job)
+    gpus = check("gpus", results, ctx)
+    assert gpus.status is Status.ERROR and gpus.detail == "node[0-2]: nproc_per_node 8 > 4 GPU(s)"
+
+
+def test_a_gpu_host_whose_torch_cannot_see_cuda_is_a_backend_error():
+    results, ctx = make(gpus=8, changes={0: {"torch_info.cuda_available": False}})
+    backend = check("backend", results, ctx)
+    assert backend.status is Status.ERROR and backend.hosts == ["node0"] and "does not see the GPUs" in backend.detail
+
+
+def test_a_missing_iface_is_an_error_naming_the_interfaces_there_are():
+    results, ctx = make(iface="ib0")
+    iface = check("iface", results, ctx)
+    assert iface.status is Status.ERROR
+    assert iface.detail == "node[0-2]: no interface ib0 (the host has eth0, lo)"
+
+
+def test_an_iface_without_an_address_is_an_error():
+    results, ctx = make(changes={1: {"interfaces": {"lo": ["127.0.0.1/8"], "eth0": []}}})
+    assert check("iface", results, ctx).detail == "node1: eth0 has no IPv4 address"
+
+
+def test_little_free_disk_warns_and_a_missing_job_workdir_is_an_error():
+    results, ctx = make(changes={1: {"disk.free": 2 * GIB}})
+    disk = check("disk", results, ctx)
+    assert disk.status is Status.WARN and disk.detail == "node1: 2.0 GiB free in /work (under 10 GiB)"
+    job = JobSpec(path="job.yaml", name="j", workdir="/work")
+    results, ctx = make(job=job, changes={2: {"disk.exists": False}})
+    disk = check("disk", results, ctx)
+    assert disk.status is Status.ERROR and disk.detail == "node2: workdir /work does not exist"
+
+
+def test_a_master_address_that_does_not_resolve_is_an_error():
+    results, ctx = make()
+    results["node2"].facts["resolved"] = {MASTER_ADDR: {"addrs": [], "error": "Name or service not known"}}
+    found = check("master-resolves", results, ctx)
+    assert found.status is Status.ERROR and found.hosts == ["node2"]
+
+
+def test_an_unresolvable_master_host_name_warns_and_is_an_error_for_c10d():
+    unresolved = {MASTER_ADDR: {"addrs": [MASTER_ADDR], "error": None},
+                  "node0": {"addrs": [], "error": "Name or service not known"}}
+    results, ctx = make()
+    results["node1"].facts["resolved"] = unresolved
+    found = check("master-resolves", results, ctx)
+    assert found.status is Status.WARN and found.detail == "node1: cannot resolve node0 (Name or service not known)"
+    results, ctx = make(job=JobSpec(path="job.yaml", name="j", rendezvous=Rendezvous(backend="c10d")))
+    results["node1"].facts["resolved"] = unresolved
+    assert check("master-resolves", results, ctx).status is Status.ERROR
+
+
+def test_a_busy_port_on_the_master_is_an_error_and_reachability_is_not_tested():
+    results, ctx = make(changes={0: {"listen": {"port": PORT, "ok": False, "error": "address already in use",
+                                                "accepted": []}}})
+    checks = by_name(run_checks(results, ctx))
+    assert checks["port-free"].status is Status.ERROR
+    assert checks["port-free"].detail == "node0: port 29500 is in use (address already in use)"
+    assert "ss -ltnp" in checks["port-free"].hint
+    assert checks["port-reachable"].status is Status.WARN and "not tested" in checks["port-reachable"].detail
+
+
+def test_hosts_that_cannot_connect_to_the_master_port_are_named_with_port_and_reason():
+    failed = {"addr": MASTER_ADDR, "port": PORT, "ok": False, "error": "timed out after 2 s", "ms": 2000.0}
+    results, ctx = make(changes={1: {"connect": failed}, 2: {"connect": failed}})
+    found = check("port-reachable", results, ctx)
+    assert found.status is Status.ERROR and found.hosts == ["node1", "node2"]
+    assert found.detail == "node[1-2]: cannot connect to node0 at 10.0.0.10:29500 (timed out after 2 s)"
+    assert "allow TCP port 29500 into node0" in found.hint
+
+
+def test_a_loopback_master_address_for_several_hosts_is_an_error():
+    results, ctx = make()
+    ctx = Context(ctx.nodes, "node0", None, "node0: master address 127.0.0.1 is a loopback address", "node0")
+    found = check("port-reachable", results, ctx)
+    assert found.status is Status.ERROR and "loopback" in found.detail
+
+
+def test_with_the_master_unreachable_the_port_and_name_checks_say_not_tested():
+    results, ctx = make()
+    results["node0"] = HostResult("node0", error="node0 (10.0.0.10:22): connection refused", unreachable=True)
+    ctx = Context(ctx.nodes, "node0")
+    checks = by_name(run_checks(results, ctx))
+    for name in ("port-free", "master-resolves"):
+        assert checks[name].status is Status.WARN and checks[name].detail.startswith("not tested")
+
+
+# ---------------------------------------------------------------- exit status and output
+
+
+def test_exit_status_is_3_when_a_host_is_unreachable_even_with_other_errors():
+    results, ctx = make(changes={1: {"python": "3.10.0"}})
+    results["node2"] = HostResult("node2", error="timed out", unreachable=True)
+    assert doctor.exit_code(run_checks(results, ctx), results, strict=False) == 3
+
+
+def test_exit_status_is_1_on_an_error_and_on_a_warning_only_when_strict():
+    results, ctx = make(changes={1: {"python": "3.10.0"}})
+    assert doctor.exit_code(run_checks(results, ctx), results, strict=False) == 1
+    results, ctx = make(changes={1: {"clock_skew": 30.0}})
+    assert doctor.exit_code(run_checks(results, ctx), results, strict=False) == 0
+    assert doctor.exit_code(run_checks(results, ctx), results, strict=True) == 1
+
+
+def test_the_table_marks_each_status_and_puts_the_fix_under_each_failure():
+    results, ctx = make(changes={2: {"torch_info.version": "2.12.0", "clock_skew": 9.0}})
+    table = doctor.render_table(run_checks(results, ctx), ctx, 1.5)
+    lines = table.splitlines()
+    torch = next(i for i, line in enumerate(lines) if "torch differs" in line)
+    assert lines[torch].startswith("✗ torch")
+    assert "fix: install the same torch" in lines[torch + 1]
+    assert any(line.startswith("! clock") for line in lines)
+    assert any(line.startswith("✓ python") and "node[0-2]: python 3.11.7" in line for line in lines)
+    assert lines[-1] == "17 ok, 1 warning(s), 1 error(s) in 1.5 s"
+    assert "\x1b[" not in table
+    assert "\x1b[31m✗\x1b[0m" in doctor.render_table(run_checks(results, ctx), ctx, 1.5, colour=True)
+
+
+def test_json_has_the_documented_keys_and_the_same_statuses_as_the_checks():
+    results, ctx = make(changes={2: {"torch_info.version": "2.12.0"}})
+    checks = run_checks(results, ctx)
+    data = json.loads(json.dumps(doctor.to_json(results, checks, ctx, 1.25, 1, None)))
+    assert set(data) == {"schema", "seconds", "master", "hosts", "checks", "bandwidth", "summary", "exit_code"}
+    assert data["master"] == {"node": "node0", "addr": MASTER_ADDR, "port": PORT}
+    assert {c["name"]: c["status"] for c in data["checks"]} == {c.name: c.status.value for c in checks}
+    assert data["hosts"]["node2"]["facts"]["torch_info"]["version"] == "2.12.0"
+    assert data["summary"] == {"ok": 18, "warn": 0, "error": 1} and data["exit_code"] == 1
+
+
+# ---------------------------------------------------------------- bandwidth
+
+
+def test_busbw_is_algbw_scaled_by_2_n_minus_1_over_n():
+    result = SizeResult(bytes=64 << 20, time_s=0.1, ranks=4)
+    assert result.algbw == pytest.approx((64 << 20) / 0.1 / 1e9)
+    assert result.busbw == pytest.approx(result.algbw * 1.5)
+
+
+def test_rank_zeros_metrics_line_becomes_per_size_results():
+    metrics = {"final": True, "allreduce": {"backend": "gloo", "world_size": 3,
+                                            "results": [{"bytes": 1 << 20, "time_s": 0.002}]}}
+    ranks, results = parse_results(metrics)
+    assert ranks == 3 and results == [SizeResult(1 << 20, 0.002, 3)]
+    assert parse_results(None) == (0, [])
+
+
+def test_bandwidth_under_the_threshold_warns_and_a_failed_job_is_an_error():
+    report = BandwidthReport("gloo", 3, "job", 3, [SizeResult(64 << 20, 1.0, 3)])
+    low = doctor.bandwidth_check(report, 0.1, ["node0", "node1", "node2"])
+    assert low.status is Status.WARN and "under 0.1 GB/s" in low.detail
+    assert doctor.bandwidth_check(report, 0.01, ["node0"]).status is Status.OK
+    failed = BandwidthReport("gloo", 3, "job", error="all-reduce job job failed")
+    assert doctor.bandwidth_check(failed, 0.1, ["node0"]).status is Status.ERROR
+
+
+# ---------------------------------------------------------------- launch's preflight, on two local "hosts"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def prepared(port: int, torch_versions: tuple[str, str] = ("2.13.0", "2.13.0")) -> Prepared:
+    nodes = [NodeSpec(name=f"local{i}", host="localhost", python=sys.executable, transport=TransportKind.LOCAL)
+             for i in range(2)]
+    hosts = [HostPlan(node=n.name, host=n.host, node_rank=i, nproc=1, python=n.python, workdir="/tmp", argv=[],
+                      env={}, secret_names=[], iface=None) for i, n in enumerate(nodes)]
+    plan = LaunchPlan(job_id="j", job_name="j", spec_path="j.yaml", inventory_path="inv.yaml", backend="ssh",
+                      master_node="local0", master_addr="127.0.0.1", master_port=port, nnodes=2, hosts=hosts,
+                      secrets={})
+    facts = {n.name: {"python": "3.11.7", "torch": v} for n, v in zip(nodes, torch_versions, strict=True)}
+    return Prepared(plan, {n.name: transport_for(n) for n in nodes}, facts)
+
+
+def test_preflight_passes_when_versions_agree_and_the_port_is_reachable():
+    doctor.launch_preflight(prepared(free_port()))
+
+
+def test_preflight_refuses_with_doctors_message_when_torch_differs():
+    with pytest.raises(doctor.PreflightError) as caught:
+        doctor.launch_preflight(prepared(free_port(), ("2.13.0", "2.0.0")))
+    message = str(caught.value)
+    assert "nothing was started" in message
+    assert "✗ torch  torch differs: local0: 2.13.0; local1: 2.0.0" in message
+    assert caught.value.exit_code == 1
+
+
+def test_preflight_refuses_when_the_rendezvous_port_is_taken():
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        with pytest.raises(doctor.PreflightError, match=r"port .* is in use"):
+            doctor.launch_preflight(prepared(holder.getsockname()[1]))
+
+
+def test_master_of_is_the_inventorys_master_when_selected():
+    nodes = [NodeSpec(name="a", host="a"), NodeSpec(name="b", host="b")]
+    assert doctor.master_of(Inventory("inv.yaml", tuple(nodes), master="b"), nodes).name == "b"
+    assert doctor.master_of(Inventory("inv.yaml", tuple(nodes), master="c"), nodes[:1]).name == "a"
