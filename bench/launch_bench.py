@@ -23,7 +23,7 @@ from pathlib import Path
 from common import REPO, alternate, median, timed, write_results
 
 sys.path.insert(0, str(REPO))
-from tests.cluster.harness import Cluster  # noqa: E402 - needs the repository on the path
+from tests.cluster.harness import Cluster
 
 JOB = REPO / "bench" / "allreduce_job.py"
 SLEEPER = REPO / "tests" / "cluster" / "jobs" / "worker.py"
@@ -53,7 +53,8 @@ def pdsh_argv(cluster: Cluster, nnodes: int, script: Path, args: list[str], port
 
 def launch_to_exit(cluster: Cluster, inv: Path, tmp: Path, rounds: int, env: dict[str, str]) -> list[str]:
     job = job_file(tmp, "allreduce", JOB, [])
-    rows = ["| hosts | pdsh + torchrun s | distrun s | distrun / pdsh | runs pdsh | runs distrun |", "|---|---|---|---|---|---|"]
+    rows = ["| hosts | pdsh + torchrun s | distrun s | distrun / pdsh | runs pdsh | runs distrun |",
+            "|---|---|---|---|---|---|"]
     ports = iter(range(29600, 29999))
     for nnodes in (2, 4):
         times = alternate({
@@ -61,8 +62,8 @@ def launch_to_exit(cluster: Cluster, inv: Path, tmp: Path, rounds: int, env: dic
             "distrun": lambda n=nnodes: timed(distrun_argv(job, inv, n), env),
         }, rounds)
         p, d = median(times["pdsh"]), median(times["distrun"])
-        rows.append(f"| {nnodes} | {p:.2f} | {d:.2f} | **{d / p:.3f}** | "
-                    f"{', '.join(f'{x:.1f}' for x in times['pdsh'])} | {', '.join(f'{x:.1f}' for x in times['distrun'])} |")
+        runs = {name: ", ".join(f"{x:.1f}" for x in values) for name, values in times.items()}
+        rows.append(f"| {nnodes} | {p:.2f} | {d:.2f} | **{d / p:.3f}** | {runs['pdsh']} | {runs['distrun']} |")
     return rows
 
 

@@ -6,6 +6,16 @@ from collections import Counter
 
 import pytest
 
+# The real multi-host clusters, shared by every test module (and the hook that skips them
+# where no cluster can be built): imported to register them here.
+from tests.cluster.fixtures import (  # noqa: F401
+    _stale_cleaned,
+    cluster3,
+    make_cluster,
+    pytest_runtest_setup,
+    slurm_cluster,
+)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cluster: real multi-host test on namespace hosts (root, ip netns, sshd)")

@@ -6,13 +6,12 @@ import json
 import math
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.cluster.harness import Cluster, cleanup_stale, skip_reason
+from tests.cluster.harness import Cluster, skip_reason
 from tests.helpers import REPO, distrun
 
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))]
@@ -21,14 +20,6 @@ TORCH = subprocess.run([sys.executable, "-c", "from importlib.metadata import ve
                        capture_output=True, text=True, check=True).stdout.strip()
 PORT = 29555
 MARKS = {"✓": "ok", "!": "warn", "✗": "error"}
-
-
-@pytest.fixture(scope="module")
-def cluster3() -> Iterator[Cluster]:
-    """Three hosts shared by this module's tests; each test leaves them as it found them."""
-    cleanup_stale()
-    with Cluster(3) as cluster:
-        yield cluster
 
 
 @pytest.fixture

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import Cluster, cleanup_stale, skip_reason
+from tests.cluster.fixtures import MakeCluster
+from tests.cluster.harness import Cluster, skip_reason
 from tests.helpers import distrun
 
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))]
@@ -19,21 +18,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.skipif(skip_reason() is not None,
 ECHO_ARGV = "import sys, json; print(json.dumps(sys.argv[1:]))"
 HOSTILE = ["; rm -rf /tmp/x", "$(touch /tmp/pwned)", "`id`", "it's \"quoted\"", "a\nb", "ünï €", "*", "", "--json"]
 
-MakeCluster = Callable[..., Cluster]
-
-
-@pytest.fixture(scope="module")
-def cluster3() -> Iterator[Cluster]:
-    cleanup_stale()
-    with Cluster(3) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def make_cluster() -> Iterator[MakeCluster]:
-    """`make(n, private_dirs=..., bastion=...)`: clusters torn down after the test."""
-    with ExitStack() as stack:
-        yield lambda n=3, **options: stack.enter_context(Cluster(n, **options))
 
 
 def run_exec(cluster: Cluster, tmp_path: Path, *args: str, env: dict[str, str] | None = None,

@@ -7,8 +7,6 @@ import json
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -19,28 +17,14 @@ from orchestrator.spec import NodeSpec, load_inventory
 from orchestrator.transport import ssh
 from orchestrator.transport.base import ConnectError, ConnectFailure
 from orchestrator.transport.ssh import SSHTransport
-from tests.cluster.harness import Cluster, cleanup_stale, skip_reason
+from tests.cluster.fixtures import MakeCluster
+from tests.cluster.harness import Cluster, skip_reason
 
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))]
 
 HOSTILE = ["; rm -rf /tmp/x", "$(touch /tmp/pwned)", "`id`", "it's \"quoted\"", "a\nb", "ünï €", "*", "", "-n"]
 ECHO_ARGV = "import sys, json; print(json.dumps(sys.argv[1:]))"
 
-MakeCluster = Callable[..., Cluster]
-
-
-@pytest.fixture(scope="module")
-def cluster3() -> Iterator[Cluster]:
-    cleanup_stale()
-    with Cluster(3) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def make_cluster() -> Iterator[MakeCluster]:
-    """`make(n, private_dirs=..., bastion=...)`: clusters torn down after the test."""
-    with ExitStack() as stack:
-        yield lambda n=3, **options: stack.enter_context(Cluster(n, **options))
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import ClusterFactory, requires_cluster
+from .fixtures import MakeCluster, requires_cluster
 from .harness import PRIVATE_DIR, Cluster, Proc, cleanup_stale
 from .registry import CHECKOUT, ETC_NETNS, NETNS_DIR, REGISTRY
 
@@ -132,8 +132,8 @@ def test_processes_finds_session_and_daemonised_processes_by_environment(cluster
     assert ssh(cluster3, 1, "hostname").stdout.strip() == "node1"
 
 
-def test_private_dirs_are_seen_only_by_their_host(cluster_factory: ClusterFactory) -> None:
-    cluster = cluster_factory(2, private_dirs=True)
+def test_private_dirs_are_seen_only_by_their_host(make_cluster: MakeCluster) -> None:
+    cluster = make_cluster(2, private_dirs=True)
     marker = f"{PRIVATE_DIR}/marker-{cluster.prefix}"
 
     written = ssh(cluster, 0, f"echo from-node0 > {marker}")
@@ -145,8 +145,8 @@ def test_private_dirs_are_seen_only_by_their_host(cluster_factory: ClusterFactor
     assert not Path(marker).exists()
 
 
-def test_cut_host_is_unreachable_until_restored(cluster_factory: ClusterFactory) -> None:
-    cluster = cluster_factory(2)
+def test_cut_host_is_unreachable_until_restored(make_cluster: MakeCluster) -> None:
+    cluster = make_cluster(2)
 
     cluster.cut(1)
     while_cut = tcp_connects(cluster.addr(1))
@@ -158,8 +158,8 @@ def test_cut_host_is_unreachable_until_restored(cluster_factory: ClusterFactory)
     assert ssh(cluster, 1, "hostname").stdout.strip() == "node1"
 
 
-def test_stopped_sshd_refuses_then_restarts_with_the_same_host_key(cluster_factory: ClusterFactory) -> None:
-    cluster = cluster_factory(1, private_dirs=True)
+def test_stopped_sshd_refuses_then_restarts_with_the_same_host_key(make_cluster: MakeCluster) -> None:
+    cluster = make_cluster(1, private_dirs=True)
     ssh(cluster, 0, f"touch {PRIVATE_DIR}/kept")
 
     cluster.stop_sshd(0)
@@ -172,8 +172,8 @@ def test_stopped_sshd_refuses_then_restarts_with_the_same_host_key(cluster_facto
     assert again.stdout.split() == ["node0", "kept"], again.stderr
 
 
-def test_bastion_is_the_only_way_to_reach_hosts(cluster_factory: ClusterFactory) -> None:
-    cluster = cluster_factory(2, bastion=True)
+def test_bastion_is_the_only_way_to_reach_hosts(make_cluster: MakeCluster) -> None:
+    cluster = make_cluster(2, bastion=True)
     direct = ["ssh", "-F", str(cluster.ssh_config), f"root@{cluster.addr(0)}", "hostname"]
 
     assert not tcp_connects(cluster.addr(0))
@@ -227,9 +227,9 @@ def test_cleanup_stale_removes_a_killed_run_and_spares_live_ones(cluster3: Clust
 
 
 def test_two_clusters_side_by_side_get_their_own_names_and_subnets(
-    cluster3: Cluster, cluster_factory: ClusterFactory
+    cluster3: Cluster, make_cluster: MakeCluster
 ) -> None:
-    other = cluster_factory(1)
+    other = make_cluster(1)
 
     assert other.prefix != cluster3.prefix
     assert not other.subnet.overlaps(cluster3.subnet)
@@ -237,8 +237,8 @@ def test_two_clusters_side_by_side_get_their_own_names_and_subnets(
     assert ssh(cluster3, 0, "hostname").stdout.strip() == "node0"
 
 
-def test_sixteen_hosts_come_up_and_answer_over_ssh(cluster_factory: ClusterFactory) -> None:
-    cluster = cluster_factory(16)
+def test_sixteen_hosts_come_up_and_answer_over_ssh(make_cluster: MakeCluster) -> None:
+    cluster = make_cluster(16)
 
     with ThreadPoolExecutor(max_workers=16) as pool:
         names = list(pool.map(lambda i: ssh(cluster, i, "hostname").stdout.strip(), range(16)))

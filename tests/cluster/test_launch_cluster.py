@@ -342,8 +342,8 @@ def test_max_restarts_restarts_the_workers_and_counts_the_restart(cluster3, inv,
     assert record(home, "restart-1")["restarts"] == 1
 
 
-def test_sync_copies_the_workdir_to_private_host_dirs_skipping_ignored_and_unchanged(cluster_factory, tmp_path):
-    cluster = cluster_factory(2, private_dirs=True)
+def test_sync_copies_the_workdir_to_private_host_dirs_skipping_ignored_and_unchanged(make_cluster, tmp_path):
+    cluster = make_cluster(2, private_dirs=True)
     inv = cluster.write_inventory(tmp_path / "inv.yaml")
     project = tmp_path / "project"
     (project / "pkg").mkdir(parents=True)

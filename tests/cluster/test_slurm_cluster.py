@@ -14,7 +14,7 @@ import pytest
 
 from tests.helpers import REPO, distrun
 
-from .conftest import requires_cluster
+from .fixtures import requires_cluster
 from .slurm import SlurmCluster
 
 pytestmark = requires_cluster

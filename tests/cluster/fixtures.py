@@ -1,4 +1,7 @@
-"""Fixtures that bring up real multi-host clusters (namespace hosts with sshd)."""
+"""Fixtures that bring up real multi-host clusters (namespace hosts with sshd).
+
+tests/conftest.py imports them, so every test module shares them.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +13,9 @@ from .harness import Cluster, cleanup_stale, skip_reason
 
 requires_cluster = pytest.mark.cluster
 
-ClusterFactory = Callable[..., Cluster]
+MakeCluster = Callable[..., Cluster]
 
-CLUSTER_FIXTURES = frozenset({"cluster3", "cluster_factory"})
+CLUSTER_FIXTURES = frozenset({"cluster3", "make_cluster", "slurm_cluster"})
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -30,15 +33,15 @@ def _stale_cleaned() -> None:
     cleanup_stale()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster3(_stale_cleaned: None) -> Iterator[Cluster]:
-    """Three hosts shared by the whole session; tests must leave them as they found them."""
+    """Three hosts shared by a module's tests; tests must leave them as they found them."""
     with Cluster(3) as cluster:
         yield cluster
 
 
 @pytest.fixture
-def cluster_factory(_stale_cleaned: None) -> Iterator[ClusterFactory]:
+def make_cluster(_stale_cleaned: None) -> Iterator[MakeCluster]:
     """`make(n=3, *, private_dirs=False, bastion=False)`: clusters torn down after the test."""
     made: list[Cluster] = []
 
@@ -55,4 +58,4 @@ def cluster_factory(_stale_cleaned: None) -> Iterator[ClusterFactory]:
 
 
 # Slurm on two namespace hosts (munged, slurmctld, a slurmd per host): tests/cluster/slurm.py.
-from .slurm import slurm_cluster  # noqa: E402, F401
+from .slurm import slurm_cluster  # noqa: E402, F401 - registered with the others by tests/conftest.py
