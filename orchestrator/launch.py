@@ -32,6 +32,7 @@ HEARTBEAT_EVERY = 1.0
 SETTLE = 1.5  # after a first failure, how long to wait for its peers' failures before blaming one
 EXIT_WAIT = 10.0  # beyond the stop grace, how long stopped hosts get to report their exit
 SUMMARY_LINES = 20
+SUPERVISOR_MODULES = ["sampler", "supervisor"]  # what a host's supervisor runs, dependencies first
 ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 # torchrun prints this (at ERROR, unlike its INFO "will restart") once per failed attempt.
@@ -221,6 +222,7 @@ class HostRun:
     pid: int | None = None
     failed_attempts: int = 0
     exited: threading.Event = field(default_factory=threading.Event)
+    wake: threading.Event | None = None  # set on exit, so the launcher need not wait for its next poll
     root_rank: int | None = None
     root_exit: int | None = None
     _in_root_cause: bool = False
@@ -230,7 +232,10 @@ class HostRun:
         return self.plan.node
 
     def start(self, launch_plan: LaunchPlan) -> None:
-        payload = remote.bundle("supervisor", self.modules(), self.extra_modules)
+        if self.transport is None:
+            raise InfraError(f"{self.node}: no transport to start its supervisor with")
+        modules = SUPERVISOR_MODULES if launch_plan.telemetry_interval else ["supervisor"]
+        payload = remote.bundle("supervisor", modules, self.extra_modules)
         argv = remote.bootstrap_argv(self.plan.python, payload, "distrun-supervisor", launch_plan.job_id, self.node)
         config = {
             "job_id": launch_plan.job_id, "node": self.node, "argv": self.plan.argv,
@@ -238,16 +243,10 @@ class HostRun:
             "heartbeat_timeout": launch_plan.heartbeat_timeout, "stop_grace": launch_plan.stop_grace,
             "telemetry_interval": launch_plan.telemetry_interval,
         }
-        if self.transport is None:
-            raise InfraError(f"{self.node}: no transport to start its supervisor with")
         self.proc = self.transport.start(argv)
         self.proc.stream(self.on_stdout, self.on_stderr)
         self.last_seen = time.monotonic()
         self.proc.write(payload + json.dumps(config).encode() + b"\n")
-
-    @staticmethod
-    def modules() -> list[str]:
-        return ["sampler", "supervisor"] if _has_sampler() else ["supervisor"]
 
     def send(self, message: dict[str, Any]) -> None:
         if self.proc is not None:
@@ -286,6 +285,8 @@ class HostRun:
             if self.exit_error:
                 self.sink.note(self.node, self.exit_error)
             self.exited.set()
+            if self.wake is not None:
+                self.wake.set()
         elif kind == "note":
             self.sink.note(self.node, str(event.get("msg")))
         elif kind == "tel" and self.on_telemetry is not None:
@@ -298,12 +299,6 @@ class HostRun:
 
     def channel_closed(self) -> bool:
         return self.proc is not None and self.proc.wait(0) is not None and not self.exited.is_set()
-
-
-def _has_sampler() -> bool:
-    from importlib import resources
-
-    return resources.files(remote.__name__).joinpath("sampler.py").is_file()
 
 
 class Launcher:
@@ -322,8 +317,10 @@ class Launcher:
         self.sink = LogSink(self.dir, self.monitor.terminal(terminal, live), colour, on_metrics=self._on_metrics)
         self.telemetry_lock = threading.Lock()
         self.telemetry_file = open(self.dir.telemetry, "a", encoding="utf-8")  # noqa: SIM115 - closed in run()
+        self.wake = threading.Event()
         self.hosts = [HostRun(h, self.transports.get(h.node), self.sink, self._on_telemetry,
-                              telemetry.shipped_modules(prepared.facts.get(h.node))) for h in self.plan.hosts]
+                              telemetry.shipped_modules(prepared.facts.get(h.node)), wake=self.wake)
+                      for h in self.plan.hosts]
         self.interrupted: int | None = None
         self.last_metrics: dict[str, Any] | None = None
         self.final_metrics: dict[str, Any] | None = None
@@ -400,7 +397,8 @@ class Launcher:
                 return self._root_cause(failed)
             if all(h.exited.is_set() for h in self.hosts):
                 return None
-            time.sleep(0.05)
+            self.wake.wait(0.05)
+            self.wake.clear()
         return None
 
     def _failures(self, now: float, lost_after: float) -> list[Failure]:

@@ -35,7 +35,7 @@ from orchestrator.backends.slurm_script import (
     resolve_options,
 )
 from orchestrator.errors import ExitCode, InfraError, UsageError
-from orchestrator.launch import EXIT_WAIT, Failure, HostRun, Launcher, Prepared
+from orchestrator.launch import EXIT_WAIT, SUPERVISOR_MODULES, Failure, HostRun, Launcher, Prepared
 from orchestrator.plan import LaunchPlan, build_plan
 from orchestrator.spec import JobSpec, NodeSpec, load_job, resolve_inventory_path, select_nodes
 from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id
@@ -263,7 +263,7 @@ def batch_job(job: JobSpec, request: LaunchRequest, job_dir: JobDir, job_id: str
     template = node_template(job, request)
     plan = slurm_plan(job, request, template, job_id)
     gpus = gpus_per_node(job, plan, template)
-    modules = ["probe", *HostRun.modules(), "slurm_node"]
+    modules = ["probe", *SUPERVISOR_MODULES, "slurm_node"]
     bundle = remote.bundle("slurm_node", modules, telemetry.shipped_modules({"gpus": gpus or 0}))
     batch = BatchJob(plan=plan, options=resolve_options(job, request.slurm_overrides), gpus_per_node=gpus,
                      port=job.rendezvous.port, bundle_size=len(bundle), files=SlurmFiles(job_dir.root))
