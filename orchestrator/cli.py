@@ -161,8 +161,9 @@ def ps(as_json: bool, show_all: bool) -> None:
 @click.option("--rank", type=int, help="Only this global rank's lines.")
 @click.option("--grep", "pattern", help="Only lines matching this regular expression.")
 @click.option("--tail", type=click.IntRange(min=1), help="Only the last N lines.")
+@click.option("--recover", is_flag=True, help="First rebuild the job's files from the copies its hosts kept.")
 def logs(job_ref: str, follow: bool, node: str | None, rank: int | None, pattern: str | None,
-         tail: int | None) -> None:
+         tail: int | None, recover: bool) -> None:
     """Print a job's logs (JOB_REF: an id, a unique prefix, or `last`)."""
     from orchestrator.logs import follow as follow_file
     from orchestrator.logs import read_lines, select_file
@@ -171,6 +172,8 @@ def logs(job_ref: str, follow: bool, node: str | None, rank: int | None, pattern
     rec = store.get(job_ref)
     if node is not None and node not in rec.hosts:
         raise UsageError(f"--node {node}: job {rec.id} ran on {', '.join(rec.hosts)}")
+    if recover:
+        _recover(store, rec)
     try:
         regex = re.compile(pattern) if pattern else None
     except re.error as exc:
@@ -190,6 +193,15 @@ def logs(job_ref: str, follow: bool, node: str | None, rank: int | None, pattern
         for index, line in enumerate(follow_file(path, finished, None)):
             if index >= skip and (regex is None or regex.search(line)):
                 click.echo(line)
+
+
+def _recover(store: Store, rec: JobRecord) -> None:
+    from orchestrator.backends.ssh import recover
+
+    if rec.backend == "slurm":
+        raise UsageError(f"--recover: job {rec.id} ran on Slurm, whose nodes wrote into the job directory itself")
+    for name, count in recover(store, rec).items():
+        click.echo(f"[{name}] distrun: recovered {count} line(s) from the host's copy", err=True)
 
 
 @cli.command()

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from orchestrator.backends import LaunchRequest
-from orchestrator.errors import ExitCode
+from orchestrator.errors import ExitCode, InfraError
 from orchestrator.launch import Launcher, Prepared, close_all, connect_all, new_record, prepare, run_remote, write_plan
+from orchestrator.logs import LogSink
 from orchestrator.parallel import failures, for_each
 from orchestrator.spec import (
     Inventory,
@@ -20,10 +25,11 @@ from orchestrator.spec import (
     resolve_inventory_path,
     select_nodes,
 )
-from orchestrator.store import JobRecord, JobState, Store, new_job_id
+from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id
 from orchestrator.transport import Transport
 
 STOP_WAIT = 30.0
+T = TypeVar("T")
 
 
 def inventory_for(request: LaunchRequest, backend: str) -> Inventory:
@@ -100,21 +106,67 @@ def stop(store: Store, record: JobRecord) -> int:
     return stop_on_hosts(store, record)
 
 
-def stop_on_hosts(store: Store, record: JobRecord) -> int:
-    """End a job's processes on each of its hosts, found by the job id."""
+def _on_record_hosts(record: JobRecord, fn: Callable[[Transport], T]) -> dict[str, T | Exception]:
+    """Connect to the hosts a job ran on (from its recorded inventory) and call fn on each."""
     inventory = default_inventory() if record.inventory == "<built-in>" else load_inventory(record.inventory)
-    nodes = [inventory.node(name) for name in record.hosts]
-    transports = connect_all(nodes)
+    transports = connect_all([inventory.node(name) for name in record.hosts])
     try:
-        results = for_each(transports.values(), lambda t: _cleanup(t, record.id), key=lambda t: t.name)
+        return for_each(transports.values(), fn, key=lambda t: t.name)
     finally:
         close_all(transports)
+
+
+def stop_on_hosts(store: Store, record: JobRecord) -> int:
+    """End a job's processes on each of its hosts, found by the job id."""
+    results = _on_record_hosts(record, lambda t: _cleanup(t, record.id))
     failed = failures(results)
     for name, exc in failed.items():
         print(f"{name}: {exc}", file=sys.stderr)
     store.update(record.id, state=JobState.STOPPED, ended=time.time())
     print(f"job {record.id} stopped on {len(results) - len(failed)} of {len(results)} host(s)")
     return int(ExitCode.INFRA) if failed else int(ExitCode.OK)
+
+
+def recover(store: Store, record: JobRecord) -> dict[str, int]:
+    """Rebuild a job's log files and telemetry from the copies its hosts kept.
+
+    What the controller saw is replaced by what each host wrote: the whole story when the
+    controller died before the job ended. Lines are regrouped host by host.
+
+    Returns:
+        {node: lines recovered}.
+
+    Raises:
+        InfraError: a host could not be reached or read (each one named).
+    """
+    results = _on_record_hosts(record, lambda t: json.loads(
+        run_remote(t, "fetch", ["fetch"], b"", record.id, t.name).strip().splitlines()[-1]))
+    failed = failures(results)
+    if failed:
+        raise InfraError("; ".join(f"{node}: cannot read its copies: {exc}" for node, exc in failed.items()))
+    job_dir = store.job_dir(record.id)
+    rebuild(job_dir, {node: copy for node, copy in results.items() if not isinstance(copy, Exception)})
+    return {node: copy["log"].count("\n") for node, copy in results.items() if not isinstance(copy, Exception)}
+
+
+def rebuild(job_dir: JobDir, copies: dict[str, dict[str, str]]) -> None:
+    """Write combined/node/rank logs, metrics and telemetry afresh from the hosts' copies."""
+    for path in (job_dir.combined, job_dir.metrics, job_dir.telemetry):
+        path.unlink(missing_ok=True)
+    for folder in (job_dir.root / "nodes", job_dir.root / "ranks"):
+        shutil.rmtree(folder, ignore_errors=True)
+    job_dir.create()
+    sink = LogSink(job_dir)
+    try:
+        for node, copy in copies.items():
+            for line in copy["log"].splitlines():
+                sink.line(node, line)
+    finally:
+        sink.close()
+    with open(job_dir.telemetry, "w", encoding="utf-8") as out:
+        for node, copy in copies.items():
+            for line in copy["telemetry"].splitlines():
+                out.write(json.dumps({**json.loads(line), "node": node}) + "\n")
 
 
 def _cleanup(transport: Transport, job_id: str) -> str:

@@ -276,6 +276,28 @@ def test_a_killed_controller_leaves_hosts_that_clean_themselves_and_ps_shows_los
     assert record(home, "kill-1")["state"] == "lost"
 
 
+def test_logs_recover_brings_back_what_a_cut_off_host_printed_after_the_controller_lost_it(cluster3, inv, tmp_path):
+    home = tmp_path / "home"
+    proc = start(write_job(tmp_path, args=["--sleep", "120"], extra="telemetry: {interval: 0.5}\n"), inv, home,
+                 "rec-1")
+    try:
+        wait_for_line(home, "rec-1", "tick 5")
+        cluster3.cut(2)
+        proc.wait(timeout=60)
+        # Cut off, node2's workers tick on until its supervisor's heartbeat timeout ends them.
+        assert wait_for(lambda: not job_procs(cluster3, "rec-1")[2], 30)
+    finally:
+        cluster3.restore(2)
+    seen = (home / "jobs" / "rec-1" / "ranks" / "5.log").read_text().count("tick 5")
+    result = distrun("logs", "rec-1", "--recover", "--rank", "5", "--grep", "tick", home=home)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("recovered") == 3
+    assert len(result.stdout.splitlines()) >= seen + 8, "node2's ticks after the cut should be back"
+    combined = (home / "jobs" / "rec-1" / "combined.log").read_text()
+    assert all(f"[node{i} r{2 * i}] tick" in combined for i in range(3))
+    samples = [json.loads(line) for line in (home / "jobs" / "rec-1" / "telemetry.jsonl").read_text().splitlines()]
+    assert {s["node"] for s in samples} == {"node0", "node1", "node2"}
+
 def test_stop_cleans_the_hosts_of_a_lost_job_directly(cluster3, inv, tmp_path):
     home = tmp_path / "home"
     job = write_job(tmp_path, args=["--sleep", "120"], heartbeat=600)
