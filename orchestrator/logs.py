@@ -71,7 +71,7 @@ class LogSink:
         self.colour = colour
         self.on_metrics = on_metrics
         self.lock = threading.Lock()
-        self.files: dict[Path, IO[str]] = {}
+        self.files: dict[tuple[str, str | int | None], IO[str]] = {}
         self.node_tail: dict[str, deque[str]] = {}
         self.rank_tail: dict[int, deque[str]] = {}
         self.node_colour: dict[str, int] = {}
@@ -80,11 +80,24 @@ class LogSink:
         self.flusher = threading.Thread(target=self._flush_loop, daemon=True)
         self.flusher.start()
 
-    def _file(self, path: Path) -> IO[str]:
-        handle = self.files.get(path)
+    def _file(self, kind: str, name: str | int | None = None) -> IO[str]:
+        """The open file for ("combined"|"metrics") or ("node", name) or ("rank", rank).
+
+        Keyed by plain values, not paths: building and hashing paths per line was most of
+        the cost of relaying a log flood.
+        """
+        handle = self.files.get((kind, name))
         if handle is None:
-            handle = self.files[path] = open(path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
+            handle = open(self._path(kind, name), "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
+            self.files[(kind, name)] = handle
         return handle
+
+    def _path(self, kind: str, name: str | int | None) -> Path:
+        if kind == "node":
+            return self.dir.node_log(str(name))
+        if kind == "rank":
+            return self.dir.rank_log(int(name or 0))
+        return self.dir.metrics if kind == "metrics" else self.dir.combined
 
     def line(self, node: str, raw: str) -> LogLine:
         """Route one line from a host; returns it parsed."""
@@ -92,11 +105,11 @@ class LogSink:
         label = line.label()
         with self.lock:
             self.counts[node] = self.counts.get(node, 0) + 1
-            self._file(self.dir.combined).write(f"{label} {line.text}\n")
-            self._file(self.dir.node_log(node)).write(raw + "\n")
+            self._file("combined").write(f"{label} {line.text}\n")
+            self._file("node", node).write(raw + "\n")
             self.node_tail.setdefault(node, deque(maxlen=TAIL_LINES)).append(raw)
             if line.rank is not None:
-                self._file(self.dir.rank_log(line.rank)).write(line.text + "\n")
+                self._file("rank", line.rank).write(line.text + "\n")
                 self.rank_tail.setdefault(line.rank, deque(maxlen=TAIL_LINES)).append(line.text)
             if self.terminal is not None:
                 self.terminal.write(f"{self._paint(node, label)} {line.text}\n")
@@ -112,13 +125,13 @@ class LogSink:
     def summary(self, text: str) -> None:
         """The job's closing summary, appended to combined.log so `logs` and `logs -f` show it."""
         with self.lock:
-            self._file(self.dir.combined).write(text.rstrip("\n") + "\n")
+            self._file("combined").write(text.rstrip("\n") + "\n")
         self.flush()
 
     def _metrics(self, line: LogLine, data: dict[str, Any]) -> None:
         record = {"t": time.time(), "node": line.node, "rank": line.rank, **data}
         with self.lock:
-            self._file(self.dir.metrics).write(json.dumps(record) + "\n")
+            self._file("metrics").write(json.dumps(record) + "\n")
         if self.on_metrics is not None:
             self.on_metrics(line, record)
 
