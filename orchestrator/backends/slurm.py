@@ -45,6 +45,7 @@ POLL = 0.5  # between two `scontrol show job` while pending or running
 FOLLOW_POLL = 0.1  # between two reads of a stream file at its end
 CHUNK = 1 << 16
 DRAIN = 2.0  # after Slurm ended the job, how long the nodes' last lines get to arrive
+SETTLE = 5.0  # after the nodes ended, how long Slurm gets to show the job's final state
 RELEASE_WAIT = 30.0  # how long the controller waits for Slurm to release the nodes at the end
 STOP_WAIT = 30.0
 
@@ -528,7 +529,7 @@ class SlurmLauncher(Launcher):
         failure = self._monitor()
         if self.interrupted is not None:
             return self._finish_interrupted()
-        job = self._poll() or self.latest
+        job = self._settled()
         if job is not None and job.state == "CANCELLED" and not self.cancelled:
             return self._finish_cancelled()
         if job is not None and job.state in ENDED_BY_SLURM:
@@ -537,6 +538,19 @@ class SlurmLauncher(Launcher):
         if failure is not None:
             return self._finish_failed(failure)
         return self._finish_succeeded()
+
+    def _settled(self) -> SlurmJob | None:
+        """Slurm's view once the job has ended there, waiting at most SETTLE seconds.
+
+        A `scancel` reaches the nodes, whose failures end the monitoring, a moment before
+        slurmctld shows CANCELLED: read too early, a stopped job looked failed.
+        """
+        deadline = time.monotonic() + SETTLE
+        job = self._poll() or self.latest
+        while job is not None and not job.distrun_state.finished and time.monotonic() < deadline:
+            time.sleep(POLL)
+            job = self._poll() or job
+        return job
 
     def _failures(self, now: float, lost_after: float) -> list[Failure]:
         """The Launcher's, and nodes whose supervisor never reported an exit from a job Slurm ended."""
