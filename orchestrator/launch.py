@@ -192,11 +192,6 @@ class Failure:
     rank: int | None = None
     lost: bool = False
 
-    def describe(self) -> str:
-        who = f"{self.node} rank {self.rank}" if self.rank is not None else self.node
-        how = self.reason if self.lost else _exit_text(self.rc)
-        return f"{who}: {how}"
-
 
 def _exit_text(rc: int | None) -> str:
     if rc is None:
@@ -219,7 +214,6 @@ class HostRun:
     last_seen: float = field(default_factory=time.monotonic)
     exit_rc: int | None = None
     exit_error: str | None = None
-    pid: int | None = None
     failed_attempts: int = 0
     exited: threading.Event = field(default_factory=threading.Event)
     wake: threading.Event | None = None  # set on exit, so the launcher need not wait for its next poll
@@ -277,9 +271,7 @@ class HostRun:
 
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("ev")
-        if kind == "started":
-            self.pid = event.get("pid")
-        elif kind == "exit":
+        if kind == "exit":
             self.exit_rc = int(event.get("rc", 1))
             self.exit_error = event.get("error")
             if self.exit_error:

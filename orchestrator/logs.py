@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import threading
 import time
 from collections import deque
@@ -75,7 +74,6 @@ class LogSink:
         self.node_tail: dict[str, deque[str]] = {}
         self.rank_tail: dict[int, deque[str]] = {}
         self.node_colour: dict[str, int] = {}
-        self.counts: dict[str, int] = {}
         self.closed = threading.Event()
         self.flusher = threading.Thread(target=self._flush_loop, daemon=True)
         self.flusher.start()
@@ -104,7 +102,6 @@ class LogSink:
         line = parse_line(node, raw)
         label = line.label()
         with self.lock:
-            self.counts[node] = self.counts.get(node, 0) + 1
             self._file("combined").write(f"{label} {line.text}\n")
             self._file("node", node).write(raw + "\n")
             self.node_tail.setdefault(node, deque(maxlen=TAIL_LINES)).append(raw)
@@ -204,7 +201,3 @@ def follow(path: Path, finished: Callable[[], bool], pattern: re.Pattern[str] | 
                         yield ln
                 return
             time.sleep(poll)
-
-
-def stdout_is_tty() -> bool:
-    return sys.stdout.isatty()

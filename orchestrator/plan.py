@@ -28,7 +28,6 @@ class HostFacts:
     gpus: int = 0
     interfaces: dict[str, list[str]] = field(default_factory=dict)
     route_iface: str | None = None
-    free_port: int | None = None
     home: str = "~"
 
     @classmethod
@@ -38,7 +37,6 @@ class HostFacts:
             gpus=int(data.get("gpus") or 0),
             interfaces={k: list(v) for k, v in (data.get("interfaces") or {}).items()},
             route_iface=data.get("route_iface"),
-            free_port=data.get("free_port"),
             home=data.get("home") or "~",
         )
 
@@ -55,9 +53,6 @@ class HostPlan:
     env: dict[str, str]
     secret_names: list[str]
     iface: str | None
-
-    def rank_range(self, first: int) -> range:
-        return range(first, first + self.nproc)
 
 
 @dataclass(frozen=True)
