@@ -241,3 +241,12 @@ def test_a_probe_that_cannot_start_python_names_the_interpreter():
     run = ProbeRun(transport, {})
     with pytest.raises(InfraError, match="/nonexistent/python"):
         run.start()
+
+
+def test_first_free_port_skips_a_port_something_listens_on() -> None:
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        found = probe.first_free_port(taken)
+    assert found is not None and found > taken

@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,23 @@ def start(job: Path, inv: Path, home: Path, job_id: str, *extra: str) -> subproc
 def output(home: Path, job_id: str) -> str:
     path = home / f"{job_id}.out"
     return path.read_text(errors="replace") if path.exists() else ""
+
+
+@contextmanager
+def port_held(cluster, host: int, port: int) -> Iterator[None]:
+    """A process listening on `port` of a host, ready before the block starts."""
+    holder = subprocess.Popen(
+        ["ip", "netns", "exec", cluster.ns(host), sys.executable, "-c",
+         f"import socket,time;s=socket.socket();s.bind(('0.0.0.0',{port}));s.listen();print('ready',flush=True);"
+         "time.sleep(300)"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def job_procs(cluster, job_id: str) -> dict[int, list]:
@@ -196,47 +215,17 @@ def test_stopping_one_of_two_jobs_on_the_same_hosts_leaves_the_other_to_finish(c
 
 
 def test_auto_port_skips_29500_when_it_is_taken_on_the_master(cluster3, inv, tmp_path):
-    holder = subprocess.Popen(
-        [
-            "ip",
-            "netns",
-            "exec",
-            cluster3.ns(0),
-            sys.executable,
-            "-c",
-            "import socket,time;s=socket.socket();s.bind(('0.0.0.0',29500));s.listen();time.sleep(300)",
-        ],
-    )
-    try:
-        time.sleep(1.0)
+    with port_held(cluster3, 0, 29500):
         home = tmp_path / "home"
         result = distrun("launch", str(write_job(tmp_path)), "-i", str(inv), "--job-id", "port-1", home=home)
         assert result.returncode == 0, result.stdout[-3000:]
         assert record(home, "port-1")["master_port"] not in (0, 29500)
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_an_explicit_busy_port_is_an_infrastructure_error_naming_host_and_port(cluster3, inv, tmp_path):
-    holder = subprocess.Popen(
-        [
-            "ip",
-            "netns",
-            "exec",
-            cluster3.ns(0),
-            sys.executable,
-            "-c",
-            "import socket,time;s=socket.socket();s.bind(('0.0.0.0',29511));s.listen();time.sleep(300)",
-        ],
-    )
-    try:
-        time.sleep(1.0)
+    with port_held(cluster3, 0, 29511):
         job = write_job(tmp_path, extra="rendezvous: {port: 29511}\n")
         result = distrun("launch", str(job), "-i", str(inv), home=tmp_path / "home")
-    finally:
-        holder.kill()
-        holder.wait()
     assert result.returncode == 3
     assert "node0" in result.stderr and "29511" in result.stderr and "Traceback" not in result.stderr
 
