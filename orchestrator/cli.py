@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from orchestrator.errors import DistrunError, ExitCode, UsageError
-from orchestrator.store import JobRecord, JobState, Store, new_job_id
+from orchestrator.store import JobRecord, Store, new_job_id, refresh_lost
 
 DETACH_WAIT = 120.0
 
@@ -102,25 +102,6 @@ def _recorded(store: Store, job_id: str) -> bool:
     except UsageError:
         return False
     return True
-
-
-def controller_alive(rec: JobRecord) -> bool:
-    """Whether the process recorded as the job's controller still runs distrun."""
-    if not rec.controller_pid:
-        return False
-    try:
-        cmdline = Path(f"/proc/{rec.controller_pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-    return b"orchestrator" in cmdline or b"distrun" in cmdline
-
-
-def refresh_lost(store: Store, records: list[JobRecord]) -> None:
-    """Mark SSH/local jobs whose controller died while they ran as `lost`."""
-    for rec in records:
-        if rec.backend != "slurm" and not rec.state.finished and not controller_alive(rec):
-            rec.state = JobState.LOST
-            store.update(rec.id, state=JobState.LOST)
 
 
 def _age(rec: JobRecord) -> str:

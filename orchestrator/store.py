@@ -209,3 +209,22 @@ def _record(row: tuple[Any, ...]) -> JobRecord:
     data["restarts"] = data["restarts"] or 0
     data["detail"] = data["detail"] or ""
     return JobRecord(**data)
+
+
+def controller_alive(rec: JobRecord) -> bool:
+    """Whether the process recorded as the job's controller still runs distrun."""
+    if not rec.controller_pid:
+        return False
+    try:
+        cmdline = Path(f"/proc/{rec.controller_pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"orchestrator" in cmdline or b"distrun" in cmdline
+
+
+def refresh_lost(store: Store, records: list[JobRecord]) -> None:
+    """Mark SSH/local jobs whose controller died while they ran as `lost`."""
+    for rec in records:
+        if rec.backend != "slurm" and not rec.state.finished and not controller_alive(rec):
+            rec.state = JobState.LOST
+            store.update(rec.id, state=JobState.LOST)

@@ -38,7 +38,7 @@ from orchestrator.errors import ExitCode, InfraError, UsageError
 from orchestrator.launch import EXIT_WAIT, SUPERVISOR_MODULES, Failure, HostRun, Launcher, Prepared
 from orchestrator.plan import LaunchPlan, build_plan
 from orchestrator.spec import JobSpec, NodeSpec, load_job, resolve_inventory_path, select_nodes
-from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id
+from orchestrator.store import JobDir, JobRecord, JobState, Store, controller_alive, new_job_id
 
 SLURM_TIMEOUT = 30.0
 POLL = 0.5  # between two `scontrol show job` while pending or running
@@ -604,8 +604,6 @@ class SlurmLauncher(Launcher):
 
 def stop(store: Store, record: JobRecord) -> int:
     """scancel the job; its controller, when alive, records the end, else this does."""
-    from orchestrator.cli import controller_alive
-
     if record.state.finished:
         print(f"job {record.id} already ended ({record.state.value})")
         return int(ExitCode.OK)

@@ -25,7 +25,7 @@ from orchestrator.spec import (
     resolve_inventory_path,
     select_nodes,
 )
-from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id
+from orchestrator.store import JobDir, JobRecord, JobState, Store, controller_alive, new_job_id
 from orchestrator.transport import Transport
 
 STOP_WAIT = 30.0
@@ -90,8 +90,6 @@ def run_prepared(prepared: Prepared, request: LaunchRequest, backend: str) -> in
 
 def stop(store: Store, record: JobRecord) -> int:
     """Stop through the live controller; when it is gone, end the job's processes on its hosts."""
-    from orchestrator.cli import controller_alive
-
     if record.state.finished and record.state is not JobState.LOST:
         print(f"job {record.id} already ended ({record.state.value})")
         return int(ExitCode.OK)
