@@ -12,8 +12,9 @@ from pathlib import Path
 
 import click
 
+from orchestrator import backends
 from orchestrator.errors import DistrunError, ExitCode, UsageError
-from orchestrator.store import JobRecord, Store, new_job_id, refresh_lost
+from orchestrator.store import JobRecord, Store, new_job_id
 
 DETACH_WAIT = 120.0
 
@@ -52,8 +53,6 @@ def launch(job_file: str, inventory: str | None, nodes: str | None, nnodes: int 
            time_limit: str | None, account: str | None, job_id: str | None, detached_child: bool,
            extra: tuple[str, ...]) -> None:
     """Start JOB_FILE on the inventory's hosts. Arguments after `--` go to the training script."""
-    from orchestrator import backends
-
     job_id = job_id or None
     if detach and not dry_run:
         sys.exit(_detach(job_file, job_id))
@@ -118,7 +117,7 @@ def ps(as_json: bool, show_all: bool) -> None:
     """List jobs, newest first."""
     store = Store()
     records = store.list(None if show_all else 20)
-    refresh_lost(store, records)
+    backends.refresh_lost(store, records)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in records], indent=2))
         return
@@ -129,7 +128,7 @@ def ps(as_json: bool, show_all: bool) -> None:
     for rec in records:
         exit_code = "" if rec.exit_code is None else str(rec.exit_code)
         extra = f"  restarts={rec.restarts}" if rec.restarts else ""
-        extra += f"  slurm={rec.slurm_id}" if rec.slurm_id else ""
+        extra += f"  {rec.backend}={rec.backend_ref}" if rec.backend_ref else ""
         alerts = f"  alerts={len(rec.alerts)}" if rec.alerts else ""
         click.echo(f"{rec.id:<36} {rec.state.value:<10} {_age(rec):>8} {exit_code:>4}  "
                    f"{','.join(rec.hosts)}{extra}{alerts}")
@@ -165,7 +164,7 @@ def logs(job_ref: str, follow: bool, node: str | None, rank: int | None, pattern
     if follow:
         def finished() -> bool:
             current = store.get(rec.id)
-            refresh_lost(store, [current])
+            backends.refresh_lost(store, [current])
             return current.state.finished
 
         with open(path, "a", encoding="utf-8"):
@@ -189,8 +188,6 @@ def _recover(store: Store, rec: JobRecord) -> None:
 @click.argument("job_ref")
 def stop(job_ref: str) -> None:
     """Stop a job: through its controller when alive, otherwise directly on its hosts."""
-    from orchestrator import backends
-
     store = Store()
     rec = store.get(job_ref)
     sys.exit(backends.stop(store, rec))
@@ -210,7 +207,7 @@ def top(job_ref: str, once: bool) -> None:
 
     def current() -> JobRecord:
         rec = store.get(job_id)
-        refresh_lost(store, [rec])
+        backends.refresh_lost(store, [rec])
         return rec
 
     show(store.job_dir(job_id), current, Console(), once=once)

@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from orchestrator import remote
 from orchestrator.display import fold_hosts
-from orchestrator.errors import DistrunError, ExitCode, InfraError, UsageError
+from orchestrator.errors import DistrunError, ExitCode, InfraError, UsageError, one_line
 from orchestrator.parallel import failures, for_each
 from orchestrator.plan import DEFAULT_PORT, HostFacts, choose_master_addr
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec
@@ -290,7 +290,7 @@ def probe_round(transports: Mapping[str, Transport], master: NodeSpec, base: dic
     """
     runs = {name: ProbeRun(t, _options(name == master.name, base, port)) for name, t in transports.items()}
     started = for_each(runs.values(), lambda r: r.start(), key=lambda r: r.name)
-    results = {name: HostResult(name, error=_one_line(exc), unreachable=runs[name].unreachable)
+    results = {name: HostResult(name, error=one_line(exc), unreachable=runs[name].unreachable)
                for name, exc in failures(started).items()}
     live = {name: run for name, run in runs.items() if name not in results}
     master_run = live.pop(master.name, None)
@@ -311,7 +311,7 @@ def probe_round(transports: Mapping[str, Transport], master: NodeSpec, base: dic
         master_run.send({"stop": True})
     finished = for_each(live.values(), lambda r: r.finish(PROBE_TIMEOUT), key=lambda r: r.name)
     for name, value in finished.items():
-        results[name] = HostResult(name, error=_one_line(value)) if isinstance(value, Exception) \
+        results[name] = HostResult(name, error=one_line(value)) if isinstance(value, Exception) \
             else HostResult(name, facts=value)
     return outcome
 
@@ -342,10 +342,6 @@ def _connect_message(listening: dict[str, Any] | None, outcome: Round) -> dict[s
     if listening is not None and listening.get("ok") and outcome.master_addr:
         target = [outcome.master_addr, listening["port"]]
     return {"connect_to": target, "resolve": names, "route_to": outcome.master_addr}
-
-
-def _one_line(exc: BaseException) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def close_transports(transports: Mapping[str, Transport]) -> None:

@@ -33,7 +33,7 @@ from types import FrameType
 from typing import Any, TextIO, TypeVar
 
 from orchestrator.display import HostOutput, failure_summary, gather, render_blocks
-from orchestrator.errors import ExitCode, InfraError, UsageError
+from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
 from orchestrator.parallel import for_each
 from orchestrator.spec.fields import suggestion
 from orchestrator.spec.model import Inventory, NodeSpec
@@ -81,7 +81,7 @@ class HostResult:
     @classmethod
     def failed(cls, node: NodeSpec, exc: Exception) -> HostResult:
         """The command could not run; a ConnectError means the host was not reached at all."""
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        message = one_line(exc)
         if isinstance(exc, ConnectError):
             return cls(node.name, node.host, error=message, failure=exc.failure.value, unreachable=True)
         return cls(node.name, node.host, error=message, failure="error")

@@ -14,11 +14,12 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from orchestrator import remote, telemetry
-from orchestrator.errors import ExitCode, InfraError
+from orchestrator.errors import ExitCode, InfraError, one_line
+from orchestrator.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, failed_summary, root_cause
 from orchestrator.logs import LogSink
 from orchestrator.parallel import failures, for_each
 from orchestrator.plan import DEFAULT_PORT, HostFacts, HostPlan, LaunchPlan, build_plan, choose_master_addr
@@ -37,10 +38,6 @@ ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 # torchrun prints this (at ERROR, unlike its INFO "will restart") once per failed attempt.
 FAILED_ATTEMPT = re.compile(r"failed \(exitcode: -?\d+\) local_rank: \d+")
-COLLATERAL = re.compile(
-    r"Connection closed by peer|Connection reset by peer|DistBackendError|Broken pipe|"
-    r"SIGTERM|Signal 15|heartbeat silent|stopped by the controller"
-)
 
 
 # ---------------------------------------------------------------- preparing
@@ -57,16 +54,12 @@ def connect_all(nodes: list[NodeSpec]) -> dict[str, Transport]:
     failed = failures(results)
     if failed:
         close_all(transports)
-        raise InfraError("; ".join(_one_line(e) for e in failed.values()))
+        raise InfraError("; ".join(one_line(e) for e in failed.values()))
     return transports
 
 
 def close_all(transports: dict[str, Transport]) -> None:
     for_each(transports.values(), lambda t: t.close(), key=lambda t: t.name)
-
-
-def _one_line(exc: Exception) -> str:
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def run_remote(transport: Transport, main: str, modules: list[str], stdin_line: dict[str, Any] | bytes,
@@ -118,7 +111,7 @@ def gather_facts(transports: dict[str, Transport], master: NodeSpec, port: int |
     results = for_each(transports.values(), lambda t: probe_facts(t, options(t)), key=lambda t: t.name)
     failed = failures(results)
     if failed:
-        raise InfraError("; ".join(_one_line(e) for e in failed.values()))
+        raise InfraError("; ".join(one_line(e) for e in failed.values()))
     return {k: v for k, v in results.items() if not isinstance(v, Exception)}
 
 
@@ -184,24 +177,6 @@ def _absolute(path: str) -> str:
 
 
 @dataclass
-class Failure:
-    node: str
-    observed: float
-    reason: str
-    rc: int | None = None
-    rank: int | None = None
-    lost: bool = False
-
-
-def _exit_text(rc: int | None) -> str:
-    if rc is None:
-        return "no exit status"
-    if rc < 0:
-        return f"killed by signal {signal.Signals(-rc).name}"
-    return f"exit code {rc}"
-
-
-@dataclass
 class HostRun:
     """One host's supervisor as the controller sees it."""
 
@@ -214,6 +189,8 @@ class HostRun:
     last_seen: float = field(default_factory=time.monotonic)
     exit_rc: int | None = None
     exit_error: str | None = None
+    exit_time: float | None = None  # when the exit event arrived (time.time())
+    stop_sent: bool = False  # the controller asked this host to stop (before or after its exit)
     failed_attempts: int = 0
     exited: threading.Event = field(default_factory=threading.Event)
     wake: threading.Event | None = None  # set on exit, so the launcher need not wait for its next poll
@@ -272,6 +249,7 @@ class HostRun:
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("ev")
         if kind == "exit":
+            self.exit_time = time.time()
             self.exit_rc = int(event.get("rc", 1))
             self.exit_error = event.get("error")
             if self.exit_error:
@@ -291,6 +269,41 @@ class HostRun:
 
     def channel_closed(self) -> bool:
         return self.proc is not None and self.proc.wait(0) is not None and not self.exited.is_set()
+
+    def last_lines(self, rank: int | None) -> tuple[str, ...]:
+        """The last SUMMARY_LINES lines of a rank of this host, else of the host itself."""
+        if rank is not None and rank in self.sink.rank_tail:
+            return tuple(list(self.sink.rank_tail[rank])[-SUMMARY_LINES:])
+        return tuple(list(self.sink.node_tail.get(self.node, []))[-SUMMARY_LINES:])
+
+    def failure(self, lost_after: float) -> Failure | None:
+        """This host's failure as seen now: a non-zero exit, a closed channel, or silence; else None."""
+        if self.exited.is_set():
+            if not self.exit_rc:
+                return None
+            rc = self.root_exit or self.exit_rc
+            return Failure.from_returncode(self.node, rc, rank=self.root_rank, reason=self.exit_error or "",
+                                           address=self.plan.host, last_lines=self.last_lines(self.root_rank),
+                                           time=self.exit_time or time.time())
+        if self.channel_closed():
+            return self.lost("connection to the host closed")
+        if time.monotonic() - self.last_seen > lost_after:
+            return self.lost(f"host lost: nothing heard for {lost_after:g} s (network cut or host down)")
+        return None
+
+    def lost(self, reason: str, kind: FailureKind = FailureKind.LOST) -> Failure:
+        """A failure of this host that it did not report itself."""
+        return Failure(self.node, kind, reason=reason, address=self.plan.host, last_lines=self.last_lines(None))
+
+    def end(self) -> str:
+        """How the host ended, for the summary's `Other hosts` line."""
+        if self.stop_sent and self.exited.is_set():
+            return STOPPED_BY_DISTRUN
+        if self.exit_rc is None:
+            return "no exit status"
+        if self.exit_rc < 0:
+            return Failure.from_returncode(self.node, self.exit_rc).describe()
+        return f"exit code {self.exit_rc}"
 
 
 class Launcher:
@@ -360,22 +373,26 @@ class Launcher:
 
     def _run(self) -> int:
         started = for_each(self.hosts, lambda h: h.start(self.plan), key=lambda h: h.node)
-        start_failed = failures(started)
         self.store.update(self.plan.job_id, state=JobState.RUNNING)
-        failure = None
-        if start_failed:
-            node, exc = next(iter(start_failed.items()))
-            failure = Failure(node, time.monotonic(), _one_line(exc), lost=True)
-        else:
-            failure = self._monitor()
+        failed = [self._host(node).lost(one_line(exc), FailureKind.INFRA) for node, exc in failures(started).items()]
+        if not failed:
+            failed = self._monitor()
         if self.interrupted is not None:
             return self._finish_interrupted()
-        if failure is not None:
-            return self._finish_failed(failure)
+        if failed:
+            return self._finish_failed(failed)
         return self._finish_succeeded()
 
-    def _monitor(self) -> Failure | None:
-        """Heartbeat every host and watch for the first failure, or the end of all."""
+    def _host(self, node: str) -> HostRun:
+        return next(h for h in self.hosts if h.node == node)
+
+    def _monitor(self) -> list[Failure]:
+        """Heartbeat every host and watch for the first failure, or the end of all.
+
+        Returns:
+            The failures seen (the first and those that followed it within SETTLE seconds),
+            in host order; [] when every host ended well or distrun was interrupted.
+        """
         next_hb = 0.0
         lost_after = self.plan.heartbeat_timeout
         while self.interrupted is None:
@@ -384,51 +401,35 @@ class Launcher:
                 for host in self.hosts:
                     host.send({"op": "hb"})
                 next_hb = now + HEARTBEAT_EVERY
-            failed = self._failures(now, lost_after)
+            failed = self._failures(lost_after)
             if failed:
-                return self._root_cause(failed)
+                return self._settle(failed)
             if all(h.exited.is_set() for h in self.hosts):
-                return None
+                return []
             self.wake.wait(0.05)
             self.wake.clear()
-        return None
+        return []
 
-    def _failures(self, now: float, lost_after: float) -> list[Failure]:
-        found = []
-        for host in self.hosts:
-            if host.exited.is_set():
-                if host.exit_rc:
-                    found.append(Failure(host.node, now, "exit", rc=host.root_exit or host.exit_rc,
-                                         rank=host.root_rank))
-            elif host.channel_closed():
-                found.append(Failure(host.node, now, "connection to the host closed", lost=True))
-            elif now - host.last_seen > lost_after:
-                found.append(Failure(host.node, now, f"host lost: nothing heard for {lost_after:g} s "
-                                     "(network cut or host down)", lost=True))
-        return found
+    def _failures(self, lost_after: float) -> list[Failure]:
+        """Every host's failure as seen now, in host order."""
+        return [f for f in (h.failure(lost_after) for h in self.hosts) if f is not None]
 
-    def _root_cause(self, first: list[Failure]) -> Failure:
-        """Wait briefly for the failure's echoes on other hosts, then blame the likeliest origin."""
+    def _settle(self, first: list[Failure]) -> list[Failure]:
+        """Wait briefly for a failure's echoes on other hosts, so that the root cause is chosen
+        among all of them (a lost host has no echoes to wait for: they came before it)."""
+        seen = {f.host: f for f in first}
         deadline = time.monotonic() + SETTLE
-        seen = {f.node: f for f in first}
-        while time.monotonic() < deadline and not first[0].lost:
-            for failure in self._failures(time.monotonic(), self.plan.heartbeat_timeout):
-                seen.setdefault(failure.node, failure)
+        while time.monotonic() < deadline and first[0].kind is not FailureKind.LOST:
+            for failure in self._failures(self.plan.heartbeat_timeout):
+                seen.setdefault(failure.host, failure)
             time.sleep(0.05)
-        ordered = sorted(seen.values(), key=lambda f: (self._collateral(f), f.observed))
-        return ordered[0]
-
-    def _collateral(self, failure: Failure) -> bool:
-        """True when a host failed only because another host's ranks went away."""
-        if failure.lost:
-            return False
-        tail = self.sink.rank_tail.get(failure.rank, []) if failure.rank is not None else []
-        return any(COLLATERAL.search(line) for line in list(tail)[-SUMMARY_LINES:])
+        return [seen[h.node] for h in self.hosts if h.node in seen]
 
     def _stop_all(self, reason: str) -> None:
         live = [h for h in self.hosts if not h.exited.is_set()]
         for host in live:
             self.sink.note(host.node, f"stopping ({reason})")
+            host.stop_sent = True
             host.send({"op": "stop"})
         deadline = time.monotonic() + self.plan.stop_grace + EXIT_WAIT
         for host in live:
@@ -437,14 +438,13 @@ class Launcher:
             if host.proc is not None:
                 host.proc.close_stdin()
 
-    def _finish(self, state: JobState, code: int, detail: str) -> int:
+    def _finish(self, state: JobState, code: int, detail: str, failures: list[Failure] | None = None) -> int:
         self.sink.flush()
         self.monitor.stop()
         detail = "\n".join([detail, *telemetry.summary_lines(self.record.alerts)])
         restarts = max((h.restarts for h in self.hosts), default=0)
-        self.store.update(self.plan.job_id, state=state, exit_code=code, ended=time.time(),
-                          detail=detail, restarts=restarts)
-        (self.dir.root / "summary.txt").write_text(detail + "\n", encoding="utf-8")
+        self.store.end(self.plan.job_id, state, code, detail, restarts=restarts,
+                       failures=[f.to_dict() for f in failures or []])
         self.sink.summary(detail)
         self._say(detail)
         return code
@@ -461,31 +461,18 @@ class Launcher:
         return self._finish(JobState.STOPPED, int(code), f"job {self.plan.job_id} stopped ({name}); "
                             f"every host's processes ended")
 
-    def _finish_failed(self, failure: Failure) -> int:
-        self._stop_all(f"{failure.node} failed")
-        lines = [f"job {self.plan.job_id} FAILED", "Root Cause (first observed failure):",
-                 f"  host: {failure.node} ({self._address(failure.node)})"]
-        if failure.rank is not None:
-            lines.append(f"  rank: {failure.rank}")
-        lines.append(f"  {'reason' if failure.lost else 'exit'}: "
-                     f"{failure.reason if failure.lost else _exit_text(failure.rc)}")
-        tail = self._tail(failure)
-        if tail:
-            label = f"rank {failure.rank}" if failure.rank is not None else failure.node
-            lines.append(f"  last {len(tail)} lines of {label}:")
-            lines += [f"    {line}" for line in tail]
-        others = [f"{h.node}: {_exit_text(h.exit_rc)}" for h in self.hosts if h.node != failure.node]
-        if others:
-            lines.append("Other hosts: " + ", ".join(others))
-        return self._finish(JobState.FAILED, int(ExitCode.FAILED), "\n".join(lines))
-
-    def _address(self, node: str) -> str:
-        return next(h.host for h in self.plan.hosts if h.node == node)
-
-    def _tail(self, failure: Failure) -> list[str]:
-        if failure.rank is not None and failure.rank in self.sink.rank_tail:
-            return list(self.sink.rank_tail[failure.rank])[-SUMMARY_LINES:]
-        return list(self.sink.node_tail.get(failure.node, []))[-SUMMARY_LINES:]
+    def _finish_failed(self, failures: list[Failure]) -> int:
+        """Stop every host, then record and show the root cause and how each other host ended."""
+        root = root_cause(failures)
+        self._stop_all(f"{root.host} failed")
+        # Lines that arrived while the others were stopped belong to the root cause's story too.
+        root = replace(root, last_lines=self._host(root.host).last_lines(root.rank) or root.last_lines)
+        own = {f.host: f for f in failures}
+        others = {h.node: own[h.node].describe() if h.node in own else h.end()
+                  for h in self.hosts if h.node != root.host}
+        ordered = [root, *(f for f in failures if f.host != root.host)]
+        return self._finish(JobState.FAILED, int(ExitCode.FAILED), failed_summary(self.plan.job_id, root, others),
+                            ordered)
 
     def _finish_succeeded(self) -> int:
         lines = [f"job {self.plan.job_id} succeeded: {self.plan.nnodes} host(s), world size {self.plan.world_size}"]

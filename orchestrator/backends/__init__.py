@@ -6,7 +6,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from orchestrator.store import JobRecord, Store
+from orchestrator.store import JobRecord, JobState, Store, controller_alive
 
 BACKENDS = {"ssh": "orchestrator.backends.ssh", "local": "orchestrator.backends.ssh",
             "slurm": "orchestrator.backends.slurm"}
@@ -50,3 +50,11 @@ def launch(request: LaunchRequest) -> int:
 
 def stop(store: Store, record: JobRecord) -> int:
     return get(record.backend).stop(store, record)
+
+
+def refresh_lost(store: Store, records: list[JobRecord]) -> None:
+    """Mark SSH/local jobs whose controller died while they ran as `lost`."""
+    for rec in records:
+        if rec.backend != "slurm" and not rec.state.finished and not controller_alive(rec):
+            rec.state = JobState.LOST
+            store.update(rec.id, state=JobState.LOST)

@@ -35,7 +35,8 @@ from orchestrator.backends.slurm_script import (
     resolve_options,
 )
 from orchestrator.errors import ExitCode, InfraError, UsageError
-from orchestrator.launch import EXIT_WAIT, SUPERVISOR_MODULES, Failure, HostRun, Launcher, Prepared
+from orchestrator.failures import Failure, FailureKind, root_cause
+from orchestrator.launch import EXIT_WAIT, SUPERVISOR_MODULES, HostRun, Launcher, Prepared
 from orchestrator.plan import LaunchPlan, build_plan
 from orchestrator.spec import JobSpec, NodeSpec, load_job, resolve_inventory_path, select_nodes
 from orchestrator.store import JobDir, JobRecord, JobState, Store, controller_alive, new_job_id
@@ -315,7 +316,7 @@ def launch(request: LaunchRequest, backend: str) -> int:
     slurm_id = submit(str(batch.files.script))
     store.save(JobRecord(id=job_id, name=job.name, spec_path=job.path, inventory=batch.plan.inventory_path,
                          hosts=[], backend=backend, state=JobState.PENDING, controller_pid=os.getpid(),
-                         slurm_id=slurm_id))
+                         backend_ref=slurm_id))
     terminal = None if request.quiet else sys.stdout
     return Submission(store, job_dir, batch, slurm_id, terminal).follow(request.live)
 
@@ -438,8 +439,7 @@ class Submission:
                          f"{job.state} while pending ({job.reason})")
 
     def _end(self, state: JobState, code: int, detail: str, quiet: bool = False) -> int:
-        self.store.update(self.job_id, state=state, exit_code=code, ended=time.time(), detail=detail)
-        (self.job_dir.root / "summary.txt").write_text(detail + "\n", encoding="utf-8")
+        self.store.end(self.job_id, state, code, detail)
         if not quiet:
             self.say(detail)
         return code
@@ -526,17 +526,17 @@ class SlurmLauncher(Launcher):
     def _run(self) -> int:
         self._start_following()
         self.store.update(self.plan.job_id, state=JobState.RUNNING)
-        failure = self._monitor()
+        failures = self._monitor()
         if self.interrupted is not None:
             return self._finish_interrupted()
         job = self._settled()
         if job is not None and job.state == "CANCELLED" and not self.cancelled:
             return self._finish_cancelled()
         if job is not None and job.state in ENDED_BY_SLURM:
-            node = failure.node if failure is not None else self.batch_host
-            failure = Failure(node, time.monotonic(), f"Slurm ended the job: {job.state} ({job.reason})", lost=True)
-        if failure is not None:
-            return self._finish_failed(failure)
+            node = root_cause(failures).host if failures else self.batch_host
+            failures = [Failure(node, FailureKind.INFRA, reason=f"Slurm ended the job: {job.state} ({job.reason})")]
+        if failures:
+            return self._finish_failed(failures)
         return self._finish_succeeded()
 
     def _settled(self) -> SlurmJob | None:
@@ -552,14 +552,13 @@ class SlurmLauncher(Launcher):
             job = self._poll() or job
         return job
 
-    def _failures(self, now: float, lost_after: float) -> list[Failure]:
+    def _failures(self, lost_after: float) -> list[Failure]:
         """The Launcher's, and nodes whose supervisor never reported an exit from a job Slurm ended."""
-        found = super()._failures(now, lost_after)
-        if self.ended_at is not None and now - self.ended_at > DRAIN:
+        found = super()._failures(lost_after)
+        if self.ended_at is not None and time.monotonic() - self.ended_at > DRAIN:
             state = self.latest.state if self.latest is not None else "gone"
-            seen = {f.node for f in found}
-            found += [Failure(h.node, now, f"Slurm job {self.slurm_id} ended ({state}) without an exit "
-                              "from this node's supervisor", lost=True)
+            seen = {f.host for f in found}
+            found += [h.lost(f"Slurm job {self.slurm_id} ended ({state}) without an exit from this node's supervisor")
                       for h in self.hosts if not h.exited.is_set() and h.node not in seen]
         return found
 
@@ -568,6 +567,7 @@ class SlurmLauncher(Launcher):
         live = [h for h in self.hosts if not h.exited.is_set()]
         for host in live:
             self.sink.note(host.node, f"stopping ({reason})")
+            host.stop_sent = True
         if live and self.interrupted is None:
             self._await_exits(live, self.plan.stop_grace)
             live = [h for h in live if not h.exited.is_set()]
@@ -590,7 +590,7 @@ class SlurmLauncher(Launcher):
                             f"job {self.plan.job_id} stopped: Slurm job {self.slurm_id} was cancelled; "
                             "every node's processes ended")
 
-    def _finish(self, state: JobState, code: int, detail: str) -> int:
+    def _finish(self, state: JobState, code: int, detail: str, failures: list[Failure] | None = None) -> int:
         """Wait for Slurm to release the nodes and the last lines to arrive, then the Launcher's finish."""
         deadline = time.monotonic() + RELEASE_WAIT
         while in_queue(self.slurm_id) and time.monotonic() < deadline:
@@ -599,7 +599,7 @@ class SlurmLauncher(Launcher):
         job = query_job(self.slurm_id)
         if job is not None:
             detail += f"\nSlurm job {self.slurm_id}: {job.state}"
-        return super()._finish(state, code, detail)
+        return super()._finish(state, code, detail, failures)
 
 
 def stop(store: Store, record: JobRecord) -> int:
@@ -607,17 +607,17 @@ def stop(store: Store, record: JobRecord) -> int:
     if record.state.finished:
         print(f"job {record.id} already ended ({record.state.value})")
         return int(ExitCode.OK)
-    if record.slurm_id is None:
+    if record.backend_ref is None:
         raise UsageError(f"job {record.id} has no Slurm job id yet (it is being submitted); try again")
-    cancel(record.slurm_id)
+    cancel(record.backend_ref)
     deadline = time.monotonic() + STOP_WAIT
     alive = controller_alive(record)
     while time.monotonic() < deadline and not _ended(store, record, alive):
         time.sleep(0.2)
     if not alive:
         store.update(record.id, state=JobState.STOPPED, ended=time.time(),
-                     detail=f"Slurm job {record.slurm_id} cancelled by `distrun stop`")
-    print(f"job {record.id} stopped (Slurm job {record.slurm_id} cancelled)")
+                     detail=f"Slurm job {record.backend_ref} cancelled by `distrun stop`")
+    print(f"job {record.id} stopped (Slurm job {record.backend_ref} cancelled)")
     return int(ExitCode.OK)
 
 
@@ -625,4 +625,4 @@ def _ended(store: Store, record: JobRecord, controller: bool) -> bool:
     """Whether the stop is complete: the controller recorded it, or (no controller) Slurm is done."""
     if controller:
         return store.get(record.id).state.finished
-    return not in_queue(record.slurm_id or "")
+    return not in_queue(record.backend_ref or "")
