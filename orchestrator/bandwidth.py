@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import InfraError
-from orchestrator.launch import Launcher, Prepared, close_all, connect_all, new_record, prepare, write_plan
-from orchestrator.parallel import failures, for_each
+from orchestrator.group import Group, GroupError
+from orchestrator.launch import Launcher, Prepared, new_record, prepare, write_plan
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec, Select, Telemetry
 from orchestrator.store import Store, new_job_id
 from orchestrator.transport import Transport
@@ -113,26 +113,23 @@ def measure(base: JobSpec | None, inventory: Inventory, nodes: list[NodeSpec], b
         The report; its `error` says why there are no results when the job failed.
 
     Raises:
-        InfraError: a host could not be reached or its probe failed before the job started.
+        GroupError: a host could not be reached or its probe failed before the job started.
     """
     job_id = new_job_id("doctor-bandwidth")
     # Straight in /tmp, which every host has: hosts sharing a file system would race to create a directory.
     script = f"/tmp/distrun-{job_id}-{SCRIPT.name}"
     job = bench_job(base, script, backend)
-    prepared = prepare(job, inventory, nodes, job_id=job_id, extra_args=[])
-    try:
-        copied = for_each(prepared.transports.values(), lambda t: _ship(t, job.script or ""), key=lambda t: t.name)
-    except BaseException:
-        close_all(prepared.transports)
-        raise
     report = BandwidthReport(backend, len(nodes), job_id)
-    if failures(copied):
-        close_all(prepared.transports)
-        return replace(report, error="; ".join(str(e) for e in failures(copied).values()))
-    try:
-        return _run(prepared, store or Store(), report)
-    finally:
-        _remove(nodes, script)
+    with Group(nodes) as group:
+        prepared = prepare(job, inventory, group, job_id=job_id, extra_args=[])
+        copied = group.run(lambda t: _ship(t, script))
+        try:
+            if copied.failed:
+                return replace(report, error=GroupError(copied).render())
+            return _run(prepared, store or Store(), report)
+        finally:
+            # Best effort: the measurement is what was asked for; a host that is gone keeps the file.
+            group.run(lambda t: t.run(["rm", "-f", script], timeout=30), only=copied.succeeded)
 
 
 def _ship(transport: Transport, path: str) -> None:
@@ -162,15 +159,3 @@ def _run(prepared: Prepared, store: Store, report: BandwidthReport) -> Bandwidth
         tail = " | ".join(captured.getvalue().strip().splitlines()[-FAILURE_LINES:])
         return replace(report, error=f"all-reduce job {report.job_id} failed (distrun logs {report.job_id}): {tail}")
     return replace(report, world_size=ranks, results=results)
-
-
-def _remove(nodes: list[NodeSpec], path: str) -> None:
-    """Delete the copied script from every host; a host that is gone keeps it."""
-    try:
-        transports = connect_all(nodes)
-    except Exception:  # cleaning up is best effort: the measurement is what was asked for
-        return
-    try:
-        for_each(transports.values(), lambda t: t.run(["rm", "-f", path], timeout=30), key=lambda t: t.name)
-    finally:
-        close_all(transports)

@@ -71,10 +71,10 @@ from typing import TYPE_CHECKING, Any, TextIO
 from orchestrator import remote
 from orchestrator.display import fold_hosts
 from orchestrator.errors import DistrunError, ExitCode, InfraError, UsageError, one_line
-from orchestrator.parallel import failures, for_each
+from orchestrator.group import Group, parallel
 from orchestrator.plan import DEFAULT_PORT, HostFacts, choose_master_addr
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec
-from orchestrator.transport import RemoteProcess, Transport, transport_for
+from orchestrator.transport import RemoteProcess, Transport
 
 if TYPE_CHECKING:
     from orchestrator.bandwidth import BandwidthReport
@@ -178,7 +178,6 @@ class ProbeRun:
         self.listening: dict[str, Any] | None = None
         self.facts: dict[str, Any] | None = None
         self.stderr: list[str] = []
-        self.unreachable = False
         self._heard = threading.Event()
 
     @property
@@ -186,16 +185,11 @@ class ProbeRun:
         return self.transport.name
 
     def start(self) -> None:
-        """Connect (when not yet connected), start the probe on the host, send it its options.
+        """Start the probe on the (connected) host and send it its options.
 
         Raises:
-            InfraError: the host could not be reached (`unreachable` is set) or the command not started.
+            InfraError: the command could not be started.
         """
-        try:
-            self.transport.connect()
-        except Exception:
-            self.unreachable = True
-            raise
         payload = remote.bundle("probe", ["probe"])
         self.proc = self.transport.start(remote.bootstrap_argv(self.transport.node.python, payload, "distrun-probe"))
         self.proc.stream(self._on_stdout, self.stderr.append)
@@ -274,13 +268,13 @@ class Round:
     master_hostname: str | None = None
 
 
-def probe_round(transports: Mapping[str, Transport], master: NodeSpec, base: dict[str, Any],
-                port: int | None, master_addr: str | None) -> Round:
+def probe_round(group: Group, master: NodeSpec, base: dict[str, Any], port: int | None,
+                master_addr: str | None) -> Round:
     """Run the probe on every host at once; the master listens, the others connect to it.
 
     Args:
-        transports: Every selected node's transport, by node name; each is connected first.
-        master: The rendezvous host, one of `transports`.
+        group: Every selected node; each host is connected first where it is not yet.
+        master: The rendezvous host, one of the group's.
         base: Options for every host's probe (e.g. {"full": True}).
         port: The rendezvous port to listen on; None = the first free one from 29500.
         master_addr: The address the others connect to; None = chosen as launch would.
@@ -288,10 +282,10 @@ def probe_round(transports: Mapping[str, Transport], master: NodeSpec, base: dic
     Returns:
         Every host's result (facts or error) and the master's address as used.
     """
-    runs = {name: ProbeRun(t, _options(name == master.name, base, port)) for name, t in transports.items()}
-    started = for_each(runs.values(), lambda r: r.start(), key=lambda r: r.name)
-    results = {name: HostResult(name, error=one_line(exc), unreachable=runs[name].unreachable)
-               for name, exc in failures(started).items()}
+    runs = {name: ProbeRun(t, _options(name == master.name, base, port)) for name, t in group.transports.items()}
+    started = group.run(lambda t: runs[t.name].start())
+    results = {name: HostResult(name, error=one_line(exc), unreachable=name in started.unreached)
+               for name, exc in started.failed.items()}
     live = {name: run for name, run in runs.items() if name not in results}
     master_run = live.pop(master.name, None)
     listening = master_run.wait_listening(PROBE_TIMEOUT) if master_run else None
@@ -299,7 +293,7 @@ def probe_round(transports: Mapping[str, Transport], master: NodeSpec, base: dic
     if listening is not None:
         outcome.master_hostname = listening.get("hostname")
         outcome.master_addr, outcome.master_addr_error = _master_addr(
-            master, listening, transports[master.name], len(transports), master_addr)
+            master, listening, group[master.name], len(group), master_addr)
     message = _connect_message(listening, outcome)
     for run in live.values():
         run.send(message)
@@ -309,7 +303,7 @@ def probe_round(transports: Mapping[str, Transport], master: NodeSpec, base: dic
     if master_run is not None:
         live[master.name] = master_run
         master_run.send({"stop": True})
-    finished = for_each(live.values(), lambda r: r.finish(PROBE_TIMEOUT), key=lambda r: r.name)
+    finished = parallel(live.values(), lambda r: r.finish(PROBE_TIMEOUT), key=lambda r: r.name)
     for name, value in finished.items():
         results[name] = HostResult(name, error=one_line(value)) if isinstance(value, Exception) \
             else HostResult(name, facts=value)
@@ -344,22 +338,15 @@ def _connect_message(listening: dict[str, Any] | None, outcome: Round) -> dict[s
     return {"connect_to": target, "resolve": names, "route_to": outcome.master_addr}
 
 
-def close_transports(transports: Mapping[str, Transport]) -> None:
-    for_each(transports.values(), lambda t: t.close(), key=lambda t: t.name)
-
-
 def collect(nodes: list[NodeSpec], master: NodeSpec, job: JobSpec | None) -> tuple[dict[str, HostResult], Context]:
     """Reach every node at once, run the full probe round, and build the checks' context.
 
     Returns:
         Every node's result, in node order, and the context for `run_checks`.
     """
-    transports = {n.name: transport_for(n) for n in nodes}
     base = {"full": True, "workdir": (job.workdir if job else None) or os.getcwd()}
-    try:
-        outcome = probe_round(transports, master, base, job.rendezvous.port if job else None, None)
-    finally:
-        close_transports(transports)
+    with Group(nodes) as group:
+        outcome = probe_round(group, master, base, job.rendezvous.port if job else None, None)
     ctx = Context(tuple(nodes), master.name, outcome.master_addr, outcome.master_addr_error,
                   outcome.master_hostname, job)
     return {n.name: outcome.results[n.name] for n in nodes}, ctx
@@ -894,12 +881,12 @@ def launch_preflight(prepared: Prepared) -> None:
         PreflightError: listing every failed check as doctor shows it.
     """
     plan = prepared.plan
-    nodes = tuple(prepared.transports[h.node].node for h in plan.hosts)
+    nodes = tuple(prepared.group[h.node].node for h in plan.hosts)
     ctx = Context(nodes, plan.master_node, plan.master_addr)
     checks = [check_python(prepared.facts, ctx), check_torch(prepared.facts, ctx)]
     if len(nodes) > 1:
-        master = prepared.transports[plan.master_node].node
-        outcome = probe_round(prepared.transports, master, {}, plan.master_port, plan.master_addr)
+        master = prepared.group[plan.master_node].node
+        outcome = probe_round(prepared.group, master, {}, plan.master_port, plan.master_addr)
         probed = {n: r.facts for n, r in outcome.results.items() if r.facts is not None}
         checks += [check_probe(outcome.results), check_port_free(probed, ctx), check_port_reachable(probed, ctx)]
     failed = [c for c in checks if c.status is Status.ERROR]

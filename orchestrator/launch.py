@@ -20,12 +20,13 @@ from typing import Any, TextIO
 from orchestrator import remote, telemetry
 from orchestrator.errors import ExitCode, InfraError, one_line
 from orchestrator.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, failed_summary, root_cause
+from orchestrator.group import Group, parallel
+from orchestrator.interrupts import on_signals
 from orchestrator.logs import LogSink
-from orchestrator.parallel import failures, for_each
 from orchestrator.plan import DEFAULT_PORT, HostFacts, HostPlan, LaunchPlan, build_plan, choose_master_addr
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec
 from orchestrator.store import JobDir, JobRecord, JobState, Store
-from orchestrator.transport import RemoteProcess, Transport, transport_for
+from orchestrator.transport import RemoteProcess, Transport
 
 PROBE_TIMEOUT = 30.0
 AUTO_PORT_WINDOW = 1000
@@ -41,25 +42,6 @@ FAILED_ATTEMPT = re.compile(r"failed \(exitcode: -?\d+\) local_rank: \d+")
 
 
 # ---------------------------------------------------------------- preparing
-
-
-def connect_all(nodes: list[NodeSpec]) -> dict[str, Transport]:
-    """Open a connection to every node at once.
-
-    Raises:
-        InfraError: one or more hosts could not be reached; the message names each.
-    """
-    transports = {n.name: transport_for(n) for n in nodes}
-    results = for_each(transports.values(), lambda t: t.connect(), key=lambda t: t.name)
-    failed = failures(results)
-    if failed:
-        close_all(transports)
-        raise InfraError("; ".join(one_line(e) for e in failed.values()))
-    return transports
-
-
-def close_all(transports: dict[str, Transport]) -> None:
-    for_each(transports.values(), lambda t: t.close(), key=lambda t: t.name)
 
 
 def run_remote(transport: Transport, main: str, modules: list[str], stdin_line: dict[str, Any] | bytes,
@@ -95,12 +77,11 @@ def auto_port_start() -> int:
     return DEFAULT_PORT + random.randrange(AUTO_PORT_WINDOW)
 
 
-def gather_facts(transports: dict[str, Transport], master: NodeSpec, port: int | None,
-                 route_to: str) -> dict[str, dict[str, Any]]:
+def gather_facts(group: Group, master: NodeSpec, port: int | None, route_to: str) -> dict[str, dict[str, Any]]:
     """Probe every host at once; the master also checks the rendezvous port.
 
     Raises:
-        InfraError: a host's probe failed (each failing host named).
+        GroupError: a host's probe failed (each failing host named).
     """
     def options(t: Transport) -> dict[str, Any]:
         opts: dict[str, Any] = {"route_to": route_to}
@@ -108,11 +89,7 @@ def gather_facts(transports: dict[str, Transport], master: NodeSpec, port: int |
             opts.update({"port_exact": port} if port else {"port_from": auto_port_start()})
         return opts
 
-    results = for_each(transports.values(), lambda t: probe_facts(t, options(t)), key=lambda t: t.name)
-    failed = failures(results)
-    if failed:
-        raise InfraError("; ".join(one_line(e) for e in failed.values()))
-    return {k: v for k, v in results.items() if not isinstance(v, Exception)}
+    return group.run(lambda t: probe_facts(t, options(t))).check()
 
 
 def master_port(master: NodeSpec, facts: dict[str, Any], port: int | None, addr: str) -> int:
@@ -135,37 +112,45 @@ def master_port(master: NodeSpec, facts: dict[str, Any], port: int | None, addr:
 
 @dataclass
 class Prepared:
+    """A plan, the open connections to its hosts, and what each host's probe found."""
+
     plan: LaunchPlan
-    transports: dict[str, Transport]
+    group: Group
     facts: dict[str, dict[str, Any]]
 
 
-def prepare(job: JobSpec, inventory: Inventory, nodes: list[NodeSpec], *, job_id: str,
+def prepare(job: JobSpec, inventory: Inventory, group: Group, *, job_id: str,
             extra_args: list[str], backend: str = "ssh") -> Prepared:
-    """Connect to the selected hosts, probe them, and build the plan.
+    """Connect to the group's hosts, probe them, and build the plan.
+
+    Args:
+        group: The selected hosts; the caller closes it.
 
     Raises:
-        InfraError: a host is unreachable, its probe failed, or the port is busy.
+        GroupError: a host is unreachable or its probe failed.
+        InfraError: the port is busy.
         UsageError: the plan cannot be built from these inputs.
     """
-    master = next((n for n in nodes if n.name == inventory.master), nodes[0])
-    transports = connect_all(nodes)
-    try:
-        peer = transports[master.name].peer_address()
-        facts = gather_facts(transports, master, job.rendezvous.port, peer)
-        master_facts = HostFacts.from_probe(master.name, facts[master.name])
-        addr = choose_master_addr(master, master_facts, peer, len(nodes))
-        port = master_port(master, facts[master.name], job.rendezvous.port, addr)
-        plan = build_plan(
-            job, nodes, {k: HostFacts.from_probe(k, v) for k, v in facts.items()},
-            job_id=job_id, inventory_path=_absolute(inventory.path), master=master, master_addr=addr,
-            master_port=port, controller_cwd=os.getcwd(), controller_env=dict(os.environ),
-            extra_args=extra_args, backend=backend,
-        )
-    except BaseException:
-        close_all(transports)
-        raise
-    return Prepared(plan, transports, facts)
+    nodes = [t.node for t in group.transports.values()]
+    master = master_of(inventory, nodes)
+    group.connect()
+    peer = group[master.name].peer_address()
+    facts = gather_facts(group, master, job.rendezvous.port, peer)
+    master_facts = HostFacts.from_probe(master.name, facts[master.name])
+    addr = choose_master_addr(master, master_facts, peer, len(nodes))
+    port = master_port(master, facts[master.name], job.rendezvous.port, addr)
+    plan = build_plan(
+        job, nodes, {k: HostFacts.from_probe(k, v) for k, v in facts.items()},
+        job_id=job_id, inventory_path=_absolute(inventory.path), master=master, master_addr=addr,
+        master_port=port, controller_cwd=os.getcwd(), controller_env=dict(os.environ),
+        extra_args=extra_args, backend=backend,
+    )
+    return Prepared(plan, group, facts)
+
+
+def master_of(inventory: Inventory, nodes: list[NodeSpec]) -> NodeSpec:
+    """The inventory's `master` when selected, else the first selected node."""
+    return next((n for n in nodes if n.name == inventory.master), nodes[0])
 
 
 def _absolute(path: str) -> str:
@@ -312,7 +297,7 @@ class Launcher:
     def __init__(self, prepared: Prepared, store: Store, record: JobRecord, terminal: TextIO | None,
                  colour: bool = False, live: bool = False) -> None:
         self.plan = prepared.plan
-        self.transports = prepared.transports
+        self.group = prepared.group
         self.store = store
         self.record = record
         self.dir: JobDir = store.job_dir(self.plan.job_id)
@@ -323,7 +308,7 @@ class Launcher:
         self.telemetry_lock = threading.Lock()
         self.telemetry_file = open(self.dir.telemetry, "a", encoding="utf-8")  # noqa: SIM115 - closed in run()
         self.wake = threading.Event()
-        self.hosts = [HostRun(h, self.transports.get(h.node), self.sink, self._on_telemetry,
+        self.hosts = [HostRun(h, self.group.transports.get(h.node), self.sink, self._on_telemetry,
                               telemetry.shipped_modules(prepared.facts.get(h.node)), wake=self.wake)
                       for h in self.plan.hosts]
         self.interrupted: int | None = None
@@ -355,26 +340,24 @@ class Launcher:
     def _running(self, node: str) -> bool:
         return any(h.node == node and not h.exited.is_set() for h in self.hosts)
 
-    def _on_signal(self, signum: int, _frame: Any) -> None:
+    def _on_signal(self, signum: int) -> None:
         self.interrupted = signum
 
     def run(self) -> int:
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        """Start every host, follow the job to its end, stop what is left; the exit code."""
         try:
-            self.monitor.start()
-            return self._run()
+            with on_signals(self._on_signal):
+                self.monitor.start()
+                return self._run()
         finally:
             self.monitor.stop()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             self.sink.close()
             self.telemetry_file.close()
-            close_all(self.transports)
 
     def _run(self) -> int:
-        started = for_each(self.hosts, lambda h: h.start(self.plan), key=lambda h: h.node)
+        started = parallel(self.hosts, lambda h: h.start(self.plan), key=lambda h: h.node)
         self.store.update(self.plan.job_id, state=JobState.RUNNING)
-        failed = [self._host(node).lost(one_line(exc), FailureKind.INFRA) for node, exc in failures(started).items()]
+        failed = [self._host(node).lost(one_line(exc), FailureKind.INFRA) for node, exc in started.failed.items()]
         if not failed:
             failed = self._monitor()
         if self.interrupted is not None:

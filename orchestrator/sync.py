@@ -17,7 +17,6 @@ import tarfile
 from pathlib import Path
 
 from orchestrator.launch import Prepared, run_remote
-from orchestrator.parallel import failures, for_each
 from orchestrator.transport import Transport
 
 IGNORE_FILE = ".distrunignore"
@@ -84,15 +83,8 @@ def sync_workdirs(prepared: Prepared, root: Path) -> dict[str, int]:
         {node: files sent}.
 
     Raises:
-        InfraError: a host could not be synced (each one named).
+        GroupError: a host could not be synced (each one named).
     """
-    from orchestrator.errors import InfraError
-
     wanted = local_manifest(root)
     hosts = {h.node: h.workdir for h in prepared.plan.hosts}
-    results = for_each(prepared.transports.values(),
-                       lambda t: sync_host(t, root, hosts[t.name], wanted), key=lambda t: t.name)
-    failed = failures(results)
-    if failed:
-        raise InfraError("; ".join(f"{node}: workdir sync failed: {exc}" for node, exc in failed.items()))
-    return {k: int(v) for k, v in results.items() if not isinstance(v, Exception)}
+    return prepared.group.run(lambda t: sync_host(t, root, hosts[t.name], wanted)).check("workdir sync failed")

@@ -12,10 +12,10 @@ import pytest
 from orchestrator import doctor
 from orchestrator.bandwidth import BandwidthReport, SizeResult, parse_results
 from orchestrator.doctor import Check, Context, HostResult, Status, run_checks
+from orchestrator.group import Group
 from orchestrator.launch import Prepared
 from orchestrator.plan import HostPlan, LaunchPlan
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec, Rendezvous, TransportKind
-from orchestrator.transport import transport_for
 
 GIB = 1 << 30
 MASTER_ADDR = "10.0.0.10"
@@ -381,7 +381,7 @@ def prepared(port: int, torch_versions: tuple[str, str] = ("2.13.0", "2.13.0")) 
                       master_node="local0", master_addr="127.0.0.1", master_port=port, nnodes=2, hosts=hosts,
                       secrets={})
     facts = {n.name: {"python": "3.11.7", "torch": v} for n, v in zip(nodes, torch_versions, strict=True)}
-    return Prepared(plan, {n.name: transport_for(n) for n in nodes}, facts)
+    return Prepared(plan, Group(nodes), facts)
 
 
 def test_preflight_passes_when_versions_agree_and_the_port_is_reachable():

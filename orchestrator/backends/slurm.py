@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from orchestrator import remote, telemetry
 from orchestrator.backends import LaunchRequest
@@ -36,6 +36,8 @@ from orchestrator.backends.slurm_script import (
 )
 from orchestrator.errors import ExitCode, InfraError, UsageError
 from orchestrator.failures import Failure, FailureKind, root_cause
+from orchestrator.group import Group
+from orchestrator.interrupts import on_signals
 from orchestrator.launch import EXIT_WAIT, SUPERVISOR_MODULES, HostRun, Launcher, Prepared
 from orchestrator.plan import LaunchPlan, build_plan
 from orchestrator.spec import JobSpec, NodeSpec, load_job, resolve_inventory_path, select_nodes
@@ -393,8 +395,7 @@ class Submission:
 
     def _await_allocation(self) -> SlurmJob | None:
         """Poll until Slurm allocates nodes or ends the job, showing each new pending reason."""
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
+        with on_signals(self._on_signal):
             shown = ""
             while self.interrupted is None:
                 job = query_job(self.slurm_id)
@@ -403,11 +404,8 @@ class Submission:
                 shown = self._show_pending(job, shown)
                 time.sleep(POLL)
             return None
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
-    def _on_signal(self, signum: int, _frame: Any) -> None:
+    def _on_signal(self, signum: int) -> None:
         self.interrupted = signum
 
     def _show_pending(self, job: SlurmJob, shown: str) -> str:
@@ -452,7 +450,7 @@ class Submission:
         self.say(f"job {self.slurm_id} running on {', '.join(names)}")
         record = self.store.get(self.job_id)
         terminal = self.terminal
-        return SlurmLauncher(Prepared(plan, {}, {}), self.store, record, terminal,
+        return SlurmLauncher(Prepared(plan, Group([]), {}), self.store, record, terminal,
                              colour=terminal is not None and terminal.isatty(), live=live,
                              slurm_id=self.slurm_id, files=self.batch.files, batch_host=job.batch_host or names[0])
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import TypeVar
 
 from orchestrator.backends import LaunchRequest
-from orchestrator.errors import ExitCode, InfraError
-from orchestrator.launch import Launcher, Prepared, close_all, connect_all, new_record, prepare, run_remote, write_plan
+from orchestrator.errors import ExitCode
+from orchestrator.group import Group, GroupResult
+from orchestrator.launch import Launcher, Prepared, new_record, prepare, run_remote, write_plan
 from orchestrator.logs import LogSink
-from orchestrator.parallel import failures, for_each
 from orchestrator.spec import (
     Inventory,
     default_inventory,
@@ -42,39 +42,25 @@ def launch(request: LaunchRequest, backend: str) -> int:
     inventory = inventory_for(request, backend)
     nodes = select_nodes(job, inventory, request.nodes, request.nnodes)
     job_id = request.job_id or new_job_id(job.name)
-    prepared = prepare(job, inventory, nodes, job_id=job_id, extra_args=request.extra_args, backend=backend)
-    if request.dry_run:
-        close_all(prepared.transports)
-        print(prepared.plan.render())
-        return int(ExitCode.OK)
-    if not request.skip_preflight:
-        preflight(prepared)
-    if prepared.plan.sync:
-        sync(prepared)
-    return run_prepared(prepared, request, backend)
+    with Group(nodes) as group:
+        prepared = prepare(job, inventory, group, job_id=job_id, extra_args=request.extra_args, backend=backend)
+        if request.dry_run:
+            print(prepared.plan.render())
+            return int(ExitCode.OK)
+        if not request.skip_preflight:
+            from orchestrator.doctor import launch_preflight
+
+            launch_preflight(prepared)
+        if prepared.plan.sync:
+            sync(prepared)
+        return run_prepared(prepared, request, backend)
 
 
 def sync(prepared: Prepared) -> None:
     from orchestrator.sync import sync_workdirs
 
-    try:
-        sent = sync_workdirs(prepared, Path.cwd())
-    except BaseException:
-        close_all(prepared.transports)
-        raise
-    for node, count in sent.items():
+    for node, count in sync_workdirs(prepared, Path.cwd()).items():
         print(f"[{node}] distrun: workdir synced ({count} file(s) sent)")
-
-
-def preflight(prepared: Prepared) -> None:
-    """The fast checks before anything starts (versions alike on every host, port reachable)."""
-    from orchestrator.doctor import launch_preflight
-
-    try:
-        launch_preflight(prepared)
-    except BaseException:
-        close_all(prepared.transports)
-        raise
 
 
 def run_prepared(prepared: Prepared, request: LaunchRequest, backend: str) -> int:
@@ -104,20 +90,18 @@ def stop(store: Store, record: JobRecord) -> int:
     return stop_on_hosts(store, record)
 
 
-def _on_record_hosts(record: JobRecord, fn: Callable[[Transport], T]) -> dict[str, T | Exception]:
-    """Connect to the hosts a job ran on (from its recorded inventory) and call fn on each."""
+def _on_record_hosts(record: JobRecord, fn: Callable[[Transport], T]) -> GroupResult[T]:
+    """Connect to the hosts a job ran on (from its recorded inventory) and call fn on each;
+    a host that cannot be reached has its connection error as its result."""
     inventory = default_inventory() if record.inventory == "<built-in>" else load_inventory(record.inventory)
-    transports = connect_all([inventory.node(name) for name in record.hosts])
-    try:
-        return for_each(transports.values(), fn, key=lambda t: t.name)
-    finally:
-        close_all(transports)
+    with Group([inventory.node(name) for name in record.hosts]) as group:
+        return group.run(fn)
 
 
 def stop_on_hosts(store: Store, record: JobRecord) -> int:
     """End a job's processes on each of its hosts, found by the job id."""
     results = _on_record_hosts(record, lambda t: _cleanup(t, record.id))
-    failed = failures(results)
+    failed = results.failed
     for name, exc in failed.items():
         print(f"{name}: {exc}", file=sys.stderr)
     store.update(record.id, state=JobState.STOPPED, ended=time.time())
@@ -135,16 +119,13 @@ def recover(store: Store, record: JobRecord) -> dict[str, int]:
         {node: lines recovered}.
 
     Raises:
-        InfraError: a host could not be reached or read (each one named).
+        GroupError: a host could not be reached or read (each one named).
     """
-    results = _on_record_hosts(record, lambda t: json.loads(
-        run_remote(t, "fetch", ["fetch"], b"", record.id, t.name).strip().splitlines()[-1]))
-    failed = failures(results)
-    if failed:
-        raise InfraError("; ".join(f"{node}: cannot read its copies: {exc}" for node, exc in failed.items()))
-    job_dir = store.job_dir(record.id)
-    rebuild(job_dir, {node: copy for node, copy in results.items() if not isinstance(copy, Exception)})
-    return {node: copy["log"].count("\n") for node, copy in results.items() if not isinstance(copy, Exception)}
+    copies = _on_record_hosts(record, lambda t: json.loads(
+        run_remote(t, "fetch", ["fetch"], b"", record.id, t.name).strip().splitlines()[-1])
+    ).check("cannot read its copies")
+    rebuild(store.job_dir(record.id), copies)
+    return {node: copy["log"].count("\n") for node, copy in copies.items()}
 
 
 def rebuild(job_dir: JobDir, copies: dict[str, dict[str, str]]) -> None:
