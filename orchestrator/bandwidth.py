@@ -15,9 +15,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.backends.base import LaunchContext, LaunchRequest
+from orchestrator.backends.ssh import SshBackend
 from orchestrator.errors import InfraError
-from orchestrator.group import Group, GroupError
-from orchestrator.launch import Launcher, Prepared, new_record, prepare, write_plan
+from orchestrator.group import GroupError
+from orchestrator.launch import execute
+from orchestrator.plan import LaunchPlan
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec, Select, Telemetry
 from orchestrator.store import Store, new_job_id
 from orchestrator.transport import Transport
@@ -95,7 +98,7 @@ def bench_job(base: JobSpec | None, script: str, backend: str) -> JobSpec:
     job = base or JobSpec(path="<doctor --bandwidth>", name="doctor-bandwidth")
     return replace(job, name="doctor-bandwidth", script=script, module=None, args=args, nnodes=None,
                    nproc_per_node=None if gpu else 1, workdir="/tmp", max_restarts=0, select=Select(),
-                   telemetry=Telemetry(enabled=False), sync=False, backend="ssh")
+                   telemetry=Telemetry(enabled=False), sync=False, backend=SshBackend.NAME)
 
 
 def measure(base: JobSpec | None, inventory: Inventory, nodes: list[NodeSpec], backend: str,
@@ -120,16 +123,17 @@ def measure(base: JobSpec | None, inventory: Inventory, nodes: list[NodeSpec], b
     script = f"/tmp/distrun-{job_id}-{SCRIPT.name}"
     job = bench_job(base, script, backend)
     report = BandwidthReport(backend, len(nodes), job_id)
-    with Group(nodes) as group:
-        prepared = prepare(job, inventory, group, job_id=job_id, extra_args=[])
-        copied = group.run(lambda t: _ship(t, script))
+    store = store or Store()
+    with SshBackend(store) as ssh:
+        plan = ssh.plan_on(job, inventory, nodes, job_id)
+        copied = ssh.group.run(lambda t: _ship(t, script))
         try:
             if copied.failed:
                 return replace(report, error=GroupError(copied).render())
-            return _run(prepared, store or Store(), report)
+            return _run(ssh, LaunchContext(LaunchRequest(job.path, live=False), job, job_id, store), plan, report)
         finally:
             # Best effort: the measurement is what was asked for; a host that is gone keeps the file.
-            group.run(lambda t: t.run(["rm", "-f", script], timeout=30), only=copied.succeeded)
+            ssh.group.run(lambda t: t.run(["rm", "-f", script], timeout=30), only=copied.succeeded)
 
 
 def _ship(transport: Transport, path: str) -> None:
@@ -146,15 +150,13 @@ def _ship(transport: Transport, path: str) -> None:
         raise InfraError(f"{transport.name}: cannot place {path}: {moved.stderr.strip()}")
 
 
-def _run(prepared: Prepared, store: Store, report: BandwidthReport) -> BandwidthReport:
-    write_plan(store.job_dir(report.job_id), prepared)
-    store.save(new_record(prepared.plan, "ssh"))
+def _run(ssh: SshBackend, ctx: LaunchContext, plan: LaunchPlan, report: BandwidthReport) -> BandwidthReport:
     captured = io.StringIO()
-    launcher = Launcher(prepared, store, store.get(report.job_id), captured)
-    launcher.run()
+    ctx.terminal = captured
+    finished = execute(ssh, ctx, plan)
     # Rank 0 prints only after every size was timed: with its line, the measurement is whole,
     # whatever became of the job's teardown.
-    ranks, results = parse_results(launcher.final_metrics)
+    ranks, results = parse_results(finished.final_metrics)
     if not results:
         tail = " | ".join(captured.getvalue().strip().splitlines()[-FAILURE_LINES:])
         return replace(report, error=f"all-reduce job {report.job_id} failed (distrun logs {report.job_id}): {tail}")

@@ -72,13 +72,12 @@ from orchestrator import remote
 from orchestrator.display import fold_hosts
 from orchestrator.errors import DistrunError, ExitCode, InfraError, UsageError, one_line
 from orchestrator.group import Group, parallel
-from orchestrator.plan import DEFAULT_PORT, HostFacts, choose_master_addr
+from orchestrator.plan import DEFAULT_PORT, HostFacts, LaunchPlan, choose_master_addr
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec
 from orchestrator.transport import RemoteProcess, Transport
 
 if TYPE_CHECKING:
     from orchestrator.bandwidth import BandwidthReport
-    from orchestrator.launch import Prepared
 
 SCHEMA = 1
 GIB = 1 << 30
@@ -873,20 +872,19 @@ def _bandwidth(checks: list[Check], results: Mapping[str, HostResult], inventory
 # ---------------------------------------------------------------- before a launch
 
 
-def launch_preflight(prepared: Prepared) -> None:
+def launch_preflight(plan: LaunchPlan, group: Group, facts: Mapping[str, dict[str, Any]]) -> None:
     """The fast checks before anything starts: python and torch alike on every host, and the
     rendezvous port free on the master and reachable from every other host.
 
     Raises:
         PreflightError: listing every failed check as doctor shows it.
     """
-    plan = prepared.plan
-    nodes = tuple(prepared.group[h.node].node for h in plan.hosts)
+    nodes = tuple(group[h.node].node for h in plan.hosts)
     ctx = Context(nodes, plan.master_node, plan.master_addr)
-    checks = [check_python(prepared.facts, ctx), check_torch(prepared.facts, ctx)]
+    checks = [check_python(facts, ctx), check_torch(facts, ctx)]
     if len(nodes) > 1:
-        master = prepared.group[plan.master_node].node
-        outcome = probe_round(prepared.group, master, {}, plan.master_port, plan.master_addr)
+        master = group[plan.master_node].node
+        outcome = probe_round(group, master, {}, plan.master_port, plan.master_addr)
         probed = {n: r.facts for n, r in outcome.results.items() if r.facts is not None}
         checks += [check_probe(outcome.results), check_port_free(probed, ctx), check_port_reachable(probed, ctx)]
     failed = [c for c in checks if c.status is Status.ERROR]

@@ -1,176 +1,110 @@
-"""Executes a plan: connect, probe, start every host's supervisor, stream, fail fast, tear down.
+"""The launcher's run loop, written once for every backend: prepare, submit, start, watch, stop, finish.
 
-The first failure observed (a host's torchrun exiting non-zero, or a host going silent)
-stops every other host; the summary leads with that root cause, as torch elastic's does.
+`launch` is what `distrun launch` calls: it picks the backend (the request's, else the job's),
+has it prepare and submit the job, and `Launcher` follows the job to its end through the
+backend's hooks (orchestrator/backends/base.py lists them in order). The first failure observed
+(a host's torchrun exiting non-zero, or a host going silent) stops every other host; the summary
+leads with the root cause (failures.root_cause), as torch elastic's does.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import random
 import re
 import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, TextIO
+from typing import Any
 
-from orchestrator import remote, telemetry
-from orchestrator.errors import ExitCode, InfraError, one_line
+from orchestrator import backends, telemetry
+from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, terminal_for
+from orchestrator.errors import ExitCode
 from orchestrator.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, failed_summary, root_cause
-from orchestrator.group import Group, parallel
 from orchestrator.interrupts import on_signals
 from orchestrator.logs import LogSink
-from orchestrator.plan import DEFAULT_PORT, HostFacts, HostPlan, LaunchPlan, build_plan, choose_master_addr
-from orchestrator.spec.model import Inventory, JobSpec, NodeSpec
-from orchestrator.store import JobDir, JobRecord, JobState, Store
-from orchestrator.transport import RemoteProcess, Transport
+from orchestrator.plan import HostPlan, LaunchPlan
+from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id
+from orchestrator.transport import RemoteProcess
 
-PROBE_TIMEOUT = 30.0
-AUTO_PORT_WINDOW = 1000
 HEARTBEAT_EVERY = 1.0
+POLL = 0.05
 SETTLE = 1.5  # after a first failure, how long to wait for its peers' failures before blaming one
 EXIT_WAIT = 10.0  # beyond the stop grace, how long stopped hosts get to report their exit
 SUMMARY_LINES = 20
-SUPERVISOR_MODULES = ["sampler", "supervisor"]  # what a host's supervisor runs, dependencies first
 ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 # torchrun prints this (at ERROR, unlike its INFO "will restart") once per failed attempt.
 FAILED_ATTEMPT = re.compile(r"failed \(exitcode: -?\d+\) local_rank: \d+")
 
 
-# ---------------------------------------------------------------- preparing
+# ---------------------------------------------------------------- the command
 
 
-def run_remote(transport: Transport, main: str, modules: list[str], stdin_line: dict[str, Any] | bytes,
-               *tags: str, timeout: float = PROBE_TIMEOUT) -> str:
-    """Ship remote modules to a host, run `main`, return its stdout.
+def launch(request: LaunchRequest) -> int:
+    """Launch a job with the requested backend, or the job's own (`backend:` in the job file).
 
-    `stdin_line` follows the bundle on stdin: a dict is sent as one JSON line, bytes as they are.
-
-    Raises:
-        InfraError: the program failed on the host.
-    """
-    payload = remote.bundle(main, modules)
-    argv = remote.bootstrap_argv(transport.node.python, payload, *tags)
-    tail = stdin_line if isinstance(stdin_line, bytes) else json.dumps(stdin_line).encode() + b"\n"
-    result = transport.run(argv, stdin=payload + tail, timeout=timeout)
-    if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise InfraError(
-            f"{transport.name}: {main} failed with exit code {result.returncode} using python "
-            f"'{transport.node.python}': {last}"
-        )
-    return result.stdout
-
-
-def probe_facts(transport: Transport, options: dict[str, Any]) -> dict[str, Any]:
-    out = run_remote(transport, "probe", ["probe"], options, "distrun-probe")
-    return json.loads(out.strip().splitlines()[-1])
-
-
-def auto_port_start() -> int:
-    """Where the search for a free port starts: a random point of a window above 29500, so
-    two jobs launched at the same moment on the same master do not both pick 29500."""
-    return DEFAULT_PORT + random.randrange(AUTO_PORT_WINDOW)
-
-
-def gather_facts(group: Group, master: NodeSpec, port: int | None, route_to: str) -> dict[str, dict[str, Any]]:
-    """Probe every host at once; the master also checks the rendezvous port.
+    Returns:
+        The exit code: 0 the job succeeded, 1 it failed, 130/143 interrupted.
 
     Raises:
-        GroupError: a host's probe failed (each failing host named).
+        DistrunError: bad input (2) or infrastructure (3); nothing of the job was started.
     """
-    def options(t: Transport) -> dict[str, Any]:
-        opts: dict[str, Any] = {"route_to": route_to}
-        if t.name == master.name:
-            opts.update({"port_exact": port} if port else {"port_from": auto_port_start()})
-        return opts
+    from orchestrator.spec import load_job
 
-    return group.run(lambda t: probe_facts(t, options(t))).check()
+    job = load_job(request.job_file)
+    cls = backends.get(request.backend or job.backend or backends.DEFAULT)
+    options = cls.resolve_options(job, request.options)
+    ctx = LaunchContext(request, job, request.job_id or new_job_id(job.name), Store(), terminal_for(request))
+    with cls(ctx.store, options) as backend:
+        plan = backend.prepare(ctx)
+        if request.dry_run:
+            print(backend.dry_run(plan))
+            return int(ExitCode.OK)
+        if not request.skip_preflight:
+            backend.preflight(ctx, plan)
+        return execute(backend, ctx, plan).code
 
 
-def master_port(master: NodeSpec, facts: dict[str, Any], port: int | None, addr: str) -> int:
-    """The rendezvous port: the job's, verified free, or the first free one from 29500.
+@dataclass(frozen=True)
+class Finished:
+    """How a launched job ended: the exit code, and rank 0's final metrics record (None when it wrote none)."""
 
-    Raises:
-        InfraError: the job's port is busy on the master, or no port near 29500 is free.
+    code: int
+    final_metrics: dict[str, Any] | None = None
+
+
+def execute(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Finished:
+    """Submit a prepared job and follow it to its end; SIGINT/SIGTERM stop it on every host.
+
+    Returns:
+        The exit code and the job's final metrics.
     """
-    if port is not None:
-        if not facts.get("port_exact_free"):
-            raise InfraError(
-                f"{master.name}: rendezvous port {port} is already in use on the master ({addr}) "
-                "(stop what holds it, or set `rendezvous.port: auto`)"
-            )
-        return port
-    if not facts.get("free_port"):
-        raise InfraError(f"{master.name}: no free TCP port from {DEFAULT_PORT} on the master ({addr})")
-    return int(facts["free_port"])
+    with on_signals(ctx.interrupt):
+        started = backend.submit(ctx, plan)
+        if started is None:
+            return Finished(ctx.store.get(ctx.job_id).exit_code or 0)
+        launcher = Launcher(backend, ctx, started)
+        code = launcher.run()
+    return Finished(code, launcher.final_metrics)
 
 
-@dataclass
-class Prepared:
-    """A plan, the open connections to its hosts, and what each host's probe found."""
-
-    plan: LaunchPlan
-    group: Group
-    facts: dict[str, dict[str, Any]]
-
-
-def prepare(job: JobSpec, inventory: Inventory, group: Group, *, job_id: str,
-            extra_args: list[str], backend: str = "ssh") -> Prepared:
-    """Connect to the group's hosts, probe them, and build the plan.
-
-    Args:
-        group: The selected hosts; the caller closes it.
-
-    Raises:
-        GroupError: a host is unreachable or its probe failed.
-        InfraError: the port is busy.
-        UsageError: the plan cannot be built from these inputs.
-    """
-    nodes = [t.node for t in group.transports.values()]
-    master = master_of(inventory, nodes)
-    group.connect()
-    peer = group[master.name].peer_address()
-    facts = gather_facts(group, master, job.rendezvous.port, peer)
-    master_facts = HostFacts.from_probe(master.name, facts[master.name])
-    addr = choose_master_addr(master, master_facts, peer, len(nodes))
-    port = master_port(master, facts[master.name], job.rendezvous.port, addr)
-    plan = build_plan(
-        job, nodes, {k: HostFacts.from_probe(k, v) for k, v in facts.items()},
-        job_id=job_id, inventory_path=_absolute(inventory.path), master=master, master_addr=addr,
-        master_port=port, controller_cwd=os.getcwd(), controller_env=dict(os.environ),
-        extra_args=extra_args, backend=backend,
-    )
-    return Prepared(plan, group, facts)
-
-
-def master_of(inventory: Inventory, nodes: list[NodeSpec]) -> NodeSpec:
-    """The inventory's `master` when selected, else the first selected node."""
-    return next((n for n in nodes if n.name == inventory.master), nodes[0])
-
-
-def _absolute(path: str) -> str:
-    """A file path made absolute so the record reloads it from anywhere; `<built-in>` as is."""
-    return path if path.startswith("<") else os.path.abspath(path)
-
-
-# ---------------------------------------------------------------- running
+# ---------------------------------------------------------------- one host
 
 
 @dataclass
 class HostRun:
-    """One host's supervisor as the controller sees it."""
+    """One host's supervisor as the controller sees it, whichever backend started it.
+
+    Its output lines (torchrun's, and `\x1e{json}` events: exit, note, tel) arrive through
+    `on_stdout`, from a channel (`attach`) or from whatever the backend follows.
+    """
 
     plan: HostPlan
-    transport: Transport | None  # None where a scheduler starts the supervisor (Slurm)
     sink: LogSink
     on_telemetry: Any = None
-    extra_modules: dict[str, str] = field(default_factory=dict)
-    proc: RemoteProcess | None = None
+    proc: RemoteProcess | None = None  # the channel to the supervisor, where the backend has one
     last_seen: float = field(default_factory=time.monotonic)
     exit_rc: int | None = None
     exit_error: str | None = None
@@ -187,26 +121,20 @@ class HostRun:
     def node(self) -> str:
         return self.plan.node
 
-    def start(self, launch_plan: LaunchPlan) -> None:
-        if self.transport is None:
-            raise InfraError(f"{self.node}: no transport to start its supervisor with")
-        modules = SUPERVISOR_MODULES if launch_plan.telemetry_interval else ["supervisor"]
-        payload = remote.bundle("supervisor", modules, self.extra_modules)
-        argv = remote.bootstrap_argv(self.plan.python, payload, "distrun-supervisor", launch_plan.job_id, self.node)
-        config = {
-            "job_id": launch_plan.job_id, "node": self.node, "argv": self.plan.argv,
-            "env": launch_plan.host_env(self.plan), "cwd": self.plan.workdir,
-            "heartbeat_timeout": launch_plan.heartbeat_timeout, "stop_grace": launch_plan.stop_grace,
-            "telemetry_interval": launch_plan.telemetry_interval,
-        }
-        self.proc = self.transport.start(argv)
-        self.proc.stream(self.on_stdout, self.on_stderr)
+    def attach(self, proc: RemoteProcess) -> None:
+        """Take the supervisor's channel: its lines come here; `send` writes to it."""
+        self.proc = proc
+        proc.stream(self.on_stdout, self.on_stderr)
         self.last_seen = time.monotonic()
-        self.proc.write(payload + json.dumps(config).encode() + b"\n")
 
     def send(self, message: dict[str, Any]) -> None:
+        """A control message to the supervisor (`hb`, `stop`); nothing where there is no channel."""
+        self.send_raw(json.dumps(message).encode() + b"\n")
+
+    def send_raw(self, data: bytes) -> None:
+        """Bytes to the supervisor's stdin (its bundle and configuration first)."""
         if self.proc is not None:
-            self.proc.write(json.dumps(message).encode() + b"\n")
+            self.proc.write(data)
 
     def on_stdout(self, line: str) -> None:
         self.last_seen = time.monotonic()
@@ -292,28 +220,33 @@ class HostRun:
 
 
 class Launcher:
-    """Runs a plan to its end and returns the exit code."""
+    """Follows a submitted job to its end through its backend's hooks, and records how it ended."""
 
-    def __init__(self, prepared: Prepared, store: Store, record: JobRecord, terminal: TextIO | None,
-                 colour: bool = False, live: bool = False) -> None:
-        self.plan = prepared.plan
-        self.group = prepared.group
-        self.store = store
-        self.record = record
-        self.dir: JobDir = store.job_dir(self.plan.job_id)
-        self.terminal = terminal
-        self.monitor = telemetry.Monitor([h.node for h in self.plan.hosts], self.plan.telemetry_interval,
-                                         self._on_alert, self._running, title=self.plan.job_id)
-        self.sink = LogSink(self.dir, self.monitor.terminal(terminal, live), colour, on_metrics=self._on_metrics)
+    def __init__(self, backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> None:
+        self.backend = backend
+        self.ctx = ctx
+        self.plan = plan
+        self.store = ctx.store
+        self.record: JobRecord = ctx.store.get(plan.job_id)
+        self.dir: JobDir = ctx.store.job_dir(plan.job_id)
+        self.dir.create()
+        self.monitor = telemetry.Monitor([h.node for h in plan.hosts], plan.telemetry_interval,
+                                         self._on_alert, self._running, title=plan.job_id)
+        self.sink = LogSink(self.dir, self.monitor.terminal(ctx.terminal, ctx.request.live), ctx.colour(),
+                            on_metrics=self._on_metrics)
         self.telemetry_lock = threading.Lock()
         self.telemetry_file = open(self.dir.telemetry, "a", encoding="utf-8")  # noqa: SIM115 - closed in run()
         self.wake = threading.Event()
-        self.hosts = [HostRun(h, self.group.transports.get(h.node), self.sink, self._on_telemetry,
-                              telemetry.shipped_modules(prepared.facts.get(h.node)), wake=self.wake)
-                      for h in self.plan.hosts]
-        self.interrupted: int | None = None
+        self.hosts = [HostRun(h, self.sink, self._on_telemetry, wake=self.wake) for h in plan.hosts]
         self.last_metrics: dict[str, Any] | None = None
         self.final_metrics: dict[str, Any] | None = None
+
+    @property
+    def interrupted(self) -> int | None:
+        return self.ctx.interrupted
+
+    def host(self, node: str) -> HostRun:
+        return next(h for h in self.hosts if h.node == node)
 
     def _on_metrics(self, _line: Any, record: dict[str, Any]) -> None:
         self.monitor.metrics(record)
@@ -340,36 +273,32 @@ class Launcher:
     def _running(self, node: str) -> bool:
         return any(h.node == node and not h.exited.is_set() for h in self.hosts)
 
-    def _on_signal(self, signum: int) -> None:
-        self.interrupted = signum
-
     def run(self) -> int:
         """Start every host, follow the job to its end, stop what is left; the exit code."""
         try:
-            with on_signals(self._on_signal):
-                self.monitor.start()
-                return self._run()
+            self.monitor.start()
+            return self._run()
         finally:
             self.monitor.stop()
             self.sink.close()
             self.telemetry_file.close()
 
     def _run(self) -> int:
-        started = parallel(self.hosts, lambda h: h.start(self.plan), key=lambda h: h.node)
+        failed = self.backend.start(self)
         self.store.update(self.plan.job_id, state=JobState.RUNNING)
-        failed = [self._host(node).lost(one_line(exc), FailureKind.INFRA) for node, exc in started.failed.items()]
         if not failed:
-            failed = self._monitor()
+            failed = self._watch()
         if self.interrupted is not None:
             return self._finish_interrupted()
-        if failed:
-            return self._finish_failed(failed)
+        ending = self.backend.conclude(self, failed)
+        if ending.stopped is not None:
+            self._stop_all("stopped outside distrun")
+            return self._finish(JobState.STOPPED, int(ExitCode.TERMINATED), ending.stopped)
+        if ending.failures:
+            return self._finish_failed(ending.failures)
         return self._finish_succeeded()
 
-    def _host(self, node: str) -> HostRun:
-        return next(h for h in self.hosts if h.node == node)
-
-    def _monitor(self) -> list[Failure]:
+    def _watch(self) -> list[Failure]:
         """Heartbeat every host and watch for the first failure, or the end of all.
 
         Returns:
@@ -377,25 +306,20 @@ class Launcher:
             in host order; [] when every host ended well or distrun was interrupted.
         """
         next_hb = 0.0
-        lost_after = self.plan.heartbeat_timeout
         while self.interrupted is None:
             now = time.monotonic()
             if now >= next_hb:
                 for host in self.hosts:
                     host.send({"op": "hb"})
                 next_hb = now + HEARTBEAT_EVERY
-            failed = self._failures(lost_after)
+            failed = self.backend.failures(self)
             if failed:
                 return self._settle(failed)
             if all(h.exited.is_set() for h in self.hosts):
                 return []
-            self.wake.wait(0.05)
+            self.wake.wait(POLL)
             self.wake.clear()
         return []
-
-    def _failures(self, lost_after: float) -> list[Failure]:
-        """Every host's failure as seen now, in host order."""
-        return [f for f in (h.failure(lost_after) for h in self.hosts) if f is not None]
 
     def _settle(self, first: list[Failure]) -> list[Failure]:
         """Wait briefly for a failure's echoes on other hosts, so that the root cause is chosen
@@ -403,28 +327,25 @@ class Launcher:
         seen = {f.host: f for f in first}
         deadline = time.monotonic() + SETTLE
         while time.monotonic() < deadline and first[0].kind is not FailureKind.LOST:
-            for failure in self._failures(self.plan.heartbeat_timeout):
+            for failure in self.backend.failures(self):
                 seen.setdefault(failure.host, failure)
-            time.sleep(0.05)
+            time.sleep(POLL)
         return [seen[h.node] for h in self.hosts if h.node in seen]
 
     def _stop_all(self, reason: str) -> None:
+        """Have the backend end every host still running, each told why in its log."""
         live = [h for h in self.hosts if not h.exited.is_set()]
         for host in live:
             self.sink.note(host.node, f"stopping ({reason})")
             host.stop_sent = True
-            host.send({"op": "stop"})
-        deadline = time.monotonic() + self.plan.stop_grace + EXIT_WAIT
-        for host in live:
-            host.exited.wait(max(0.0, deadline - time.monotonic()))
-        for host in live:
-            if host.proc is not None:
-                host.proc.close_stdin()
+        if live:
+            self.backend.stop(self, live)
 
     def _finish(self, state: JobState, code: int, detail: str, failures: list[Failure] | None = None) -> int:
+        extra = self.backend.finish(self)
         self.sink.flush()
         self.monitor.stop()
-        detail = "\n".join([detail, *telemetry.summary_lines(self.record.alerts)])
+        detail = "\n".join([detail, *extra, *telemetry.summary_lines(self.record.alerts)])
         restarts = max((h.restarts for h in self.hosts), default=0)
         self.store.end(self.plan.job_id, state, code, detail, restarts=restarts,
                        failures=[f.to_dict() for f in failures or []])
@@ -433,7 +354,7 @@ class Launcher:
         return code
 
     def _say(self, text: str) -> None:
-        out = self.terminal or sys.stderr
+        out = self.ctx.terminal or sys.stderr
         out.write(text + "\n")
         out.flush()
 
@@ -448,8 +369,9 @@ class Launcher:
         """Stop every host, then record and show the root cause and how each other host ended."""
         root = root_cause(failures)
         self._stop_all(f"{root.host} failed")
-        # Lines that arrived while the others were stopped belong to the root cause's story too.
-        root = replace(root, last_lines=self._host(root.host).last_lines(root.rank) or root.last_lines)
+        if root.host in {h.node for h in self.hosts}:
+            # Lines that arrived while the others were stopped belong to the root cause's story too.
+            root = replace(root, last_lines=self.host(root.host).last_lines(root.rank) or root.last_lines)
         own = {f.host: f for f in failures}
         others = {h.node: own[h.node].describe() if h.node in own else h.end()
                   for h in self.hosts if h.node != root.host}
@@ -470,18 +392,3 @@ class Launcher:
         if restarts:
             lines.append(f"  restarts: {restarts}")
         return self._finish(JobState.SUCCEEDED, int(ExitCode.OK), "\n".join(lines))
-
-
-def new_record(plan: LaunchPlan, backend: str) -> JobRecord:
-    return JobRecord(
-        id=plan.job_id, name=plan.job_name, spec_path=plan.spec_path, inventory=plan.inventory_path,
-        hosts=[h.node for h in plan.hosts], master_addr=plan.master_addr, master_port=plan.master_port,
-        backend=backend, state=JobState.PENDING, controller_pid=os.getpid(),
-    )
-
-
-def write_plan(job_dir: JobDir, prepared: Prepared) -> None:
-    """plan.json (secrets masked) and facts.json (what each host's probe found)."""
-    job_dir.create()
-    job_dir.plan.write_text(json.dumps(prepared.plan.to_dict(), indent=2) + "\n", encoding="utf-8")
-    job_dir.facts.write_text(json.dumps(prepared.facts, indent=2) + "\n", encoding="utf-8")

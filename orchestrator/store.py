@@ -141,6 +141,13 @@ class JobDir:
     def summary(self) -> Path:
         return self.root / "summary.txt"
 
+    def write_plan(self, plan: dict[str, Any], facts: dict[str, Any] | None = None) -> None:
+        """plan.json (the plan with its secrets masked) and, when given, facts.json (what each host's probe found)."""
+        self.create()
+        self.plan.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
+        if facts is not None:
+            self.facts.write_text(json.dumps(facts, indent=2) + "\n", encoding="utf-8")
+
     def node_log(self, node: str) -> Path:
         return self.root / "nodes" / f"{node}.log"
 

@@ -16,8 +16,9 @@ import os
 import tarfile
 from pathlib import Path
 
-from orchestrator.launch import Prepared, run_remote
-from orchestrator.transport import Transport
+from orchestrator.group import Group
+from orchestrator.plan import LaunchPlan
+from orchestrator.transport import Transport, run_remote
 
 IGNORE_FILE = ".distrunignore"
 DEFAULT_IGNORES = (".git", ".venv", "venv", "__pycache__", "*.pyc", ".pytest_cache", ".ruff_cache",
@@ -76,7 +77,7 @@ def sync_host(transport: Transport, root: Path, workdir: str, wanted: dict[str, 
     return len(changed)
 
 
-def sync_workdirs(prepared: Prepared, root: Path) -> dict[str, int]:
+def sync_workdirs(plan: LaunchPlan, group: Group, root: Path) -> dict[str, int]:
     """Sync every host at once.
 
     Returns:
@@ -86,5 +87,5 @@ def sync_workdirs(prepared: Prepared, root: Path) -> dict[str, int]:
         GroupError: a host could not be synced (each one named).
     """
     wanted = local_manifest(root)
-    hosts = {h.node: h.workdir for h in prepared.plan.hosts}
-    return prepared.group.run(lambda t: sync_host(t, root, hosts[t.name], wanted)).check("workdir sync failed")
+    hosts = {h.node: h.workdir for h in plan.hosts}
+    return group.run(lambda t: sync_host(t, root, hosts[t.name], wanted)).check("workdir sync failed")

@@ -13,7 +13,6 @@ from orchestrator import doctor
 from orchestrator.bandwidth import BandwidthReport, SizeResult, parse_results
 from orchestrator.doctor import Check, Context, HostResult, Status, run_checks
 from orchestrator.group import Group
-from orchestrator.launch import Prepared
 from orchestrator.plan import HostPlan, LaunchPlan
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec, Rendezvous, TransportKind
 
@@ -372,7 +371,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def prepared(port: int, torch_versions: tuple[str, str] = ("2.13.0", "2.13.0")) -> Prepared:
+def prepared(port: int, torch_versions: tuple[str, str] = ("2.13.0", "2.13.0")) -> tuple[Any, ...]:
     nodes = [NodeSpec(name=f"local{i}", host="localhost", python=sys.executable, transport=TransportKind.LOCAL)
              for i in range(2)]
     hosts = [HostPlan(node=n.name, host=n.host, node_rank=i, nproc=1, python=n.python, workdir="/tmp", argv=[],
@@ -381,16 +380,16 @@ def prepared(port: int, torch_versions: tuple[str, str] = ("2.13.0", "2.13.0")) 
                       master_node="local0", master_addr="127.0.0.1", master_port=port, nnodes=2, hosts=hosts,
                       secrets={})
     facts = {n.name: {"python": "3.11.7", "torch": v} for n, v in zip(nodes, torch_versions, strict=True)}
-    return Prepared(plan, Group(nodes), facts)
+    return plan, Group(nodes), facts
 
 
 def test_preflight_passes_when_versions_agree_and_the_port_is_reachable():
-    doctor.launch_preflight(prepared(free_port()))
+    doctor.launch_preflight(*prepared(free_port()))
 
 
 def test_preflight_refuses_with_doctors_message_when_torch_differs():
     with pytest.raises(doctor.PreflightError) as caught:
-        doctor.launch_preflight(prepared(free_port(), ("2.13.0", "2.0.0")))
+        doctor.launch_preflight(*prepared(free_port(), ("2.13.0", "2.0.0")))
     message = str(caught.value)
     assert "nothing was started" in message
     assert "✗ torch  torch differs: local0: 2.13.0; local1: 2.0.0" in message
@@ -402,7 +401,7 @@ def test_preflight_refuses_when_the_rendezvous_port_is_taken():
         holder.bind(("0.0.0.0", 0))
         holder.listen()
         with pytest.raises(doctor.PreflightError, match=r"port .* is in use"):
-            doctor.launch_preflight(prepared(holder.getsockname()[1]))
+            doctor.launch_preflight(*prepared(holder.getsockname()[1]))
 
 
 def test_master_of_is_the_inventorys_master_when_selected():

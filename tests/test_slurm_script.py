@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends import LaunchRequest
+from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.slurm import batch_job, write_files
-from orchestrator.backends.slurm_script import node_argv, render_script
+from orchestrator.backends.slurm_script import SlurmOptions, node_argv, render_script
 from orchestrator.spec import load_job
 from orchestrator.store import JobDir
 from tests.helpers import REPO, distrun
@@ -57,7 +57,7 @@ def dry_run(tmp_path: Path, inventory: str, job: str, *extra: str) -> str:
 def test_a_gpu_job_script_requests_gpus_per_node_and_sets_the_nccl_interface(tmp_path: Path) -> None:
     script = dry_run(tmp_path, GPU_INVENTORY, job_text("slurm: {partition: gpu, time: '01:00:00', "
                                                        "extra: [--exclusive, --constraint=h100]}\n"),
-                     "--partition", "h100", "--account", "proj")
+                     "-o", "partition=h100", "-o", "account=proj")
 
     assert script.startswith("#!/bin/bash\n")
     for directive in ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=8", "--partition=h100",
@@ -139,7 +139,7 @@ def written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> JobDir:
     job = load_job(write(tmp_path, "job.yaml", job_text()))
     request = LaunchRequest(job_file=job.path, inventory=str(inv), backend="slurm")
     job_dir = JobDir(tmp_path / "home" / "jobs" / "train-1")
-    batch, bundle = batch_job(job, request, job_dir, "train-1")
+    batch, bundle = batch_job(job, request, job_dir, "train-1", SlurmOptions())
     write_files(job_dir, batch, bundle, render_script(batch))
     return job_dir
 

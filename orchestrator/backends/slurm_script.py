@@ -18,7 +18,6 @@ from typing import Any
 
 from orchestrator import remote
 from orchestrator.plan import DEFAULT_PORT, LaunchPlan
-from orchestrator.spec.model import JobSpec, SlurmOptions
 
 # torchrun options whose values differ per node or are known only inside the allocation; the
 # node fills in `$NAME` from its environment (the batch script exports MASTER_ADDR/MASTER_PORT).
@@ -76,6 +75,17 @@ class SlurmFiles:
 
 
 @dataclass(frozen=True)
+class SlurmOptions:
+    """The Slurm backend's options (declared in SlurmBackend.OPTIONS)."""
+
+    partition: str | None = None
+    time: str | None = None
+    account: str | None = None
+    gpus_per_node: int | None = None
+    extra: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class BatchJob:
     """Everything the sbatch script says."""
 
@@ -89,16 +99,6 @@ class BatchJob:
     @property
     def python(self) -> str:
         return self.plan.hosts[0].python
-
-
-def resolve_options(job: JobSpec, overrides: dict[str, str | None]) -> SlurmOptions:
-    """The job's `slurm:` section with --partition/--time/--account from the command line over it."""
-    given = {k: v for k, v in overrides.items() if v is not None}
-    return SlurmOptions(
-        partition=given.get("partition", job.slurm.partition), time=given.get("time", job.slurm.time),
-        account=given.get("account", job.slurm.account), gpus_per_node=job.slurm.gpus_per_node,
-        extra=job.slurm.extra,
-    )
 
 
 def node_argv(argv: list[str], options_end: int) -> list[str]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from orchestrator.spec.yamlsrc import Map
+
 
 class HostKeyPolicy(str, Enum):
     STRICT = "strict"
@@ -71,15 +73,6 @@ class Telemetry:
 
 
 @dataclass(frozen=True)
-class SlurmOptions:
-    partition: str | None = None
-    time: str | None = None
-    account: str | None = None
-    gpus_per_node: int | None = None
-    extra: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class JobSpec:
     """A job file. `env` holds plain values; `secrets` maps a variable to the controller's
     environment variable it reads at launch (`${env:NAME}`), never stored in clear."""
@@ -99,8 +92,10 @@ class JobSpec:
     select: Select = field(default_factory=Select)
     telemetry: Telemetry = field(default_factory=Telemetry)
     sync: bool = False
-    backend: str = "ssh"
-    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    backend: str | None = None  # None = the default backend
+    # The job file's section for each backend that has one (`slurm: {...}`), as read: each
+    # backend checks its own section against the options it declares (backends/options.py).
+    backend_sections: dict[str, Map] = field(default_factory=dict, compare=False, repr=False)
     heartbeat_timeout: float = 15.0
     stop_grace: float = 5.0
     # Key path -> line in the file ("nnodes", "select.names[0]"), for errors found later.
