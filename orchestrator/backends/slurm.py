@@ -36,6 +36,7 @@ from orchestrator.backends.slurm_script import (
     render_script,
 )
 from orchestrator.backends.ssh import SUPERVISOR_MODULES
+from orchestrator.doctor.probe import PROBE_MODULES
 from orchestrator.errors import ExitCode, InfraError, UsageError
 from orchestrator.failures import Failure, FailureKind, root_cause
 from orchestrator.launch import EXIT_WAIT, HostRun, Launcher
@@ -227,7 +228,7 @@ def node_template(job: JobSpec, request: LaunchRequest, options: SlurmOptions) -
                          "slurm.extra: ['--nodelist=a,b'] in the job)")
     inventory = resolve_inventory_path(request.inventory)
     selected = select_nodes(replace(job, nnodes=None), inventory)
-    node = next((n for n in selected if n.name == inventory.master), selected[0])
+    node = inventory.master_of(selected)
     if options.gpus_per_node:
         node = replace(node, gpus=options.gpus_per_node)
     return NodeTemplate(node, len(selected), inventory.path)
@@ -268,8 +269,8 @@ def batch_job(job: JobSpec, request: LaunchRequest, job_dir: JobDir, job_id: str
     template = node_template(job, request, options)
     plan = slurm_plan(job, request, template, job_id)
     gpus = gpus_per_node(options, plan, template)
-    modules = ["probe", *SUPERVISOR_MODULES, "slurm_node"]
-    bundle = remote.bundle("slurm_node", modules, telemetry.shipped_modules({"gpus": gpus or 0}))
+    modules = [*dict.fromkeys([*PROBE_MODULES, *SUPERVISOR_MODULES]), "slurm_node"]
+    bundle = remote.bundle("slurm_node", modules, telemetry.shipped_modules(gpus or 0))
     batch = BatchJob(plan=plan, options=options, gpus_per_node=gpus,
                      port=job.rendezvous.port, bundle_size=len(bundle), files=SlurmFiles(job_dir.root))
     return batch, bundle

@@ -21,12 +21,14 @@ from typing import Any, TypeVar
 
 from orchestrator import remote, telemetry
 from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest
+from orchestrator.doctor.probe import Round, probe_round
 from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
+from orchestrator.facts import HostFacts
 from orchestrator.failures import Failure, FailureKind
 from orchestrator.group import Group, GroupResult, parallel
 from orchestrator.launch import EXIT_WAIT, HostRun, Launcher
 from orchestrator.logs import LogSink
-from orchestrator.plan import DEFAULT_PORT, HostFacts, LaunchPlan, build_plan, choose_master_addr
+from orchestrator.plan import DEFAULT_PORT, LaunchPlan, build_plan
 from orchestrator.spec import (
     Inventory,
     JobSpec,
@@ -41,7 +43,9 @@ from orchestrator.transport import CommandResult, Transport, run_remote
 
 STOP_WAIT = 30.0
 AUTO_PORT_WINDOW = 1000
-SUPERVISOR_MODULES = ["sampler", "supervisor"]  # what a host's supervisor runs, dependencies first
+# What a host's supervisor runs, dependencies first: with the telemetry sampler, or without.
+SUPERVISOR_MODULES = ["output", "sampler", "supervisor"]
+SUPERVISOR_ONLY = ["output", "supervisor"]
 T = TypeVar("T")
 
 
@@ -54,7 +58,8 @@ class SshBackend(Backend):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.group = Group([])
-        self.facts: dict[str, dict[str, Any]] = {}
+        self.round: Round | None = None
+        self.facts: dict[str, HostFacts] = {}
 
     def inventory(self, request: LaunchRequest) -> Inventory:
         """-i, else $DISTRUN_INVENTORY, else the built-in one (this machine)."""
@@ -72,34 +77,38 @@ class SshBackend(Backend):
 
     def plan_on(self, job: JobSpec, inventory: Inventory, nodes: list[NodeSpec], job_id: str,
                 extra_args: Sequence[str] = ()) -> LaunchPlan:
-        """Reach the nodes, probe each, and build the plan; the connections stay open for the launch.
+        """Reach the nodes, probe each once, and build the plan; the connections stay open for the launch.
+
+        The one probe round also tests what the preflight checks: the master listens on the
+        rendezvous port while every other host connects to it.
 
         Raises:
-            GroupError: a host is unreachable or its probe failed.
+            GroupError: a host is unreachable or its probe failed (each one named).
             InfraError: the rendezvous port is busy on the master.
-            UsageError: the plan cannot be built from these inputs.
+            UsageError: the plan cannot be built from these inputs (a master only reachable by loopback).
         """
         self.group.close()
         self.group = Group(nodes)
-        master = master_of(inventory, nodes)
-        self.group.connect()
-        peer = self.group[master.name].peer_address()
-        self.facts = gather_facts(self.group, master, job.rendezvous.port, peer)
-        addr = choose_master_addr(master, HostFacts.from_probe(master.name, self.facts[master.name]), peer,
-                                  len(nodes))
+        master = inventory.master_of(nodes)
+        self.round = probe_round(self.group, master, {}, job.rendezvous.port, None, port_from=auto_port_start(),
+                                 resolve=False)
+        self.facts = self.round.check()
+        if self.round.master_addr is None:
+            raise UsageError(self.round.master_addr_error or f"{master.name}: no address for the master")
+        addr = self.round.master_addr
         port = master_port(master, self.facts[master.name], job.rendezvous.port, addr)
         return build_plan(
-            job, nodes, {k: HostFacts.from_probe(k, v) for k, v in self.facts.items()},
-            job_id=job_id, inventory_path=_absolute(inventory.path), master=master, master_addr=addr,
-            master_port=port, controller_cwd=os.getcwd(), controller_env=dict(os.environ),
+            job, nodes, self.facts, job_id=job_id, inventory_path=_absolute(inventory.path), master=master,
+            master_addr=addr, master_port=port, controller_cwd=os.getcwd(), controller_env=dict(os.environ),
             extra_args=list(extra_args), backend=self.NAME,
         )
 
     def preflight(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
-        """Python and torch alike on every host; the rendezvous port reachable from every other host."""
+        """Python and torch alike on every host; the rendezvous port reachable from every other host
+        (from the facts of the probe round that planned the job: no second probe)."""
         from orchestrator.doctor import launch_preflight
 
-        launch_preflight(plan, self.group, self.facts)
+        launch_preflight(plan, {name: t.node for name, t in self.group.transports.items()}, self.facts)
 
     def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan:
         """Sync the workdir when the job asks, then record the job; the hosts start in `start`."""
@@ -108,7 +117,7 @@ class SshBackend(Backend):
 
             for node, count in sync_workdirs(plan, self.group, Path.cwd()).items():
                 print(f"[{node}] distrun: workdir synced ({count} file(s) sent)")
-        ctx.store.job_dir(plan.job_id).write_plan(plan.to_dict(), self.facts)
+        ctx.store.job_dir(plan.job_id).write_plan(plan.to_dict(), {n: f.raw for n, f in self.facts.items()})
         ctx.save_record(plan)
         return plan
 
@@ -118,8 +127,9 @@ class SshBackend(Backend):
         return [run.host(node).lost(one_line(exc), FailureKind.INFRA) for node, exc in started.failed.items()]
 
     def _start_host(self, plan: LaunchPlan, host: HostRun) -> None:
-        modules = SUPERVISOR_MODULES if plan.telemetry_interval else ["supervisor"]
-        payload = remote.bundle("supervisor", modules, telemetry.shipped_modules(self.facts.get(host.node)))
+        modules = SUPERVISOR_MODULES if plan.telemetry_interval else SUPERVISOR_ONLY
+        facts = self.facts.get(host.node)
+        payload = remote.bundle("supervisor", modules, telemetry.shipped_modules(facts.gpus if facts else 0))
         argv = remote.bootstrap_argv(host.plan.python, payload, "distrun-supervisor", plan.job_id, host.node)
         config = {
             "job_id": plan.job_id, "node": host.node, "argv": host.plan.argv, "env": plan.host_env(host.plan),
@@ -198,19 +208,9 @@ class SshBackend(Backend):
         return on_record_hosts(record, lambda t: t.run(argv, timeout=timeout), only=[node]).check()[node]
 
 
-def master_of(inventory: Inventory, nodes: list[NodeSpec]) -> NodeSpec:
-    """The inventory's `master` when selected, else the first selected node."""
-    return next((n for n in nodes if n.name == inventory.master), nodes[0])
-
-
 def _absolute(path: str) -> str:
     """A file path made absolute so the record reloads it from anywhere; `<built-in>` as is."""
     return path if path.startswith("<") else os.path.abspath(path)
-
-
-def probe_facts(transport: Transport, options: dict[str, Any]) -> dict[str, Any]:
-    out = run_remote(transport, "probe", ["probe"], options, "distrun-probe")
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def auto_port_start() -> int:
@@ -219,37 +219,23 @@ def auto_port_start() -> int:
     return DEFAULT_PORT + random.randrange(AUTO_PORT_WINDOW)
 
 
-def gather_facts(group: Group, master: NodeSpec, port: int | None, route_to: str) -> dict[str, dict[str, Any]]:
-    """Probe every host at once; the master also checks the rendezvous port.
-
-    Raises:
-        GroupError: a host's probe failed (each failing host named).
-    """
-    def options(t: Transport) -> dict[str, Any]:
-        opts: dict[str, Any] = {"route_to": route_to}
-        if t.name == master.name:
-            opts.update({"port_exact": port} if port else {"port_from": auto_port_start()})
-        return opts
-
-    return group.run(lambda t: probe_facts(t, options(t))).check()
-
-
-def master_port(master: NodeSpec, facts: dict[str, Any], port: int | None, addr: str) -> int:
-    """The rendezvous port: the job's, verified free, or the first free one from 29500.
+def master_port(master: NodeSpec, facts: HostFacts, port: int | None, addr: str) -> int:
+    """The rendezvous port: the job's, found free, or the free one the master's probe listened on.
 
     Raises:
         InfraError: the job's port is busy on the master, or no port near 29500 is free.
     """
+    listening = facts.listen is not None and facts.listen.ok
     if port is not None:
-        if not facts.get("port_exact_free"):
+        if not listening:
             raise InfraError(
                 f"{master.name}: rendezvous port {port} is already in use on the master ({addr}) "
                 "(stop what holds it, or set `rendezvous.port: auto`)"
             )
         return port
-    if not facts.get("free_port"):
+    if not listening or facts.listen is None or not facts.listen.port:
         raise InfraError(f"{master.name}: no free TCP port from {DEFAULT_PORT} on the master ({addr})")
-    return int(facts["free_port"])
+    return facts.listen.port
 
 
 def on_record_hosts(record: JobRecord, fn: Callable[[Transport], T], only: list[str] | None = None) -> GroupResult[T]:
@@ -281,4 +267,4 @@ def rebuild(job_dir: JobDir, copies: dict[str, dict[str, str]]) -> None:
 
 
 def _cleanup(transport: Transport, job_id: str) -> str:
-    return run_remote(transport, "cleanup", ["supervisor", "cleanup"], {}, job_id, transport.name)
+    return run_remote(transport, "cleanup", [*SUPERVISOR_ONLY, "cleanup"], {}, job_id, transport.name)

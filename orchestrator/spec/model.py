@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -52,6 +53,10 @@ class Inventory:
             if node.name == name:
                 return node
         raise KeyError(name)
+
+    def master_of(self, selected: Sequence[NodeSpec]) -> NodeSpec:
+        """The rendezvous host of a selection: the inventory's `master` when selected, else the first."""
+        return next((n for n in selected if n.name == self.master), selected[0])
 
 
 @dataclass(frozen=True)
