@@ -64,6 +64,7 @@ def launch(request: LaunchRequest) -> int:
             return int(ExitCode.OK)
         if not request.skip_preflight:
             backend.preflight(ctx, plan)
+        backend.stage(ctx, plan)
         return execute(backend, ctx, plan).code
 
 

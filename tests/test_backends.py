@@ -49,7 +49,7 @@ def test_the_command_line_and_the_job_file_take_exactly_the_registered_names():
     launch_command = cli.commands["launch"]
     choice = next(p.type for p in launch_command.params if p.name == "backend")
     assert isinstance(choice, click.Choice) and tuple(choice.choices) == backends.names()
-    with pytest.raises(SpecError, match="must be one of ssh, local, slurm"):
+    with pytest.raises(SpecError, match=f"must be one of {', '.join(backends.names())},"):
         job_from_text("name: t\nmodule: m\nbackend: pbs\n", "j.yaml")
 
 
@@ -151,6 +151,9 @@ class ScriptedBackend(Backend):
     def preflight(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
         self.calls.append("preflight")
 
+    def stage(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
+        self.calls.append("stage")
+
     def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan:
         self.calls.append("submit")
         ctx.save_record(plan, backend_ref="scripted-7")
@@ -213,7 +216,7 @@ def test_the_run_loop_calls_the_hooks_in_order_and_records_success(scripted, tmp
     code = launch.launch(LaunchRequest(job_file(tmp_path), backend="scripted", job_id="s-1", live=False))
 
     assert code == 0
-    assert scripted[0].calls == ["prepare", "preflight", "submit", "start", "finish", "release"]
+    assert scripted[0].calls == ["prepare", "preflight", "stage", "submit", "start", "finish", "release"]
     record = Store().get("s-1")
     assert (record.state, record.backend, record.backend_ref, record.failures) == (
         JobState.SUCCEEDED, "scripted", "scripted-7", [])
@@ -227,7 +230,7 @@ def test_a_failed_host_is_the_root_cause_and_the_host_distrun_stopped_says_so(sc
     code = launch.launch(request)
 
     assert code == 1
-    assert scripted[0].calls == ["prepare", "submit", "start", "stop h0", "finish", "release"]
+    assert scripted[0].calls == ["prepare", "stage", "submit", "start", "stop h0", "finish", "release"]
     record = Store().get("s-2")
     root = Failure.from_dict(record.failures[0])
     assert (root.host, root.rank, root.describe(), root.address) == ("h1", 1, "exit code 1", "10.9.0.1")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import backends
 from orchestrator.errors import SpecError, UsageError
 from orchestrator.spec import Rendezvous, Select, Telemetry, job_from_text, load_job
 
@@ -124,7 +125,7 @@ def test_unknown_key_suggests_closest_valid_key() -> None:
 def test_unknown_key_with_nothing_close_lists_the_valid_keys() -> None:
     assert error(RESNET + "colour: blue\n") == (
         "jobs/x.yaml:12: colour: unknown key (valid keys: name, script, module, args, nnodes, nproc_per_node, "
-        "workdir, env, rendezvous, max_restarts, select, telemetry, sync, backend, ssh, local, slurm, "
+        f"workdir, env, rendezvous, max_restarts, select, telemetry, sync, backend, {', '.join(backends.names())}, "
         "heartbeat_timeout, stop_grace)"
     )
 
@@ -263,7 +264,8 @@ def test_bad_value_is_reported_at_its_line_with_its_key_path(prefix: str, line: 
         ("sync: on", "jobs/x.yaml:12: sync: must be true or false, got 'on' (write true or false)"),
         (
             "backend: slrum",
-            "jobs/x.yaml:12: backend: must be one of ssh, local, slurm, got string 'slrum' (did you mean 'slurm'?)",
+            f"jobs/x.yaml:12: backend: must be one of {', '.join(backends.names())}, got string 'slrum' "
+            "(did you mean 'slurm'?)",
         ),
         ("heartbeat_timeout: 0", "jobs/x.yaml:12: heartbeat_timeout: must be a number > 0, got 0"),
         ("stop_grace: -1", "jobs/x.yaml:12: stop_grace: must be a number >= 0, got -1"),

@@ -8,8 +8,9 @@ A launch calls, in this order (`launch.launch` and `launch.Launcher`):
     prepare(ctx) -> plan                  reach hosts / render the scheduler's request; nothing starts
     dry_run(plan) -> text                 with --dry-run: what would run; then release()
     preflight(ctx, plan)                  unless --skip-preflight: refuse hosts that would hang a job
-    submit(ctx, plan) -> plan | None      make the job exist (sync, record it, hand it to a scheduler and
-                                          wait for its hosts); None: it ended before it started
+    stage(ctx, plan)                      put what the job needs on its hosts (`sync: true`)
+    submit(ctx, plan) -> plan | None      make the job exist (record it, hand it to a scheduler and wait
+                                          for its hosts); None: it ended before it started
     start(run) -> [Failure]               start every host's supervisor, or follow what a scheduler
                                           started; each host's lines reach run.hosts[...].on_stdout
     failures(run) -> [Failure]            polled: every host's failure as seen now
@@ -184,9 +185,18 @@ class Backend(ABC):
             DistrunError: a check failed; nothing was started.
         """
 
+    def stage(self, ctx: LaunchContext, plan: LaunchPlan) -> None:  # noqa: B027 - optional hook
+        """Put what the job needs on its hosts (the workdir, with `sync: true`). Nothing is recorded
+        yet: Ctrl-C here ends the command as anywhere before the job exists.
+
+        Raises:
+            DistrunError: the hosts could not be staged; nothing was started.
+        """
+
     @abstractmethod
     def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan | None:
-        """Make the job exist and record it (`ctx.save_record`).
+        """Make the job exist and record it (`ctx.save_record`). From here on SIGINT and SIGTERM
+        are caught: they set `ctx.interrupted`, and the job is stopped on every host.
 
         Returns:
             The plan of the hosts the job runs on (a scheduler fills them in), or None when the

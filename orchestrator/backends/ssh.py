@@ -110,13 +110,16 @@ class SshBackend(Backend):
 
         launch_preflight(plan, {name: t.node for name, t in self.group.transports.items()}, self.facts)
 
-    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan:
-        """Sync the workdir when the job asks, then record the job; the hosts start in `start`."""
+    def stage(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
+        """With `sync: true`, bring every host's workdir up to date with this directory."""
         if plan.sync:
             from orchestrator.sync import sync_workdirs
 
             for node, count in sync_workdirs(plan, self.group, Path.cwd()).items():
                 print(f"[{node}] distrun: workdir synced ({count} file(s) sent)")
+
+    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan:
+        """Record the job (plan.json, facts.json, the record); the hosts start in `start`."""
         ctx.store.job_dir(plan.job_id).write_plan(plan.to_dict(), {n: f.raw for n, f in self.facts.items()})
         ctx.save_record(plan)
         return plan
