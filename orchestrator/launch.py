@@ -25,6 +25,7 @@ from orchestrator.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, fail
 from orchestrator.interrupts import on_signals
 from orchestrator.logs import LogSink
 from orchestrator.plan import HostPlan, LaunchPlan
+from orchestrator.spec import load_job
 from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id
 from orchestrator.transport import RemoteProcess
 
@@ -51,8 +52,6 @@ def launch(request: LaunchRequest) -> int:
     Raises:
         DistrunError: bad input (2) or infrastructure (3); nothing of the job was started.
     """
-    from orchestrator.spec import load_job
-
     job = load_job(request.job_file)
     cls = backends.get(request.backend or job.backend or backends.DEFAULT)
     options = cls.resolve_options(job, request.options)
@@ -98,7 +97,7 @@ def execute(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Finished:
 class HostRun:
     """One host's supervisor as the controller sees it, whichever backend started it.
 
-    Its output lines (torchrun's, and `\x1e{json}` events: exit, note, tel) arrive through
+    Its output lines (torchrun's, and events: the byte 0x1e then JSON: exit, note, tel) arrive through
     `on_stdout`, from a channel (`attach`) or from whatever the backend follows.
     """
 
