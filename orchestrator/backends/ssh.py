@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from orchestrator import remote, telemetry
 from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest
-from orchestrator.doctor.probe import Round, probe_round
+from orchestrator.doctor.probe import probe_round
 from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
 from orchestrator.facts import HostFacts
 from orchestrator.failures import Failure, FailureKind
@@ -58,7 +58,6 @@ class SshBackend(Backend):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.group = Group([])
-        self.round: Round | None = None
         self.facts: dict[str, HostFacts] = {}
 
     def inventory(self, request: LaunchRequest) -> Inventory:
@@ -90,12 +89,12 @@ class SshBackend(Backend):
         self.group.close()
         self.group = Group(nodes)
         master = inventory.master_of(nodes)
-        self.round = probe_round(self.group, master, {}, job.rendezvous.port, None, port_from=auto_port_start(),
-                                 resolve=False)
-        self.facts = self.round.check()
-        if self.round.master_addr is None:
-            raise UsageError(self.round.master_addr_error or f"{master.name}: no address for the master")
-        addr = self.round.master_addr
+        probed = probe_round(self.group, master, {}, job.rendezvous.port, None, port_from=auto_port_start(),
+                             resolve=False)
+        self.facts = probed.check()
+        if probed.master_addr is None:
+            raise UsageError(probed.master_addr_error or f"{master.name}: no address for the master")
+        addr = probed.master_addr
         port = master_port(master, self.facts[master.name], job.rendezvous.port, addr)
         return build_plan(
             job, nodes, self.facts, job_id=job_id, inventory_path=_absolute(inventory.path), master=master,

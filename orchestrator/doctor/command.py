@@ -104,8 +104,6 @@ def _bandwidth(checks: list[Check], results: Mapping[str, HostResult], inventory
     return bandwidth_check(report, busbw_threshold(backend, min_busbw), [n.name for n in nodes]), report
 
 
-
-
 def collect(nodes: list[NodeSpec], master: NodeSpec, job: JobSpec | None) -> tuple[dict[str, HostResult], Context]:
     """Reach every node at once, run the full probe round, and build the checks' context.
 
