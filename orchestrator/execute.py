@@ -180,15 +180,25 @@ class _Running:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._procs: list[RemoteProcess] = []
+        self._stopped = False
 
     def add(self, proc: RemoteProcess) -> RemoteProcess:
+        """Track a command just started; one that starts after an interrupt is ended at once.
+
+        Raises:
+            InfraError: the command started after the interrupt (a host that was still connecting).
+        """
         with self._lock:
-            self._procs.append(proc)
-        return proc
+            if not self._stopped:
+                self._procs.append(proc)
+                return proc
+        proc.terminate()
+        raise InfraError("interrupted before the command started")
 
     def interrupt(self, signum: int) -> None:
         """End every command, then unwind as the signal would have (130 on SIGINT, else 143)."""
         with self._lock:
+            self._stopped = True
             procs = list(self._procs)
         for proc in procs:
             with contextlib.suppress(InfraError, OSError):
