@@ -12,9 +12,10 @@ from pathlib import Path
 
 import click
 
-from orchestrator import backends
+from orchestrator import backends, remote
 from orchestrator.backends.base import LaunchRequest, for_record, refresh_lost
 from orchestrator.errors import DistrunError, ExitCode, UsageError
+from orchestrator.remote.redact import escape_text
 from orchestrator.store import JobRecord, Store, new_job_id
 
 DETACH_WAIT = 120.0
@@ -74,13 +75,13 @@ def _detach(job_file: str, job_id: str | None) -> int:
     job_id = job_id or new_job_id(job.name)
     store = Store()
     job_dir = store.job_dir(job_id)
-    job_dir.root.mkdir(parents=True, exist_ok=True)
     argv = [a for a in sys.argv[1:] if a != "--detach"]
     at = argv.index("launch")
     argv[at + 1:at + 1] = ["--job-id", job_id, "--detached-child", "--no-live"]
-    with open(job_dir.controller_log, "ab") as log:
+    with job_dir.open(job_dir.controller_log, "ab") as log:
         child = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", *argv], stdin=subprocess.DEVNULL, stdout=log,
+            [*remote.module_argv(sys.executable, "orchestrator", sys.version_info >= (3, 11)), *argv],
+            stdin=subprocess.DEVNULL, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True,
         )
     deadline = time.monotonic() + DETACH_WAIT
@@ -168,7 +169,7 @@ def logs(job_ref: str, follow: bool, node: str | None, rank: int | None, pattern
             refresh_lost(store, [current])
             return current.state.finished
 
-        with open(path, "a", encoding="utf-8"):
+        with store.job_dir(rec.id).open(path):
             pass
         skip = sum(1 for _ in read_lines(path, None, None))
         for index, line in enumerate(follow_file(path, finished, None)):
@@ -306,7 +307,8 @@ def main() -> None:
     except DistrunError as exc:
         if debug:
             traceback.print_exc()
-        sys.stderr.write(f"distrun: error: {exc}\n")
+        # An error may quote a host (its stderr, a banner): shown as text, never as terminal controls.
+        sys.stderr.write(f"distrun: error: {escape_text(str(exc))}\n")
         sys.exit(int(exc.exit_code))
     except KeyboardInterrupt:
         sys.exit(int(ExitCode.INTERRUPTED))

@@ -3,7 +3,8 @@
 Text output gathers hosts whose output (stdout, then stderr) and status are identical into
 one block headed by their host range, as `clush -b` does; a host that could not be
 reached shows its error as its output. A last line on stderr names the hosts that failed
-and why.
+and why. Control characters a host printed (an escape sequence that would retitle or clear
+the terminal) are shown as text, `\x1b`; `--json` keeps the output exact, JSON-escaped.
 
 `--json` prints one list instead, in inventory order, one object per host:
 
@@ -35,6 +36,7 @@ from orchestrator.display import HostOutput, failure_summary, gather, render_blo
 from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
 from orchestrator.group import Group
 from orchestrator.interrupts import on_signals
+from orchestrator.remote.redact import escape_json, escape_line
 from orchestrator.spec.fields import suggestion
 from orchestrator.spec.model import Inventory, NodeSpec
 from orchestrator.transport import RemoteProcess, Transport
@@ -112,7 +114,7 @@ def execute(request: ExecRequest, out: TextIO = sys.stdout, err: TextIO = sys.st
     nodes = select(resolve_inventory_path(request.inventory), request.nodes, request.labels)
     results = run_on_all(nodes, request.argv, request.timeout)
     if request.as_json:
-        out.write(json.dumps([r.to_json() for r in results], indent=2, ensure_ascii=False) + "\n")
+        out.write(escape_json(json.dumps([r.to_json() for r in results], indent=2, ensure_ascii=False)) + "\n")
     else:
         report(results, out, err)
     return int(exit_code(results))
@@ -221,7 +223,7 @@ def _shown(result: HostResult) -> HostOutput:
     lines = [*_lines(result.stdout), *_lines(result.stderr)]
     if result.error is not None:
         lines.append(result.error)
-    return HostOutput(tuple(lines), result.failure)
+    return HostOutput(tuple(escape_line(line) for line in lines), result.failure)
 
 
 def _lines(text: str) -> list[str]:

@@ -25,6 +25,7 @@ from orchestrator.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, fail
 from orchestrator.interrupts import on_signals
 from orchestrator.logs import LogSink
 from orchestrator.plan import HostPlan, LaunchPlan
+from orchestrator.remote.redact import Masker
 from orchestrator.spec import load_job
 from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id
 from orchestrator.transport import RemoteProcess
@@ -219,6 +220,11 @@ class HostRun:
         return f"exit code {self.exit_rc}"
 
 
+def _masked(failure: Failure, mask: Masker) -> Failure:
+    """The failure with its reason and last lines masked."""
+    return replace(failure, reason=mask(failure.reason), last_lines=tuple(mask(line) for line in failure.last_lines))
+
+
 class Launcher:
     """Follows a submitted job to its end through its backend's hooks, and records how it ended."""
 
@@ -235,7 +241,7 @@ class Launcher:
         self.sink = LogSink(self.dir, self.monitor.terminal(ctx.terminal, ctx.request.live), ctx.colour(),
                             on_metrics=self._on_metrics)
         self.telemetry_lock = threading.Lock()
-        self.telemetry_file = open(self.dir.telemetry, "a", encoding="utf-8")  # noqa: SIM115 - closed in run()
+        self.telemetry_file = self.dir.open(self.dir.telemetry, "a", encoding="utf-8")  # closed in run()
         self.wake = threading.Event()
         self.hosts = [HostRun(h, self.sink, self._on_telemetry, wake=self.wake) for h in plan.hosts]
         self.last_metrics: dict[str, Any] | None = None
@@ -345,10 +351,12 @@ class Launcher:
         extra = self.backend.finish(self)
         self.sink.flush()
         self.monitor.stop()
-        detail = "\n".join([detail, *extra, *telemetry.summary_lines(self.record.alerts)])
+        # The summary quotes the job's last lines: a secret the job printed is masked here too.
+        mask = Masker(self.plan.secrets.values())
+        detail = mask("\n".join([detail, *extra, *telemetry.summary_lines(self.record.alerts)]))
         restarts = max((h.restarts for h in self.hosts), default=0)
         self.store.end(self.plan.job_id, state, code, detail, restarts=restarts,
-                       failures=[f.to_dict() for f in failures or []])
+                       failures=[_masked(f, mask).to_dict() for f in failures or []])
         self.sink.summary(detail)
         self._say(detail)
         return code

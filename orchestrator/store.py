@@ -3,6 +3,9 @@
 The `jobs` table's schema is `_SCHEMA`; a database written by an older distrun is brought up
 to it when a Store opens it (`_migrate`): columns are added or renamed, never dropped, so an
 older distrun can still read what it knows.
+
+Everything distrun creates under DISTRUN_HOME is its owner's alone, whatever the umask:
+directories 0700, files 0600 (remote/private.py, which the hosts' copies use too).
 """
 
 from __future__ import annotations
@@ -11,15 +14,17 @@ import json
 import os
 import secrets
 import sqlite3
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from orchestrator.errors import UsageError
+from orchestrator.remote.private import FILE_MODE, make_private_dirs, open_private, write_private
 
 
 class JobState(str, Enum):
@@ -144,9 +149,9 @@ class JobDir:
     def write_plan(self, plan: dict[str, Any], facts: dict[str, Any] | None = None) -> None:
         """plan.json (the plan with its secrets masked) and, when given, facts.json (what each host's probe found)."""
         self.create()
-        self.plan.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
+        write_private(self.plan, json.dumps(plan, indent=2) + "\n")
         if facts is not None:
-            self.facts.write_text(json.dumps(facts, indent=2) + "\n", encoding="utf-8")
+            write_private(self.facts, json.dumps(facts, indent=2) + "\n")
 
     def node_log(self, node: str) -> Path:
         return self.root / "nodes" / f"{node}.log"
@@ -155,8 +160,20 @@ class JobDir:
         return self.root / "ranks" / f"{rank}.log"
 
     def create(self) -> None:
-        (self.root / "nodes").mkdir(parents=True, exist_ok=True)
-        (self.root / "ranks").mkdir(exist_ok=True)
+        """The job directory and its nodes/ and ranks/, each 0700."""
+        make_private_dirs(self.root / "nodes")
+        make_private_dirs(self.root / "ranks")
+
+    def open(self, path: Path, mode: str = "a", **kwargs: Any) -> IO[Any]:
+        """A file of this job (its directory created), mode 0600: every writer of the job's files opens them here.
+
+        Args:
+            path: One of this job's files (`combined`, `node_log(...)`, ...).
+            mode: A writing mode of `open`.
+            kwargs: Passed to `open` (encoding, buffering).
+        """
+        make_private_dirs(path.parent)
+        return open_private(path, mode, **kwargs)
 
 
 class Store:
@@ -164,8 +181,9 @@ class Store:
 
     def __init__(self, home: Path | None = None) -> None:
         self.home = home or distrun_home()
-        self.home.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(self.home)
         self.db_path = self.home / "distrun.db"
+        _private_database(self.db_path)
         with self._connect() as db:
             db.execute(_SCHEMA)
         self._migrate()
@@ -237,8 +255,8 @@ class Store:
         """
         self.update(job_id, state=state, exit_code=exit_code, ended=time.time(), detail=detail, **fields)
         job_dir = self.job_dir(job_id)
-        job_dir.root.mkdir(parents=True, exist_ok=True)
-        job_dir.summary.write_text(detail + "\n", encoding="utf-8")
+        make_private_dirs(job_dir.root)
+        write_private(job_dir.summary, detail + "\n")
 
     def list(self, limit: int | None = None) -> list[JobRecord]:
         """Records, newest first."""
@@ -271,6 +289,18 @@ class Store:
             ids = ", ".join(r[0] for r in rows[:5])
             raise UsageError(f"'{ref}' matches {len(rows)} jobs: {ids} (give more of the id)")
         return _record(rows[0])
+
+
+def _private_database(path: Path) -> None:
+    """Create the database file 0600 (SQLite takes an empty file as an empty database; its journal
+    gets the same mode); one that an older distrun left readable by others is made 0600."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        write_private(path, b"")
+        return
+    if stat.S_IMODE(info.st_mode) & 0o077 and info.st_uid == os.geteuid():
+        path.chmod(FILE_MODE)
 
 
 def _like_prefix(prefix: str) -> str:

@@ -44,8 +44,8 @@ from orchestrator.transport import CommandResult, Transport, run_remote
 STOP_WAIT = 30.0
 AUTO_PORT_WINDOW = 1000
 # What a host's supervisor runs, dependencies first: with the telemetry sampler, or without.
-SUPERVISOR_MODULES = ["output", "sampler", "supervisor"]
-SUPERVISOR_ONLY = ["output", "supervisor"]
+SUPERVISOR_MODULES = ["output", "private", "sampler", "supervisor"]
+SUPERVISOR_ONLY = ["output", "private", "supervisor"]
 T = TypeVar("T")
 
 
@@ -262,7 +262,7 @@ def rebuild(job_dir: JobDir, copies: dict[str, dict[str, str]]) -> None:
                 sink.line(node, line)
     finally:
         sink.close()
-    with open(job_dir.telemetry, "w", encoding="utf-8") as out:
+    with job_dir.open(job_dir.telemetry, "w", encoding="utf-8") as out:
         for node, copy in copies.items():
             for line in copy["telemetry"].splitlines():
                 out.write(json.dumps({**json.loads(line), "node": node}) + "\n")

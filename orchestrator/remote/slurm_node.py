@@ -27,6 +27,7 @@ import sys
 from typing import Any
 
 from orchestrator.remote.output import Output
+from orchestrator.remote.private import open_private
 from orchestrator.remote.probe import first_free_port, port_free
 from orchestrator.remote.supervisor import Supervisor
 
@@ -90,7 +91,7 @@ def main(argv: list[str]) -> None:
     node = node_name()
     env = dict(os.environ)
     stream_path = os.path.join(cfg["stream_dir"], f"{node}.stream")
-    with open(stream_path, "ab") as stream:
+    with open_private(stream_path, "ab") as stream:
         supervisor = Supervisor(supervisor_config(cfg, node, command, env), Output(stream))
         supervisor.run(sys.stdin.buffer)
     rc = supervisor.child.returncode if supervisor.child is not None else None
