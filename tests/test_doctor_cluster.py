@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.cluster.harness import Cluster, skip_reason
-from tests.helpers import REPO, distrun
+from tests.helpers import REPO, distrun, plant_module
 
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))]
 
@@ -172,9 +174,30 @@ def test_a_host_that_is_down_is_reported_and_the_others_are_still_checked(cluste
     assert checks["port-reachable"]["status"] == "ok" and checks["port-reachable"]["hosts"] == ["node1"]
 
 
-def test_bandwidth_on_three_hosts_reports_plausible_numbers(cluster3, tmp_path, env):
+@pytest.fixture
+def torch_planted_in_tmp(tmp_path: Path) -> Iterator[Path]:
+    """A `torch` package in /tmp, as any local user can plant one; it records who imported it.
+
+    Yields:
+        The file where importers are recorded.
+    """
+    planted = Path("/tmp/torch")
+    if planted.exists():
+        pytest.skip("/tmp/torch exists already (not this test's to replace)")
+    marker = tmp_path / "planted-imports.txt"
+    plant_module(Path("/tmp"), "torch", marker)
+    try:
+        yield marker
+    finally:
+        shutil.rmtree(planted, ignore_errors=True)
+
+
+def test_bandwidth_on_three_hosts_reports_plausible_numbers_and_imports_nothing_from_tmp(
+        cluster3, tmp_path, env, torch_planted_in_tmp):
     result = doctor(cluster3, tmp_path, env, "--bandwidth", "--json")
+    assert not torch_planted_in_tmp.exists(), torch_planted_in_tmp.read_text()
     assert result.returncode == 0, result.stdout + result.stderr
+    assert not list(Path("/tmp").glob("distrun-bandwidth.*")), "a host kept its private directory"
     report = json.loads(result.stdout)["bandwidth"]
     assert report["backend"] == "gloo" and report["world_size"] == 3 and report["error"] is None
     assert [r["bytes"] for r in report["results"]] == [1 << 20, 16 << 20, 64 << 20]

@@ -591,7 +591,11 @@ class SlurmBackend(Backend):
         return [f"Slurm job {self.slurm_id}: {job.state}"] if job is not None else []
 
     def release(self) -> None:
+        """Stop following; the secrets file goes too, where the batch script never ran to remove it
+        (the job was cancelled while pending, or refused)."""
         self.done.set()
+        if self.batch is not None:
+            self.batch.files.secrets.unlink(missing_ok=True)
 
     # ---------------------------------------------------------------- recorded jobs
 
@@ -603,6 +607,7 @@ class SlurmBackend(Backend):
         if record.backend_ref is None:
             raise UsageError(f"job {record.id} has no Slurm job id yet (it is being submitted); try again")
         cancel(record.backend_ref)
+        SlurmFiles(self.store.job_dir(record.id).root).secrets.unlink(missing_ok=True)
         deadline = time.monotonic() + STOP_WAIT
         alive = controller_alive(record)
         while time.monotonic() < deadline and not self._stopped(record, alive):
