@@ -8,7 +8,16 @@ while the others connect, name resolution, the checks and the table. Alternating
 start-to-exit wall time of the whole command, medians and ratios, written to
 bench/results/doctor.md. Goals: doctor within 1.3x of pdsh, and under 3 s on 16 hosts.
 
-Needs root:  .venv/bin/python bench/doctor_bench.py [--rounds 7]
+`--scale` runs the other series instead: 64 and 244 hosts (the harness's largest
+cluster), pdsh with a fan-out of 256 so that both tools reach every host at once, with
+the controller's user and sys CPU and the hosts' sshd CPU (each session's processes:
+the probe). Goal: doctor within 5 s on 244 hosts. Hosts and controller share this
+machine's cores, so their CPU together, divided by the cores, is the least wall time
+any tool could take here; the table shows it. It replaces the "At scale" section of
+doctor.md and keeps the rest (and the other series keeps it).
+
+Needs root, and the machine to itself (take the shared lock):
+    flock /work/locks/heavy.lock .venv/bin/python bench/doctor_bench.py [--rounds 7] [--scale]
 """
 
 from __future__ import annotations
@@ -17,7 +26,6 @@ import argparse
 import base64
 import json
 import os
-import resource
 import shlex
 import subprocess
 import sys
@@ -28,9 +36,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from common import REPO, alternate, median, write_results
+from common import REPO, alternate, children_cpu, median, sshd_cpu, sshd_listeners, write_results, write_section
+
+sys.path.insert(0, str(REPO))
+from tests.cluster.harness import Cluster
 
 SIZES = (2, 4, 8, 16)
+SCALE_SIZES = (64, 244)
+SCALE_FANOUT = 256
+SCALE_SECONDS_GOAL = 5.0
+SCALE_HEADING = "At scale: 64 and 244 hosts"
 TOOLS = ("pdsh", "doctor")
 RATIO_GOAL = 1.3
 SECONDS_GOAL = 3.0
@@ -43,12 +58,10 @@ class Cell:
 
     wall: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
+    user: list[float] = field(default_factory=list)
+    sys: list[float] = field(default_factory=list)
+    sshd: list[float] = field(default_factory=list)  # the hosts' sshd and sessions (scale series only)
     inside: list[float] = field(default_factory=list)  # doctor's own `seconds` (no interpreter start-up)
-
-
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def probe_command(python: str, workdir: Path) -> str:
@@ -60,25 +73,33 @@ def probe_command(python: str, workdir: Path) -> str:
     return shlex.join([python, "-c", f"import base64; exec(base64.b64decode('{encoded}'))"])
 
 
-def commands(addrs: list[str], inv: Path, ssh_config: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
-    """The exact command lines, with their extra environment, for each tool."""
-    pdsh = ["pdsh", "-R", "ssh", "-w", ",".join(addrs), probe_command(sys.executable, REPO)]
+def commands(addrs: list[str], inv: Path, ssh_config: Path,
+             fanout: int | None = None) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """The exact command lines, with their extra environment, for each tool (pdsh's fan-out: its default, 32)."""
+    pdsh = ["pdsh", "-R", "ssh", *(["-f", str(fanout)] if fanout else []), "-w", ",".join(addrs),
+            probe_command(sys.executable, REPO)]
     doctor = [sys.executable, "-m", "orchestrator", "doctor", "-i", str(inv), "--json"]
     return {"pdsh": (pdsh, {"PDSH_SSH_ARGS": f"-F {ssh_config} -x -l%u %h"}), "doctor": (doctor, {})}
 
 
-def measured(tool: str, argv: list[str], env: dict[str, str], cell: Cell) -> Callable[[], float]:
-    """A run of `argv` recording wall and client CPU time in `cell`; fails if the command fails."""
+def measured(tool: str, argv: list[str], env: dict[str, str], cell: Cell,
+             listeners: list[int] | None = None) -> Callable[[], float]:
+    """A run of `argv` recording wall time, client CPU and (given the sshd listeners) the hosts'
+    sshd CPU in `cell`; fails if the command fails."""
     def run() -> float:
-        cpu = children_cpu()
+        (user, system), server = children_cpu(), sshd_cpu(listeners or [])
         began = time.perf_counter()
         done = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, check=False)
         wall = time.perf_counter() - began
         if done.returncode != 0:
             raise RuntimeError(f"{tool} exited {done.returncode}: {done.stderr[-2000:] or done.stdout[-2000:]}")
         time.sleep(SETTLE)
+        user_after, system_after = children_cpu()
         cell.wall.append(wall)
-        cell.cpu.append(children_cpu() - cpu)
+        cell.user.append(user_after - user)
+        cell.sys.append(system_after - system)
+        cell.cpu.append(cell.user[-1] + cell.sys[-1])
+        cell.sshd.append(sshd_cpu(listeners or []) - server)
         if tool == "doctor":
             cell.inside.append(float(json.loads(done.stdout)["seconds"]))
         return wall
@@ -141,16 +162,119 @@ def every_run(results: Results) -> list[str]:
     return rows
 
 
+ScaleResults = dict[int, dict[str, Cell]]
+
+
+def run_scale(cluster: object, tmp: Path, rounds: int) -> ScaleResults:
+    """Each scale size, pdsh at fan-out 256, the tools alternating within each round."""
+    base = cluster.write_inventory(tmp / "inventory.yaml")
+    listeners = sshd_listeners(cluster.state_dir)
+    results: ScaleResults = {}
+    for size in SCALE_SIZES:
+        lines = commands([cluster.addr(i) for i in range(size)], inventory(base, size, tmp), cluster.ssh_config,
+                         fanout=SCALE_FANOUT)
+        for tool, (argv, env) in lines.items():
+            measured(tool, argv, env, Cell(), listeners)()
+        cells = {tool: Cell() for tool in TOOLS}
+        alternate({tool: measured(tool, *lines[tool], cells[tool], listeners) for tool in TOOLS}, rounds)
+        results[size] = cells
+        print(size, {tool: f"{median(cell.wall):.3f}" for tool, cell in cells.items()}, flush=True)
+    return results
+
+
+def floor(cell: Cell) -> float:
+    """The least wall time this run's work allows here: controller and hosts' CPU over the cores."""
+    return (median(cell.cpu) + median(cell.sshd)) / (os.cpu_count() or 1)
+
+
+def scale_table(results: ScaleResults) -> list[str]:
+    rows = [f"| hosts | pdsh s | doctor s | doctor / pdsh | under {SCALE_SECONDS_GOAL:g} s | doctor's own s "
+            "| pdsh CPU s (user + sys) | doctor CPU s (user + sys) | hosts' sshd CPU s: pdsh / doctor "
+            "| CPU floor s: pdsh / doctor |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for size, cells in results.items():
+        pdsh, ours = cells["pdsh"], cells["doctor"]
+        ratio = median(ours.wall) / median(pdsh.wall)
+        rows.append(
+            f"| {size} | {median(pdsh.wall):.2f} | {median(ours.wall):.2f} | {ratio:.2f} "
+            f"| {'yes' if median(ours.wall) < SCALE_SECONDS_GOAL else 'NO'} | {median(ours.inside):.2f} "
+            f"| {cpu_split(pdsh)} | {cpu_split(ours)} | {median(pdsh.sshd):.2f} / {median(ours.sshd):.2f} "
+            f"| {floor(pdsh):.2f} / {floor(ours):.2f} |"
+        )
+    return rows
+
+
+def cpu_split(cell: Cell) -> str:
+    return f"{median(cell.user):.2f} + {median(cell.sys):.2f} = {median(cell.cpu):.2f}"
+
+
+def scale_growth(results: ScaleResults) -> list[str]:
+    """How doctor's controller CPU and the hosts' CPU grew from the smallest to the largest size."""
+    small, large = SCALE_SIZES[0], SCALE_SIZES[-1]
+    hosts = large / small
+    ours_small, ours_large = results[small]["doctor"], results[large]["doctor"]
+    grew = median(ours_large.cpu) / median(ours_small.cpu)
+    per_host = median(ours_large.sshd) / large * 1000
+    return [
+        f"- doctor's controller CPU: x{grew:.2f} from {small} to {large} hosts (hosts x{hosts:.2f}): "
+        f"{'no faster than' if grew <= hosts else 'FASTER than'} the number of hosts",
+        f"- the hosts' CPU for doctor: x{median(ours_large.sshd) / median(ours_small.sshd):.2f}, "
+        f"{per_host:.0f} ms per host at {large} (sshd, the login shell and the python probe)",
+        f"- at {large} hosts the CPU floor is {floor(ours_large):.2f} s for doctor, of which the controller's share "
+        f"is {median(ours_large.cpu) / (os.cpu_count() or 1):.2f} s",
+    ]
+
+
+def scale_runs(results: ScaleResults) -> list[str]:
+    rows = ["| hosts | tool | wall s, in order | controller CPU s, in order | hosts' sshd CPU s, in order |",
+            "|---|---|---|---|---|"]
+    for size, cells in results.items():
+        rows += [f"| {size} | {tool} | {', '.join(f'{v:.2f}' for v in cell.wall)} | "
+                 f"{', '.join(f'{v:.2f}' for v in cell.cpu)} | {', '.join(f'{v:.2f}' for v in cell.sshd)} |"
+                 for tool, cell in cells.items()]
+    return rows
+
+
+def scale_main(rounds: int, tmp: Path) -> None:
+    load_before = os.getloadavg()
+    with Cluster(max(SCALE_SIZES)) as cluster:
+        bringup = cluster.bringup_seconds
+        results = run_scale(cluster, tmp, rounds)
+    load_after = os.getloadavg()
+    body = [
+        f"{rounds} alternating rounds per size (after one untimed run of each tool); wall time from start to exit; "
+        "medians. Taken while holding the shared heavy lock (/work/locks/heavy.lock): no other benchmark or "
+        f"cluster test ran. The {max(SCALE_SIZES)}-host cluster came up in {bringup:.1f} s.",
+        "",
+        "- doctor: `python -m orchestrator doctor -i INVENTORY --json` (full probe on every host, the master "
+        "listening while the others connect, checks, output)",
+        f"- pdsh: `PDSH_SSH_ARGS='-F CLUSTER_SSH_CONFIG -x -l%u %h' pdsh -R ssh -f {SCALE_FANOUT} -w ADDR,... "
+        "\"PYTHON -c 'import base64; exec(base64.b64decode(PROBE))'\"` (the same probe, `{\"full\": true}`, "
+        "all hosts at once)",
+        "- controller CPU: user + sys of the tool and its children (pdsh's ssh clients); hosts' sshd CPU: the "
+        "hosts' sshd and everything their sessions ran (the probe's python); CPU floor: both together over this "
+        f"machine's {os.cpu_count()} cores, which hosts and controller share",
+        f"- load average (1, 5, 15 min) before: {', '.join(f'{v:.2f}' for v in load_before)}; after: "
+        f"{', '.join(f'{v:.2f}' for v in load_after)}",
+        "", "### doctor vs pdsh", "", *scale_table(results), "",
+        "### Where the time goes", "", *scale_growth(results), "",
+        "### Every run", "", *scale_runs(results),
+    ]
+    command = f"flock /work/locks/heavy.lock .venv/bin/python bench/doctor_bench.py --scale --rounds {rounds} (as root)"
+    path = write_section("doctor.md", SCALE_HEADING, command, body)
+    print(path.read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--scale", action="store_true", help=f"the series on {SCALE_SIZES} hosts instead")
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
-    from tests.cluster.harness import Cluster
-
     os.environ["DISTRUN_SSH_CONFIG"] = os.devnull
     os.environ.pop("SSH_AUTH_SOCK", None)
     tmp = Path(tempfile.mkdtemp(prefix="distrun-doctor-bench-"))
+    if args.scale:
+        scale_main(args.rounds, tmp)
+        return
     load_before = os.getloadavg()
     with Cluster(max(SIZES)) as cluster:
         results = run_all(cluster, tmp, args.rounds)
@@ -181,7 +305,7 @@ def main() -> None:
         "## Every run", "", *every_run(results),
     ]
     path = write_results("doctor.md", "distrun doctor vs pdsh running the same probe",
-                         ".venv/bin/python bench/doctor_bench.py (as root)", body)
+                         ".venv/bin/python bench/doctor_bench.py (as root)", body, keep=[SCALE_HEADING])
     print(path.read_text())
 
 
