@@ -34,6 +34,15 @@ def alternate(runs: dict[str, Callable[[], float]], rounds: int) -> dict[str, li
     return times
 
 
+def checkout(rev: str, into: Path) -> Path:
+    """The repository's files at `rev` (e.g. the commit before a change), unpacked under `into`."""
+    target = into / rev
+    target.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target
+
+
 def children_cpu() -> tuple[float, float]:
     """(user, sys) CPU seconds of every child reaped so far."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
