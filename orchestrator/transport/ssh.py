@@ -2,9 +2,11 @@
 
 Where to connect comes from the inventory first, then ~/.ssh/config (Host aliases,
 HostName, User, Port, IdentityFile, ProxyJump), then OpenSSH's defaults. Host keys are
-checked against the node's known_hosts file before any credential is offered: an unknown
-key is refused under `strict` and recorded under `accept-new`; a changed key is always
-refused. A remote shell is unavoidable over SSH, so every word of a command is quoted.
+checked against the node's known_hosts file (parsed once per process, read as ssh(1) reads
+it) before any credential is offered: an unknown key is refused under `strict` and recorded
+under `accept-new`; a changed key, or one a `@revoked` line names, is always refused; so is
+a host trusted only through `@cert-authority`, since host certificates are not checked. A
+remote shell is unavoidable over SSH, so every word of a command is quoted.
 """
 
 from __future__ import annotations
