@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import stat
 from pathlib import Path
 
@@ -156,3 +157,34 @@ def test_no_other_job_file_holds_a_secret_value(written: JobDir) -> None:
 
     assert {p.name for p in others} >= {"job.sbatch", "node.json", "bundle.json", "bootstrap.py", "plan.json"}
     assert all(SECRET not in p.read_text() for p in others)
+
+
+@pytest.mark.parametrize("option", ["--partition", "--time", "--account"])
+def test_a_command_line_slurm_option_with_a_line_break_is_refused_with_one_line(tmp_path: Path, option: str) -> None:
+    inv = write(tmp_path, "inventory.yaml", CPU_INVENTORY)
+    result = distrun("launch", str(write(tmp_path, "job.yaml", job_text())), "--backend", "slurm", "-i", str(inv),
+                     option, "gpu\ntouch /tmp/owned", "--dry-run", home=tmp_path / "home", env={"WANDB_KEY": SECRET})
+
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (f"distrun: error: {option}: 'gpu\\ntouch /tmp/owned' is not one line of text (each Slurm "
+                             "option is one #SBATCH line of the batch script: remove the line break)\n")
+
+
+def test_arguments_that_name_node_variables_stay_literal_in_the_script_and_the_node_config(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_KEY", SECRET)
+    args = ["$SLURM_NODEID", "--master-addr", "$MASTER_ADDR", "`hostname`", "$(id)"]
+    job = load_job(write(tmp_path, "job.yaml", job_text().replace("args: [--steps, '5']", f"args: {json.dumps(args)}")))
+    request = LaunchRequest(job_file=job.path, inventory=str(write(tmp_path, "inventory.yaml", CPU_INVENTORY)),
+                            backend="slurm")
+    job_dir = JobDir(tmp_path / "home" / "jobs" / "train-1")
+    batch, bundle = batch_job(job, request, job_dir, "train-1")
+    script = render_script(batch)
+    write_files(job_dir, batch, bundle, script)
+
+    argv = batch.plan.hosts[0].argv
+    assert argv[-len(args):] == args
+    assert shlex.join(args) in script
+    filled = json.loads(batch.files.node_config.read_text())["expand_at"]
+    assert [argv[i - 1] for i in filled] == ["--node-rank", "--master-addr", "--master-port"]
+    assert all(i < len(argv) - len(args) - 1 for i in filled)

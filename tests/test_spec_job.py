@@ -311,3 +311,20 @@ def test_empty_file_is_reported() -> None:
 def test_every_shipped_job_file_is_valid(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
     assert load_job(path.relative_to(REPO)).name
+
+
+@pytest.mark.parametrize(
+    ("extra", "where"),
+    [
+        ('slurm: {partition: "gpu\\necho injected"}', "slurm.partition"),
+        ('slurm: {time: "01:00:00\\rx"}', "slurm.time"),
+        ("slurm:\n  account: |\n    proj\n    touch /tmp/owned\n", "slurm.account"),
+        ('slurm: {extra: [--exclusive, "--constraint=h100\\nrm -rf ~"]}', "slurm.extra[1]"),
+    ],
+)
+def test_a_slurm_option_with_a_line_break_is_refused_before_it_reaches_the_batch_script(
+        extra: str, where: str) -> None:
+    message = error(RESNET + extra + "\n")
+    assert message.startswith(f"jobs/x.yaml:{12 if '|' not in extra else 13}: {where}: must be one line of text, got '")
+    assert message.endswith("(each Slurm option is one #SBATCH line of the batch script: remove the line break)")
+    assert "\n" not in message

@@ -33,6 +33,7 @@ from orchestrator.backends.slurm_script import (
     node_config,
     render_script,
     resolve_options,
+    torchrun_options_end,
 )
 from orchestrator.errors import ExitCode, InfraError, UsageError
 from orchestrator.launch import EXIT_WAIT, SUPERVISOR_MODULES, Failure, HostRun, Launcher, Prepared
@@ -241,8 +242,8 @@ def slurm_plan(job: JobSpec, request: LaunchRequest, template: NodeTemplate, job
     plan = build_plan(job, nodes, {}, job_id=job_id, inventory_path=template.inventory_path, master=nodes[0],
                       master_addr="$MASTER_ADDR", master_port=0, controller_cwd=os.getcwd(),
                       controller_env=dict(os.environ), extra_args=request.extra_args, backend="slurm")
-    script_part = (2 if job.module else 1) + len(job.args) + len(request.extra_args)
-    hosts = [replace(h, argv=node_argv(h.argv, len(h.argv) - script_part)) for h in plan.hosts]
+    hosts = [replace(h, argv=node_argv(h.argv, torchrun_options_end(job, h.argv, request.extra_args)))
+             for h in plan.hosts]
     return replace(plan, hosts=hosts)
 
 
@@ -267,7 +268,8 @@ def batch_job(job: JobSpec, request: LaunchRequest, job_dir: JobDir, job_id: str
     modules = ["probe", *SUPERVISOR_MODULES, "slurm_node"]
     bundle = remote.bundle("slurm_node", modules, telemetry.shipped_modules({"gpus": gpus or 0}))
     batch = BatchJob(plan=plan, options=resolve_options(job, request.slurm_overrides), gpus_per_node=gpus,
-                     port=job.rendezvous.port, bundle_size=len(bundle), files=SlurmFiles(job_dir.root))
+                     port=job.rendezvous.port, bundle_size=len(bundle), files=SlurmFiles(job_dir.root),
+                     options_end=torchrun_options_end(job, plan.hosts[0].argv, request.extra_args))
     return batch, bundle
 
 
@@ -342,7 +344,7 @@ def write_files(job_dir: JobDir, batch: BatchJob, bundle: bytes, script: str) ->
     job_dir.plan.write_text(json.dumps(batch.plan.to_dict(), indent=2) + "\n", encoding="utf-8")
     files.bundle.write_bytes(bundle)
     files.bootstrap.write_text(BOOTSTRAP, encoding="utf-8")
-    files.node_config.write_text(json.dumps(node_config(batch.plan, files), indent=2) + "\n", encoding="utf-8")
+    files.node_config.write_text(json.dumps(node_config(batch), indent=2) + "\n", encoding="utf-8")
     if batch.plan.secrets:
         write_private(files.secrets, json.dumps(batch.plan.secrets))
     files.script.write_text(script, encoding="utf-8")

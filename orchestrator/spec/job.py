@@ -12,12 +12,12 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from orchestrator.errors import UsageError
 from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT, Reader, Source
 from orchestrator.spec.model import JobSpec, Rendezvous, Select, SlurmOptions, Telemetry
-from orchestrator.spec.yamlsrc import Map, Node, collect_lines, join_path, load_yaml, shown
+from orchestrator.spec.yamlsrc import Map, Node, Seq, collect_lines, join_path, load_yaml, shown
 
 T = TypeVar("T")
 
@@ -113,12 +113,26 @@ def _telemetry_readers(src: Source) -> dict[str, Reader]:
 
 def _slurm_readers(src: Source) -> dict[str, Reader]:
     return {
-        "partition": src.text,
-        "time": src.text,
-        "account": src.text,
+        "partition": lambda node, path: _sbatch_value(src, node, path),
+        "time": lambda node, path: _sbatch_value(src, node, path),
+        "account": lambda node, path: _sbatch_value(src, node, path),
         "gpus_per_node": lambda node, path: src.integer(node, path, 1),
-        "extra": src.strings,
+        "extra": lambda node, path: _sbatch_lines(src, node, path),
     }
+
+
+def _sbatch_value(src: Source, node: Node, path: str) -> str:
+    """Text that becomes one `#SBATCH` line: a line break would end the line and start a shell command."""
+    text = src.text(node, path)
+    if not text.isprintable():
+        hint = "each Slurm option is one #SBATCH line of the batch script: remove the line break"
+        raise src.error(node.line, path, f"must be one line of text, got {shown(text)}", hint)
+    return text
+
+
+def _sbatch_lines(src: Source, node: Node, path: str) -> tuple[str, ...]:
+    src.strings(node, path)
+    return tuple(_sbatch_value(src, item, f"{path}[{index}]") for index, item in enumerate(cast(Seq, node).items))
 
 
 def _section(src: Source, node: Node, path: str, kind: Callable[..., T], readers: dict[str, Reader]) -> T:
