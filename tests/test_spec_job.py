@@ -126,8 +126,8 @@ def test_unknown_key_suggests_closest_valid_key() -> None:
 def test_unknown_key_with_nothing_close_lists_the_valid_keys() -> None:
     assert error(RESNET + "colour: blue\n") == (
         "jobs/x.yaml:12: colour: unknown key (valid keys: name, script, module, args, nnodes, nproc_per_node, "
-        "workdir, env, rendezvous, max_restarts, select, telemetry, sync, backend, slurm, heartbeat_timeout, "
-        "stop_grace)"
+        "workdir, env, rendezvous, max_restarts, select, telemetry, sync, sync_max_size, backend, slurm, "
+        "heartbeat_timeout, stop_grace)"
     )
 
 

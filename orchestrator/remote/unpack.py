@@ -42,15 +42,21 @@ def manifest(root: str) -> dict[str, str]:
         for name in files:
             path = os.path.join(base, name)
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             except OSError:
                 continue  # a link, or gone since the listing: not a file sync keeps
-            digest = hashlib.sha256()
             with os.fdopen(fd, "rb") as fh:
-                for block in iter(lambda fh=fh: fh.read(BLOCK), b""):
-                    digest.update(block)
-            found[os.path.relpath(path, root)] = digest.hexdigest()
+                if stat.S_ISREG(os.fstat(fd).st_mode):
+                    found[os.path.relpath(path, root)] = digest(fh)
     return found
+
+
+def digest(fh: BinaryIO) -> str:
+    """sha256 of a file, read a block at a time."""
+    value = hashlib.sha256()
+    for block in iter(lambda: fh.read(BLOCK), b""):
+        value.update(block)
+    return value.hexdigest()
 
 
 def masked(mode: int) -> int:

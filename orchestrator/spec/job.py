@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import TypeVar, cast
 
 from orchestrator.errors import UsageError
-from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT, Reader, Source
+from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT, Reader, Source, describe
 from orchestrator.spec.model import JobSpec, Rendezvous, Select, SlurmOptions, Telemetry
 from orchestrator.spec.yamlsrc import Map, Node, Seq, collect_lines, join_path, load_yaml, shown
 
@@ -26,6 +26,8 @@ MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 SECRET_REF = re.compile(r"\$\{env:([^}]*)\}")
 BACKENDS = ("ssh", "local", "slurm")
 RENDEZVOUS_BACKENDS = ("static", "c10d")
+SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MIN_TELEMETRY_INTERVAL = 0.25
 _NEEDS = "a job needs at least 'name' and 'script' or 'module'"
 _ENTRY_KEYS = ("script", "module")
@@ -93,6 +95,7 @@ def _job_readers(src: Source) -> dict[str, Reader]:
         "select": lambda node, path: _section(src, node, path, Select, {"names": src.strings, "labels": src.strings}),
         "telemetry": lambda node, path: _section(src, node, path, Telemetry, _telemetry_readers(src)),
         "sync": src.boolean,
+        "sync_max_size": lambda node, path: _size(src, node, path),
         "backend": lambda node, path: src.choice(node, path, BACKENDS),
         "slurm": lambda node, path: _section(src, node, path, SlurmOptions, _slurm_readers(src)),
         "heartbeat_timeout": lambda node, path: src.number(node, path, 0, inclusive=False),
@@ -133,6 +136,17 @@ def _sbatch_value(src: Source, node: Node, path: str) -> str:
 def _sbatch_lines(src: Source, node: Node, path: str) -> tuple[str, ...]:
     src.strings(node, path)
     return tuple(_sbatch_value(src, item, f"{path}[{index}]") for index, item in enumerate(cast(Seq, node).items))
+
+
+def _size(src: Source, node: Node, path: str) -> int:
+    """A size in bytes: an integer, or a number with K, M, G or T (powers of 1024; `512MiB`, `2G`)."""
+    text = src.string(node, path).strip()
+    match = SIZE.fullmatch(text)
+    size = int(float(match.group(1)) * SIZE_UNITS[match.group(2).upper()]) if match else 0
+    if size < 1:
+        hint = "write bytes, or a number with K, M, G or T, powers of 1024: 512MiB, 2G"
+        raise src.error(node.line, path, f"must be a size of at least 1 byte, got {describe(node)}", hint)
+    return size
 
 
 def _section(src: Source, node: Node, path: str, kind: Callable[..., T], readers: dict[str, Reader]) -> T:

@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+# `sync_max_size`: more than a project's code and configuration, less than a dataset or a
+# checkpoint sent by mistake to every host.
+DEFAULT_SYNC_MAX_SIZE = 512 << 20
+
 
 class HostKeyPolicy(str, Enum):
     STRICT = "strict"
@@ -99,6 +103,7 @@ class JobSpec:
     select: Select = field(default_factory=Select)
     telemetry: Telemetry = field(default_factory=Telemetry)
     sync: bool = False
+    sync_max_size: int = DEFAULT_SYNC_MAX_SIZE
     backend: str = "ssh"
     slurm: SlurmOptions = field(default_factory=SlurmOptions)
     heartbeat_timeout: float = 15.0
