@@ -168,7 +168,8 @@ def distrun_rules(root: Path) -> list[Rule]:
 
 def git_listing(root: Path) -> list[str] | None:
     """The files git would have in a commit of `root` (tracked, or untracked and not ignored);
-    None when `root` is not in a git work tree or git is not installed."""
+    None when `root` is not in a git work tree, git is not installed, or git lists nothing
+    (`root` is itself ignored, e.g. an experiments directory its repository leaves out)."""
     argv = ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"]
     try:
         result = subprocess.run(argv, capture_output=True, check=False, timeout=120)
@@ -176,7 +177,8 @@ def git_listing(root: Path) -> list[str] | None:
         return None
     if result.returncode != 0:
         return None
-    return sorted({name for name in result.stdout.decode("utf-8", "surrogateescape").split("\0") if name})
+    listed = sorted({name for name in result.stdout.decode("utf-8", "surrogateescape").split("\0") if name})
+    return listed or None
 
 
 def walk_listing(root: Path, excluded_dir: ExcludedDir) -> list[str]:
@@ -323,7 +325,22 @@ def send_tar(transport: Transport, root: Path, workdir: str, names: list[str]) -
     proc = transport.start(remote.bootstrap_argv(transport.node.python, payload, workdir, "unpack"))
     errors: list[str] = []
     proc.stream(lambda _line: None, errors.append)
-    proc.write(payload)
+    try:
+        proc.write(payload)
+        write_tar(proc, root, names)
+    except BaseException:
+        proc.terminate()  # a file vanished or shrank while it was read: the host need not wait for more
+        raise
+    proc.close_stdin()
+    rc = proc.wait(SYNC_TIMEOUT)
+    if rc != 0:
+        last = (errors or ["timed out" if rc is None else "no output"])[-1]
+        raise InfraError(f"{transport.name}: unpack failed (exit code {rc}) using python "
+                         f"'{transport.node.python}': {last}")
+
+
+def write_tar(proc: RemoteProcess, root: Path, names: list[str]) -> None:
+    """Write the tar of `names` to the command's stdin, with no owner of this machine in it."""
     with tarfile.open(fileobj=_Stdin(proc), mode="w|", bufsize=BLOCK, format=tarfile.PAX_FORMAT) as tar:
         for name in names:
             with open(root / name, "rb", opener=_no_follow) as fh:
@@ -331,12 +348,6 @@ def send_tar(transport: Transport, root: Path, workdir: str, names: list[str]) -
                 info.uid = info.gid = 0
                 info.uname = info.gname = ""
                 tar.addfile(info, fh)
-    proc.close_stdin()
-    rc = proc.wait(SYNC_TIMEOUT)
-    if rc != 0:
-        last = (errors or ["timed out" if rc is None else "no output"])[-1]
-        raise InfraError(f"{transport.name}: unpack failed (exit code {rc}) using python "
-                         f"'{transport.node.python}': {last}")
 
 
 def _no_follow(path: str, flags: int) -> int:

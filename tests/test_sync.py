@@ -125,6 +125,15 @@ def test_in_a_git_work_tree_what_git_would_commit_is_sent(tmp_path: Path) -> Non
     assert not any(name.startswith(".git/") for name in selection.files)
 
 
+@pytest.mark.skipif(not HAS_GIT, reason="git is not installed")
+def test_a_directory_its_repository_ignores_is_sent_as_outside_git(tmp_path: Path) -> None:
+    repo = tree(tmp_path, {".gitignore": "experiments/\n", "experiments/run.py": "print()\n",
+                           "experiments/.gitignore": "*.log\n", "experiments/out.log": "log\n"})
+    git(repo, "init", "-q")
+
+    assert sorted(select_files(repo / "experiments").files) == [".gitignore", "run.py"]
+
+
 def test_a_distrunignore_line_skips_more_and_a_bang_line_sends_what_a_default_skips(tmp_path: Path) -> None:
     root = tree(tmp_path, {**PROJECT, ".distrunignore": "# not for the hosts\npkg/\n!.env.example\n"})
 
