@@ -275,7 +275,8 @@ class Round:
 
 
 def probe_round(transports: Mapping[str, Transport], master: NodeSpec, base: dict[str, Any],
-                port: int | None, master_addr: str | None) -> Round:
+                port: int | None, master_addr: str | None,
+                per_host: Mapping[str, dict[str, Any]] | None = None) -> Round:
     """Run the probe on every host at once; the master listens, the others connect to it.
 
     Args:
@@ -284,11 +285,13 @@ def probe_round(transports: Mapping[str, Transport], master: NodeSpec, base: dic
         base: Options for every host's probe (e.g. {"full": True}).
         port: The rendezvous port to listen on; None = the first free one from 29500.
         master_addr: The address the others connect to; None = chosen as launch would.
+        per_host: More options for some hosts' probes, by node name.
 
     Returns:
         Every host's result (facts or error) and the master's address as used.
     """
-    runs = {name: ProbeRun(t, _options(name == master.name, base, port)) for name, t in transports.items()}
+    runs = {name: ProbeRun(t, _options(name == master.name, {**base, **(per_host or {}).get(name, {})}, port))
+            for name, t in transports.items()}
     started = for_each(runs.values(), lambda r: r.start(), key=lambda r: r.name)
     results = {name: HostResult(name, error=_one_line(exc), unreachable=runs[name].unreachable)
                for name, exc in failures(started).items()}
@@ -359,9 +362,14 @@ def collect(nodes: list[NodeSpec], master: NodeSpec, job: JobSpec | None) -> tup
         Every node's result, in node order, and the context for `run_checks`.
     """
     transports = {n.name: transport_for(n) for n in nodes}
-    base = {"full": True, "workdir": (job.workdir if job else None) or os.getcwd()}
+    workdir = (job.workdir if job else None) or os.getcwd()
+    base = {"full": True, "workdir": workdir}
+    # torch as the job would import it: the node's python, in the workdir, with the job's env.
+    job_env = job.env if job else {}
+    contexts = {n.name: {"import_from": {"python": n.python, "cwd": workdir, "env": {**n.env, **job_env}}}
+                for n in nodes}
     try:
-        outcome = probe_round(transports, master, base, job.rendezvous.port if job else None, None)
+        outcome = probe_round(transports, master, base, job.rendezvous.port if job else None, None, contexts)
     finally:
         close_transports(transports)
     ctx = Context(tuple(nodes), master.name, outcome.master_addr, outcome.master_addr_error,
