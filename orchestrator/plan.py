@@ -12,33 +12,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.errors import UsageError
+from orchestrator.facts import HostFacts
 from orchestrator.spec.model import DEFAULT_SYNC_MAX_SIZE, JobSpec, NodeSpec
 
 DEFAULT_PORT = 29500
 CPU_NPROC = 2
 LOG_PREFIX_TEMPLATE = "[r${rank}]"
 MASK = "***"
-
-
-@dataclass(frozen=True)
-class HostFacts:
-    """What the probe found on a host that planning needs."""
-
-    node: str
-    gpus: int = 0
-    interfaces: dict[str, list[str]] = field(default_factory=dict)
-    route_iface: str | None = None
-    home: str = "~"
-
-    @classmethod
-    def from_probe(cls, node: str, data: dict[str, Any]) -> HostFacts:
-        return cls(
-            node=node,
-            gpus=int(data.get("gpus") or 0),
-            interfaces={k: list(v) for k, v in (data.get("interfaces") or {}).items()},
-            route_iface=data.get("route_iface"),
-            home=data.get("home") or "~",
-        )
 
 
 @dataclass(frozen=True)

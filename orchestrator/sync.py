@@ -36,11 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator import remote
-from orchestrator.doctor import size_text
+from orchestrator.display import size_text
 from orchestrator.errors import InfraError, UsageError
-from orchestrator.launch import Prepared, run_remote
-from orchestrator.parallel import failures, for_each
-from orchestrator.transport import RemoteProcess, Transport
+from orchestrator.group import Group
+from orchestrator.plan import LaunchPlan
+from orchestrator.transport import RemoteProcess, Transport, run_remote
 
 IGNORE_FILE = ".distrunignore"
 GITIGNORE = ".gitignore"
@@ -364,7 +364,7 @@ def sync_host(transport: Transport, root: Path, workdir: str, wanted: dict[str, 
     return len(changed)
 
 
-def sync_workdirs(prepared: Prepared, root: Path) -> dict[str, int]:
+def sync_workdirs(plan: LaunchPlan, group: Group, root: Path) -> dict[str, int]:
     """Sync every host at once.
 
     Returns:
@@ -372,17 +372,12 @@ def sync_workdirs(prepared: Prepared, root: Path) -> dict[str, int]:
 
     Raises:
         UsageError: the files to send add up to more than the job's sync_max_size (nothing sent).
-        InfraError: a host could not be synced (each one named).
+        GroupError: a host could not be synced (each one named).
     """
     selection = select_files(root)
-    check_size(selection, root, prepared.plan.sync_max_size, prepared.plan.spec_path)
+    check_size(selection, root, plan.sync_max_size, plan.spec_path)
     if selection.secrets:
         print(skipped_line(selection.secrets), file=sys.stderr)
     wanted = selection.files
-    hosts = {h.node: h.workdir for h in prepared.plan.hosts}
-    results = for_each(prepared.transports.values(),
-                       lambda t: sync_host(t, root, hosts[t.name], wanted), key=lambda t: t.name)
-    failed = failures(results)
-    if failed:
-        raise InfraError("; ".join(f"{node}: workdir sync failed: {exc}" for node, exc in failed.items()))
-    return {k: int(v) for k, v in results.items() if not isinstance(v, Exception)}
+    hosts = {h.node: h.workdir for h in plan.hosts}
+    return group.run(lambda t: sync_host(t, root, hosts[t.name], wanted)).check("workdir sync failed")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.doctor import ProbeRun
+from orchestrator.doctor.probe import ProbeRun
 from orchestrator.errors import InfraError
 from orchestrator.remote import probe
 from orchestrator.spec.model import NodeSpec, TransportKind

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends import LaunchRequest
+from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.slurm import batch_job, follow_lines, write_files
-from orchestrator.backends.slurm_script import BatchJob, SlurmFiles, render_script
+from orchestrator.backends.slurm_script import BatchJob, SlurmFiles, SlurmOptions, render_script
 from orchestrator.remote.slurm_node import exit_status, expand
 from orchestrator.spec import load_job
 from orchestrator.store import JobDir
@@ -31,7 +31,8 @@ def batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BatchJob:
                         "stop_grace: 1\ntelemetry: {enabled: false}\n")
     job = load_job(job_file)
     job_dir = JobDir(tmp_path / "job")
-    made, bundle = batch_job(job, LaunchRequest(job_file=str(job_file), backend="slurm"), job_dir, "n-1")
+    made, bundle = batch_job(job, LaunchRequest(job_file=str(job_file), backend="slurm"), job_dir, "n-1",
+                             SlurmOptions())
     write_files(job_dir, made, bundle, render_script(made))
     return made
 

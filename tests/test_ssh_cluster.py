@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import InfraError
-from orchestrator.launch import close_all, connect_all
+from orchestrator.group import Group, GroupError
 from orchestrator.spec import NodeSpec, load_inventory
 from orchestrator.transport import ssh
 from orchestrator.transport.base import ConnectError, ConnectFailure
@@ -306,12 +305,10 @@ def test_proxy_jump_reaches_hosts_the_controller_cannot(make_cluster: MakeCluste
     direct = nodes(cluster, tmp_path, proxy_jump=None)[0]
     with pytest.raises(ConnectError):
         SSHTransport(direct).connect()
-    transports = connect_all(nodes(cluster, tmp_path))
-    try:
-        names = [t.run(["hostname"]).stdout for t in transports.values()]
-        peers = [t.peer_address() for t in transports.values()]
-    finally:
-        close_all(transports)
+    with Group(nodes(cluster, tmp_path)) as group:
+        group.connect()
+        names = [t.run(["hostname"]).stdout for t in group.transports.values()]
+        peers = [t.peer_address() for t in group.transports.values()]
     assert names == ["node0", "node1", "node2"]
     assert peers == [cluster.addr(i) for i in range(3)]
 
@@ -352,25 +349,25 @@ def test_unreachable_target_behind_the_jump_is_named(make_cluster: MakeCluster, 
 def test_sixteen_hosts_connect_in_parallel(make_cluster: MakeCluster, tmp_path: Path) -> None:
     cluster = make_cluster(16)
     began = time.monotonic()
-    transports = connect_all(nodes(cluster, tmp_path))
-    try:
-        names = {t.run(["hostname"], timeout=60).stdout for t in transports.values()}
-    finally:
-        close_all(transports)
+    with Group(nodes(cluster, tmp_path)) as group:
+        names = set(group.run(lambda t: t.run(["hostname"], timeout=60).stdout).check().values())
     assert names == {f"node{i}" for i in range(16)}
     assert time.monotonic() - began < 60
 
 
-def test_connect_all_names_every_unreachable_host(cluster3: Cluster, tmp_path: Path) -> None:
+def test_a_group_connect_names_every_unreachable_host_folded_into_one_range(cluster3: Cluster, tmp_path: Path) -> None:
     cluster3.stop_sshd(0)
     cluster3.stop_sshd(2)
     try:
-        with pytest.raises(InfraError) as failed:
-            connect_all(nodes(cluster3, tmp_path))
+        with pytest.raises(GroupError) as failed, Group(nodes(cluster3, tmp_path)) as group:
+            group.connect()
     finally:
         cluster3.start_sshd(0)
         cluster3.start_sshd(2)
-    assert "node0" in str(failed.value) and "node2" in str(failed.value) and "node1" not in str(failed.value)
+    assert set(failed.value.failed) == {"node0", "node2"}
+    assert all(isinstance(e, ConnectError) for e in failed.value.failed.values())
+    assert str(failed.value).startswith("node[0,2]: unreachable")
+    assert failed.value.exit_code == 3
 
 
 def test_host_keys_file_left_alone_by_strict(cluster3: Cluster, tmp_path: Path) -> None:

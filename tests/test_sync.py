@@ -15,12 +15,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import UsageError
-from orchestrator.launch import Prepared
+from orchestrator.group import Group
 from orchestrator.plan import HostPlan, LaunchPlan
 from orchestrator.spec import job_from_text
 from orchestrator.spec.model import DEFAULT_SYNC_MAX_SIZE, NodeSpec, TransportKind
 from orchestrator.sync import decision, excluded, parse_rule, select_files, sync_workdirs
-from orchestrator.transport.local import LocalTransport
 
 HAS_GIT = shutil.which("git") is not None
 
@@ -152,15 +151,16 @@ def test_links_and_special_files_are_never_sent(tmp_path: Path) -> None:
     assert sorted(select_files(root).files) == ["train.py"]
 
 
-def prepared_for(tmp_path: Path, workdir: Path, max_size: int = DEFAULT_SYNC_MAX_SIZE) -> Prepared:
-    """A plan of one host reached with the local transport, its workdir `workdir`."""
+def sync_to(tmp_path: Path, workdir: Path, root: Path, max_size: int = DEFAULT_SYNC_MAX_SIZE) -> dict[str, int]:
+    """Sync `root` to one host reached with the local transport, its workdir `workdir`."""
     node = NodeSpec(name="h0", host="localhost", transport=TransportKind.LOCAL, python=sys.executable)
     host = HostPlan(node="h0", host="localhost", node_rank=0, nproc=1, python=sys.executable, workdir=str(workdir),
                     argv=[], env={}, secret_names=[], iface=None)
     plan = LaunchPlan(job_id="s-1", job_name="s", spec_path=str(tmp_path / "job.yaml"), inventory_path="<built-in>",
                       backend="local", master_node="h0", master_addr="127.0.0.1", master_port=29500, nnodes=1,
                       hosts=[host], secrets={}, sync=True, sync_max_size=max_size)
-    return Prepared(plan, {"h0": LocalTransport(node)}, {})
+    with Group([node]) as group:
+        return sync_workdirs(plan, group, root)
 
 
 def test_secret_looking_files_stay_here_and_one_line_names_them(tmp_path: Path,
@@ -168,7 +168,7 @@ def test_secret_looking_files_stay_here_and_one_line_names_them(tmp_path: Path,
     root = tree(tmp_path / "project", PROJECT)
     workdir = tmp_path / "host"
 
-    assert sync_workdirs(prepared_for(tmp_path, workdir), root) == {"h0": len(SENT)}
+    assert sync_to(tmp_path, workdir, root) == {"h0": len(SENT)}
 
     sent = sorted(str(p.relative_to(workdir)) for p in workdir.rglob("*") if p.is_file())
     assert sent == SENT
@@ -182,7 +182,7 @@ def test_more_than_sync_max_size_is_refused_naming_the_largest_files_and_nothing
     workdir = tmp_path / "host"
 
     with pytest.raises(UsageError) as caught:
-        sync_workdirs(prepared_for(tmp_path, workdir, max_size=4096), root)
+        sync_to(tmp_path, workdir, root, max_size=4096)
 
     assert str(caught.value) == (
         f"sync: {root} has 4.4 KiB to send, over the limit of 4.0 KiB (largest: data/big.bin 2.9 KiB, "
@@ -200,7 +200,7 @@ def test_the_tar_is_streamed_not_held_in_memory(tmp_path: Path) -> None:
     workdir = tmp_path / "host"
     tracemalloc.start()
     try:
-        sent = sync_workdirs(prepared_for(tmp_path, workdir), root)
+        sent = sync_to(tmp_path, workdir, root)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import remote
-from orchestrator.errors import UsageError
 from orchestrator.plan import DEFAULT_PORT, LaunchPlan
-from orchestrator.spec.model import JobSpec, SlurmOptions
+from orchestrator.spec.model import JobSpec
 
 # torchrun options whose values differ per node or are known only inside the allocation; the
 # node fills in `$NAME` from its environment (the batch script exports MASTER_ADDR/MASTER_PORT),
@@ -78,6 +77,17 @@ class SlurmFiles:
 
 
 @dataclass(frozen=True)
+class SlurmOptions:
+    """The Slurm backend's options (declared in SlurmBackend.OPTIONS)."""
+
+    partition: str | None = None
+    time: str | None = None
+    account: str | None = None
+    gpus_per_node: int | None = None
+    extra: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class BatchJob:
     """Everything the sbatch script says."""
 
@@ -97,37 +107,6 @@ class BatchJob:
     def filled(self) -> list[int]:
         """Positions in the torchrun argv whose `$NAME`s each node fills in."""
         return node_value_positions(self.plan.hosts[0].argv, self.options_end)
-
-
-def resolve_options(job: JobSpec, overrides: dict[str, str | None]) -> SlurmOptions:
-    """The job's `slurm:` section with --partition/--time/--account from the command line over it.
-
-    Raises:
-        UsageError: an override is not one line of printable text (it becomes an #SBATCH line).
-    """
-    given = {k: v for k, v in overrides.items() if v is not None}
-    for key, value in given.items():
-        check_one_line(f"--{key}", value)
-    return SlurmOptions(
-        partition=given.get("partition", job.slurm.partition), time=given.get("time", job.slurm.time),
-        account=given.get("account", job.slurm.account), gpus_per_node=job.slurm.gpus_per_node,
-        extra=job.slurm.extra,
-    )
-
-
-def check_one_line(where: str, value: str) -> None:
-    """Refuse a value for an `#SBATCH` line that would end the line (or hide in it).
-
-    Args:
-        where: the option, as the message names it.
-        value: its value.
-
-    Raises:
-        UsageError: the value holds a line break or another control character.
-    """
-    if not value.isprintable():
-        raise UsageError(f"{where}: {value!r} is not one line of text "
-                         "(each Slurm option is one #SBATCH line of the batch script: remove the line break)")
 
 
 def torchrun_options_end(job: JobSpec, argv: list[str], extra_args: list[str]) -> int:

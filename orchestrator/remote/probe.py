@@ -54,6 +54,8 @@ from collections.abc import Callable
 from importlib import util
 from typing import Any, BinaryIO
 
+from orchestrator.remote.output import Output
+
 PORT_SPAN = 200
 CONNECT_TIMEOUT = 2.0
 CONTROL_WAIT = 30.0
@@ -61,7 +63,6 @@ MODULE_WAIT = 10.0
 SUBPROCESS_WAIT = 10.0
 DRAIN_TIMEOUT = 1.0
 MIB = 1 << 20
-EVENT = b"\x1e"
 SIOCGIFADDR = 0x8915
 SIOCGIFNETMASK = 0x891B
 SMI_GPU_FIELDS = (
@@ -111,22 +112,6 @@ class Inbox:
                 if self._closed or left <= 0:
                     return None
                 self._cond.wait(left)
-
-
-class Output:
-    """Whole lines to stdout from several threads."""
-
-    def __init__(self, stream: BinaryIO) -> None:
-        self.stream = stream
-        self.lock = threading.Lock()
-
-    def line(self, data: bytes) -> None:
-        with self.lock:
-            self.stream.write(data + b"\n")
-            self.stream.flush()
-
-    def event(self, kind: str, fields: dict[str, Any]) -> None:
-        self.line(EVENT + json.dumps({"ev": kind, **fields}).encode())
 
 
 # ---------------------------------------------------------------- network

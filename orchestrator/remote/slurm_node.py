@@ -27,8 +27,9 @@ import socket
 import sys
 from typing import Any
 
+from orchestrator.remote.output import Output
 from orchestrator.remote.probe import first_free_port, port_free
-from orchestrator.remote.supervisor import Output, Supervisor
+from orchestrator.remote.supervisor import Supervisor
 
 
 def expand(argv: list[str], names: list[str], env: dict[str, str], at: list[int]) -> list[str]:

@@ -12,19 +12,19 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import TypeVar, cast
+from typing import TypeVar
 
+from orchestrator import backends
 from orchestrator.errors import UsageError
 from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT, Reader, Source, describe
-from orchestrator.spec.model import JobSpec, Rendezvous, Select, SlurmOptions, Telemetry
-from orchestrator.spec.yamlsrc import Map, Node, Seq, collect_lines, join_path, load_yaml, shown
+from orchestrator.spec.model import JobSpec, Rendezvous, Select, Telemetry
+from orchestrator.spec.yamlsrc import Map, Node, collect_lines, join_path, load_yaml, shown
 
 T = TypeVar("T")
 
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 SECRET_REF = re.compile(r"\$\{env:([^}]*)\}")
-BACKENDS = ("ssh", "local", "slurm")
 RENDEZVOUS_BACKENDS = ("static", "c10d")
 SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -77,7 +77,8 @@ def _job(root: Node | None, file: str) -> JobSpec:
     values = src.fields(top, "", readers)
     if "env" in values:
         values["env"], values["secrets"] = values["env"]
-    return JobSpec(path=file, **values, lines=collect_lines(top))
+    sections = {name: values.pop(name) for name in backends.names() if name in values}
+    return JobSpec(path=file, **values, backend_sections=sections, lines=collect_lines(top))
 
 
 def _job_readers(src: Source) -> dict[str, Reader]:
@@ -96,8 +97,8 @@ def _job_readers(src: Source) -> dict[str, Reader]:
         "telemetry": lambda node, path: _section(src, node, path, Telemetry, _telemetry_readers(src)),
         "sync": src.boolean,
         "sync_max_size": lambda node, path: _size(src, node, path),
-        "backend": lambda node, path: src.choice(node, path, BACKENDS),
-        "slurm": lambda node, path: _section(src, node, path, SlurmOptions, _slurm_readers(src)),
+        "backend": lambda node, path: src.choice(node, path, backends.names()),
+        **{name: lambda node, path: _backend_section(src, node, path) for name in backends.names()},
         "heartbeat_timeout": lambda node, path: src.number(node, path, 0, inclusive=False),
         "stop_grace": lambda node, path: src.number(node, path, 0),
     }
@@ -114,28 +115,12 @@ def _telemetry_readers(src: Source) -> dict[str, Reader]:
     return {"interval": lambda node, path: src.number(node, path, MIN_TELEMETRY_INTERVAL), "enabled": src.boolean}
 
 
-def _slurm_readers(src: Source) -> dict[str, Reader]:
-    return {
-        "partition": lambda node, path: _sbatch_value(src, node, path),
-        "time": lambda node, path: _sbatch_value(src, node, path),
-        "account": lambda node, path: _sbatch_value(src, node, path),
-        "gpus_per_node": lambda node, path: src.integer(node, path, 1),
-        "extra": lambda node, path: _sbatch_lines(src, node, path),
-    }
-
-
-def _sbatch_value(src: Source, node: Node, path: str) -> str:
-    """Text that becomes one `#SBATCH` line: a line break would end the line and start a shell command."""
-    text = src.text(node, path)
-    if not text.isprintable():
-        hint = "each Slurm option is one #SBATCH line of the batch script: remove the line break"
-        raise src.error(node.line, path, f"must be one line of text, got {shown(text)}", hint)
-    return text
-
-
-def _sbatch_lines(src: Source, node: Node, path: str) -> tuple[str, ...]:
-    src.strings(node, path)
-    return tuple(_sbatch_value(src, item, f"{path}[{index}]") for index, item in enumerate(cast(Seq, node).items))
+def _backend_section(src: Source, node: Node, path: str) -> Map:
+    """A backend's section: a mapping, whose keys and values that backend checks when it is used."""
+    if not isinstance(node, Map):
+        raise src.error(node.line, path, f"must be a mapping, got {describe(node)}",
+                        f"the {path} backend's options, e.g. {path}: {{key: value}}")
+    return node
 
 
 def _size(src: Source, node: Node, path: str) -> int:
