@@ -140,6 +140,19 @@ def test_launch_refuses_on_a_version_mismatch_and_starts_nothing(cluster3, tmp_p
         assert not [p for p in cluster3.processes(i) if "torch.distributed.run" in " ".join(p.cmdline)]
 
 
+def test_launch_refuses_when_a_nodes_pythonpath_puts_another_torch_first_and_starts_nothing(cluster3, tmp_path, env):
+    site = standin_torch(tmp_path / "source-tree")
+    nodes = nodes_with(cluster3, 2, env={"PYTHONPATH": str(site)})
+    inventory = cluster3.write_inventory(tmp_path / "inventory.yaml", nodes=nodes)
+    home = tmp_path / "home"
+    result = distrun("launch", str(job_file(tmp_path)), "-i", str(inventory), "--no-live", home=home, env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"torch differs: node[0-1]: {TORCH}; node2: {STANDIN}" in result.stderr
+    assert "nothing was started" in result.stderr
+    for i in range(cluster3.n):
+        assert not [p for p in cluster3.processes(i) if "torch.distributed.run" in " ".join(p.cmdline)]
+
+
 def test_a_port_already_bound_on_the_master_is_an_error_for_the_jobs_hosts(cluster3, tmp_path, env):
     listener = (f"import socket, time; s = socket.socket(); s.bind(('0.0.0.0', {PORT})); s.listen(); "
                 "print('ready', flush=True); time.sleep(300)")
