@@ -15,7 +15,7 @@ import click
 from orchestrator import backends, remote
 from orchestrator.backends.base import LaunchRequest, for_record, refresh_lost
 from orchestrator.errors import DistrunError, ExitCode, UsageError
-from orchestrator.remote.redact import escape_text
+from orchestrator.remote.redact import escape_controls
 from orchestrator.store import JobRecord, Store, new_job_id
 
 DETACH_WAIT = 120.0
@@ -308,7 +308,7 @@ def main() -> None:
         if debug:
             traceback.print_exc()
         # An error may quote a host (its stderr, a banner): shown as text, never as terminal controls.
-        sys.stderr.write(f"distrun: error: {escape_text(str(exc))}\n")
+        sys.stderr.write(f"distrun: error: {escape_controls(str(exc))}\n")
         sys.exit(int(exc.exit_code))
     except KeyboardInterrupt:
         sys.exit(int(ExitCode.INTERRUPTED))

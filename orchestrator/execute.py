@@ -36,7 +36,7 @@ from orchestrator.display import HostOutput, failure_summary, gather, render_blo
 from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
 from orchestrator.group import Group
 from orchestrator.interrupts import on_signals
-from orchestrator.remote.redact import escape_json, escape_line
+from orchestrator.remote.redact import escape_controls, escape_json
 from orchestrator.spec.fields import suggestion
 from orchestrator.spec.model import Inventory, NodeSpec
 from orchestrator.transport import RemoteProcess, Transport
@@ -223,7 +223,7 @@ def _shown(result: HostResult) -> HostOutput:
     lines = [*_lines(result.stdout), *_lines(result.stderr)]
     if result.error is not None:
         lines.append(result.error)
-    return HostOutput(tuple(escape_line(line) for line in lines), result.failure)
+    return HostOutput(tuple(escape_controls(line) for line in lines), result.failure)
 
 
 def _lines(text: str) -> list[str]:

@@ -222,7 +222,8 @@ class HostRun:
 
 def _masked(failure: Failure, mask: Masker) -> Failure:
     """The failure with its reason and last lines masked."""
-    return replace(failure, reason=mask(failure.reason), last_lines=tuple(mask(line) for line in failure.last_lines))
+    return replace(failure, reason=mask.text(failure.reason),
+                   last_lines=tuple(mask.text(line) for line in failure.last_lines))
 
 
 class Launcher:
@@ -353,7 +354,7 @@ class Launcher:
         self.monitor.stop()
         # The summary quotes the job's last lines: a secret the job printed is masked here too.
         mask = Masker(self.plan.secrets.values())
-        detail = mask("\n".join([detail, *extra, *telemetry.summary_lines(self.record.alerts)]))
+        detail = mask.text("\n".join([detail, *extra, *telemetry.summary_lines(self.record.alerts)]))
         restarts = max((h.restarts for h in self.hosts), default=0)
         self.store.end(self.plan.job_id, state, code, detail, restarts=restarts,
                        failures=[_masked(f, mask).to_dict() for f in failures or []])

@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator import remote
 from orchestrator.remote.private import make_private_dirs, open_private, write_private
-from orchestrator.remote.redact import Masker, escape_json, escape_line, escape_text
+from orchestrator.remote.redact import Masker, escape_controls, escape_json, mask
 
 PLANTED = "import sys\nsys.stdout.write('PLANTED\\n')\n"
 
@@ -100,18 +100,18 @@ def test_a_database_left_readable_by_an_older_distrun_is_made_0600(tmp_path: Pat
 # ---------------------------------------------------------------- masking
 
 
-def test_masker_replaces_every_secret_value_longest_first_and_each_line_of_a_multiline_one() -> None:
-    mask = Masker(["tok-123", "tok-123-long", "", "  ", "-----BEGIN KEY-----\nAAAAbbbbCCCC\n-----END KEY-----"])
-    assert mask("a tok-123-long b tok-123 c") == "a *** b *** c"
-    assert mask("key line: AAAAbbbbCCCC") == "key line: ***"
-    assert mask("nothing to hide") == "nothing to hide"
-    assert not Masker(["", "   "]) and Masker(["x1"])
-    assert Masker([])("tok-123") == "tok-123"
+def test_masker_replaces_every_secret_value_longest_first_in_text_and_bytes() -> None:
+    masker = Masker(["tok-123", "tok-123-long", ""])
+    assert masker.text("a tok-123-long b tok-123 c") == "a *** b *** c"
+    assert masker.bytes(b"a tok-123-long b tok-123 c") == b"a *** b *** c"
+    assert masker.text("nothing to hide") == "nothing to hide"
+    assert not Masker([""]) and Masker(["x1"])
+    assert mask("pem: -----A\nBB-----", ["-----A\nBB-----"]) == "pem: ***"
 
 
 def test_masker_takes_secrets_with_regex_characters_literally() -> None:
-    mask = Masker(["a.b*c(d)", "p@ss|w0rd"])
-    assert mask("a.b*c(d) axbbbc(d) p@ss|w0rd p@ss") == "*** axbbbc(d) *** p@ss"
+    masker = Masker(["a.b*c(d)", "p@ss|w0rd"])
+    assert masker.text("a.b*c(d) axbbbc(d) p@ss|w0rd p@ss") == "*** axbbbc(d) *** p@ss"
 
 
 # ---------------------------------------------------------------- escaping
@@ -120,10 +120,10 @@ def test_masker_takes_secrets_with_regex_characters_literally() -> None:
 def test_escape_shows_c0_c1_and_del_as_text_and_keeps_tab_and_printable_unicode() -> None:
     title = "\x1b]0;pwned\x07"
     clear = "\x1b[2J\x1b[H"
-    assert escape_line(f"{title}ok{clear}") == "\\x1b]0;pwned\\x07ok\\x1b[2J\\x1b[H"
-    assert escape_line("a\tb\rc\x00d\x7fe\x9bf\x85g") == "a\tb\\x0dc\\x00d\\x7fe\\x9bf\\x85g"
-    assert escape_line("naïve — 日本 ✓") == "naïve — 日本 ✓"
-    assert escape_text("one\x1b[31m\ntwo\n") == "one\\x1b[31m\ntwo\n"
+    assert escape_controls(f"{title}ok{clear}") == "\\x1b]0;pwned\\x07ok\\x1b[2J\\x1b[H"
+    assert escape_controls("a\tb\rc\x00d\x7fe\x9bf\x85g") == "a\tb\\x0dc\\x00d\\x7fe\\x9bf\\x85g"
+    assert escape_controls("naïve — 日本 ✓") == "naïve — 日本 ✓"
+    assert escape_controls("one\x1b[31m\ntwo\n") == "one\\x1b[31m\ntwo\n"
 
 
 def test_escape_json_keeps_the_data_and_leaves_no_c1_character() -> None:

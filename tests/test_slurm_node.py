@@ -79,7 +79,7 @@ def test_a_node_fills_its_rank_and_the_master_into_the_positions_the_config_name
     config["expand_at"] = [3]
     batch.files.node_config.write_text(json.dumps(config))
     result = node_task(batch.files, batch.bundle_size, str(batch.files.node_config), "--", *argv,
-                       env={"MASTER_ADDR": "n0"})
+                       env={"MASTER_ADDR": "n0"}, stdin=batch.files.secrets.read_text())
 
     assert result.returncode == 0, result.stderr
     assert "args 1 $MASTER_ADDR" in stream_lines(batch.files)

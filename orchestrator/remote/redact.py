@@ -1,16 +1,12 @@
-"""Text that is safe to keep and to show: secrets masked, control characters escaped.
+"""Secrets masked and control characters escaped: the same rules on the hosts and on the controller.
 
-Stdlib-only and shipped to the hosts like every remote module, so that the controller and the
-hosts mask and escape alike.
+Stdlib-only, so the supervisor ships it (it masks the host-side copy) and the controller imports
+it (job files, terminal, summary, database). Two rules:
 
-- `Masker` replaces each resolved `${env:X}` value with `***` wherever it appears in a text.
-  It sees only the literal value (and each line of a value of several lines): a secret printed
-  encoded (base64, a repr with escapes) is not found.
-- `escape_line` / `escape_text` make text from a host safe for a terminal: every C0 control
-  character but tab (ESC included), DEL, and every C1 control character (U+0080-U+009F, which
-  some terminals read as ESC sequences too) becomes a visible `\\xNN`. An OSC title change or a
-  clear-screen printed on a host then shows as text instead of acting on the operator's terminal.
-  Files keep the bytes as they came; escaping is for what is shown.
+- Every resolved `${env:X}` secret value becomes `***` wherever a job's output is kept or shown.
+- Text shown on an operator's terminal from a host has its C0 and C1 control characters (tab
+  and the line feed that ends a line excepted, DEL included) written as `\\xNN`, so that no host
+  can move the cursor, clear the screen or retitle the window. Files keep the bytes as they came.
 """
 
 from __future__ import annotations
@@ -19,52 +15,83 @@ import re
 from collections.abc import Iterable
 
 MASK = "***"
-
-_CONTROLS = [*(c for c in range(0x20) if c != 0x09), 0x7F, *range(0x80, 0xA0)]
-_LINE_TABLE = {c: f"\\x{c:02x}" for c in _CONTROLS}
-# json.dumps escapes C0 itself (its newlines between items are structure); DEL and C1 it leaves raw,
-# and those can only stand inside a JSON string, where \\u00NN means the same character.
-_JSON_TABLE = {c: f"\\u{c:04x}" for c in _CONTROLS if c >= 0x7F}
+# C0 without tab (0x09) and line feed (0x0a), DEL, and C1 (U+0080..U+009F).
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_C0_BYTES = bytes([*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f])
+_C1_LEAD = b"\xc2"  # U+0080..U+009F are \xc2\x80..\xc2\x9f in UTF-8
 
 
 class Masker:
-    """Replaces secret values with `***`.
+    """Replaces each secret value by `***`, in bytes or in text; longest secrets first, so that a
+    secret that contains another is masked whole.
 
     Args:
-        secrets: The resolved secret values. Empty values are ignored (there is nothing to find);
-            a value of several lines is also looked for line by line, since logs are kept by line.
+        secrets: The secret values; empty ones are ignored.
     """
 
     def __init__(self, secrets: Iterable[str]) -> None:
-        values = {v for secret in secrets for v in (secret, *secret.splitlines()) if v.strip()}
-        # Longest first: a secret that contains another is masked whole.
-        ordered = sorted(values, key=len, reverse=True)
-        self._pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
+        values = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self.texts = values
+        self.raw = [s.encode("utf-8", "surrogateescape") for s in values]
 
     def __bool__(self) -> bool:
-        return self._pattern is not None
+        return bool(self.texts)
 
-    def __call__(self, text: str) -> str:
-        """`text` with every secret value replaced by `***`."""
-        return self._pattern.sub(MASK, text) if self._pattern is not None else text
+    def bytes(self, data: bytes) -> bytes:
+        """`data` with every secret replaced (C-speed search; a copy only when one is found)."""
+        for secret in self.raw:
+            if secret in data:
+                data = data.replace(secret, MASK.encode())
+        return data
+
+    def text(self, text: str) -> str:
+        """`text` with every secret replaced."""
+        for secret in self.texts:
+            if secret in text:
+                text = text.replace(secret, MASK)
+        return text
 
 
-def escape_line(line: str) -> str:
-    """One line made safe for a terminal: C0 (tab excepted, line breaks included), DEL and C1
-    control characters as `\\xNN`."""
-    return line.translate(_LINE_TABLE)
+def mask(text: str, secrets: Iterable[str]) -> str:
+    """`text` with every value of `secrets` replaced by `***`."""
+    return Masker(secrets).text(text)
 
 
-def escape_text(text: str) -> str:
-    """Text of several lines made safe for a terminal: each line escaped, the newlines kept."""
-    return "\n".join(escape_line(line) for line in text.split("\n"))
+def _escaped(match: re.Match[str]) -> str:
+    return f"\\x{ord(match.group()):02x}"
+
+
+def shown_text(data: bytes) -> str:
+    """Bytes from a host as text for a terminal: decoded (a bad byte becomes U+FFFD) and escaped
+    as `escape_controls` does. A batch with no control character (the common case: one byte
+    table pass, one byte search) costs no regex at all."""
+    text = data.decode("utf-8", "replace")
+    if len(data.translate(None, _C0_BYTES)) == len(data) and _C1_LEAD not in data:
+        return text
+    return escape_controls(text)
+
+
+def escape_controls(text: str) -> str:
+    """`text` safe for a terminal: C0/C1 control characters and DEL written as `\\xNN`; tab and
+    newline kept. Cheap when there is nothing to escape (one regex search)."""
+    if _CONTROL.search(text) is None:
+        return text
+    return _CONTROL.sub(_escaped, text)
+
+
+# json.dumps escapes C0 itself (its newlines between items are structure); DEL and C1 it leaves raw,
+# and those can only stand inside a JSON string, where \\u00NN means the same character.
+_JSON_TABLE = {c: f"\\u{c:04x}" for c in range(0x7F, 0xA0)}
 
 
 def escape_json(text: str) -> str:
-    """JSON text with the DEL and C1 characters of its strings written as the `\\u00NN` escapes that
-    mean the same characters: the data is unchanged, the terminal safe.
+    """JSON text safe for a terminal with the same data: the DEL and C1 characters of its strings
+    written as the `\\u00NN` escapes that mean the same characters.
 
     Args:
         text: JSON as `json.dumps(..., ensure_ascii=False)` writes it.
+
+    Returns:
+        The JSON text, equal to `text` once parsed.
     """
     return text.translate(_JSON_TABLE)
