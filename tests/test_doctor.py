@@ -453,6 +453,23 @@ def test_each_probe_imports_as_its_job_would_with_the_jobs_env_over_the_inventor
     }
 
 
+def test_a_script_jobs_probe_looks_first_where_its_workers_do_the_scripts_own_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    nodes = [NodeSpec(name="a", host="a")]
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+
+    def first(job_text: str | None) -> str:
+        job = job_from_text(job_text, "j.yaml") if job_text else None
+        return import_options(nodes, job, "/work")["a"]["import_from"]["cwd"]
+
+    assert first("name: t\nscript: src/train.py\n") == "/work/src"
+    assert first(f"name: t\nscript: {tmp_path}/src/train.py\n") == f"{tmp_path}/src"
+    assert first("name: t\nmodule: m\n") == "/work"
+    assert first(None) == "/work"
+
+
 def launch_torch(node: NodeSpec, job_text: str) -> str | None:
     """The torch version that a launch's one probe round found on `node` (a one-node job)."""
     backend = SshBackend(Store.__new__(Store))

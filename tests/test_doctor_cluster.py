@@ -110,9 +110,13 @@ def test_a_torch_on_a_nodes_pythonpath_is_the_one_reported_not_the_installed_one
     assert rows(result.stdout)["torch"] == ("error", f"torch differs: node[0-1]: {TORCH}; node2: {STANDIN}")
 
 
-def test_with_a_job_the_torch_in_its_workdir_is_the_one_reported(cluster3, tmp_path, env):
+def test_with_a_job_the_torch_beside_its_script_is_the_one_reported(cluster3, tmp_path, env):
+    # The workers put the script's directory first on sys.path; here it is the workdir.
     workdir = standin_torch(tmp_path / "work")
-    job = job_file(tmp_path, f"workdir: {workdir}\n")
+    shutil.copy(REPO / "jobs" / "allreduce_bench.py", workdir)
+    job = tmp_path / "job.yaml"
+    job.write_text(f"name: preflight\nscript: {workdir / 'allreduce_bench.py'}\nworkdir: {workdir}\n"
+                   f"args: [--backend, gloo, --sizes, '1024']\nrendezvous: {{port: {PORT}}}\n")
     result = doctor(cluster3, tmp_path, env, "--job", str(job))
     assert rows(result.stdout)["torch"] == ("ok", f"node[0-2]: torch {STANDIN}"), result.stdout + result.stderr
 

@@ -11,6 +11,7 @@ would import it (`import_options`): the torch a check or the preflight names is 
 from __future__ import annotations
 
 import json
+import posixpath
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -177,8 +178,10 @@ class Round:
 def import_options(nodes: Sequence[NodeSpec], job: JobSpec | None, workdir: str) -> dict[str, dict[str, Any]]:
     """Each node's probe option `import_from`: find torch as the job would import it.
 
-    That is the node's python, started in the job's workdir, with the inventory's env and the
-    job's over it (as the plan sets them; secrets stay out: they do not move an import).
+    That is the node's python with the directory its workers put first on sys.path (the
+    script's own directory; the workdir for a `module:` job, or without a job), and the
+    inventory's env with the job's over it (as the plan sets them; secrets stay out: they do not
+    move an import). torchrun itself runs with safe paths and searches neither.
 
     Args:
         nodes: The nodes probed.
@@ -189,7 +192,8 @@ def import_options(nodes: Sequence[NodeSpec], job: JobSpec | None, workdir: str)
         {node name: {"import_from": {...}}}, as `probe_round` takes per host.
     """
     job_env = job.env if job else {}
-    return {n.name: {"import_from": {"python": n.python, "cwd": workdir, "env": {**n.env, **job_env}}}
+    first = posixpath.dirname(posixpath.join(workdir, job.script)) if job and job.script else workdir
+    return {n.name: {"import_from": {"python": n.python, "cwd": first, "env": {**n.env, **job_env}}}
             for n in nodes}
 
 
