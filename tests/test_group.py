@@ -19,7 +19,9 @@ from orchestrator.errors import ExitCode, InfraError, UsageError
 from orchestrator.group import Group, GroupError, GroupResult, parallel
 from orchestrator.spec.model import NodeSpec, TransportKind
 from orchestrator.transport import RemoteProcess, Transport, transport_for
-from orchestrator.transport.base import ConnectError, ConnectFailure
+from orchestrator.transport.base import REACH_HINT, ConnectError, ConnectFailure
+
+FIX = f" (fix: {REACH_HINT})"
 
 
 def local(name: str) -> NodeSpec:
@@ -94,9 +96,9 @@ def test_connect_names_every_unreachable_host_after_all_answered_and_closes_all(
         group.connect()
     error = caught.value
     assert set(error.failed) == {"node0", "node2"} and set(error.result.unreachable) == {"node0", "node2"}
-    assert str(error) == "node[0,2]: unreachable: connection refused"
+    assert str(error) == "node[0,2]: unreachable: connection refused" + FIX
     assert error.render(fold=False) == ("node0 (10.0.0.10:22): unreachable: connection refused; "
-                                        "node2 (10.0.0.12:22): unreachable: connection refused")
+                                        "node2 (10.0.0.12:22): unreachable: connection refused" + FIX)
     assert error.exit_code == ExitCode.INFRA
     assert sorted(FakeTransport.closed) == ["node0", "node1", "node2"]
 
@@ -108,7 +110,7 @@ def test_a_host_alone_with_its_error_keeps_its_own_message():
     with pytest.raises(GroupError) as caught:
         group.connect()
     assert str(caught.value) == ("node0 (10.0.0.10:22): unreachable: connection refused; "
-                                 "node2 (10.0.0.12:22): authentication failed as root")
+                                 "node2 (10.0.0.12:22): authentication failed as root" + FIX)
 
 
 def test_connect_without_strict_reports_instead_of_raising():

@@ -22,6 +22,7 @@ from orchestrator.facts import HostFacts
 from orchestrator.group import Group, GroupResult, parallel
 from orchestrator.plan import DEFAULT_PORT, choose_master_addr
 from orchestrator.spec.model import NodeSpec
+from orchestrator.terminal import Progress
 from orchestrator.transport import RemoteProcess, Transport
 
 PROBE_MODULES = ["output", "probe"]  # what the probe runs, dependencies first
@@ -173,7 +174,8 @@ class Round:
 
 
 def probe_round(group: Group, master: NodeSpec, base: dict[str, Any], port: int | None,
-                master_addr: str | None, port_from: int = DEFAULT_PORT, resolve: bool = True) -> Round:
+                master_addr: str | None, port_from: int = DEFAULT_PORT, resolve: bool = True,
+                progress: Progress | None = None) -> Round:
     """Run the probe on every host at once; the master listens, the others connect to it.
 
     Args:
@@ -185,6 +187,7 @@ def probe_round(group: Group, master: NodeSpec, base: dict[str, Any], port: int 
         port_from: Where the search for a free port starts when `port` is None.
         resolve: Have the other hosts look up the master's address and host name (doctor's
             master-resolves check; a launch skips it, as a slow DNS would slow every launch).
+        progress: Counts the hosts whose probe finished (`probed 41/64` on a terminal).
 
     Returns:
         Every host's result (facts or error), in the group's order, and the master's address as used.
@@ -211,7 +214,17 @@ def probe_round(group: Group, master: NodeSpec, base: dict[str, Any], port: int 
     if master_run is not None:
         live[master.name] = master_run
         master_run.send({"stop": True})
-    finished = parallel(live.values(), lambda r: r.finish(PROBE_TIMEOUT), key=lambda r: r.name)
+
+    def finish(run: ProbeRun) -> dict[str, Any]:
+        try:
+            return run.finish(PROBE_TIMEOUT)
+        finally:
+            if progress is not None:
+                progress.tick(run.name)
+
+    finished = parallel(live.values(), finish, key=lambda r: r.name)
+    if progress is not None:
+        progress.clear()
     for name, value in finished.items():
         results[name] = HostResult(name, error=one_line(value), exception=value) if isinstance(value, Exception) \
             else HostResult(name, facts=HostFacts.from_probe(name, value))
