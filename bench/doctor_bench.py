@@ -63,7 +63,7 @@ def probe_command(python: str, workdir: Path) -> str:
 def commands(addrs: list[str], inv: Path, ssh_config: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
     """The exact command lines, with their extra environment, for each tool."""
     pdsh = ["pdsh", "-R", "ssh", "-w", ",".join(addrs), probe_command(sys.executable, REPO)]
-    doctor = [sys.executable, "-m", "orchestrator", "doctor", "-i", str(inv), "--json"]
+    doctor = [sys.executable, "-m", "orchestrator", "doctor", "-i", str(inv), "--all", "--json"]
     return {"pdsh": (pdsh, {"PDSH_SSH_ARGS": f"-F {ssh_config} -x -l%u %h"}), "doctor": (doctor, {})}
 
 

@@ -91,7 +91,7 @@ def inventory(base: Path, size: int, tmp: Path) -> Path:
 def commands(addrs: list[str], inv: Path, ssh_config: Path, argv: list[str]) -> dict[str, tuple[list[str], dict]]:
     """The exact command lines, with their extra environment, for each tool."""
     pdsh = ["pdsh", "-R", "ssh", "-w", ",".join(addrs), shlex.join(argv)]
-    distrun = [sys.executable, "-m", "orchestrator", "exec", "-i", str(inv), "--", *argv]
+    distrun = [sys.executable, "-m", "orchestrator", "exec", "-i", str(inv), "--all", "--", *argv]
     return {"pdsh": (pdsh, {"PDSH_SSH_ARGS": f"-F {ssh_config} -x -l%u %h"}), "distrun": (distrun, {})}
 
 

@@ -47,7 +47,8 @@ Exit codes:
   1    the job failed (or a doctor check, or a command run by exec)
   2    bad input or usage (nothing was started)
   3    infrastructure: a host unreachable, authentication failed, a port busy
-  130  interrupted (Ctrl-C); 143 terminated (SIGTERM)
+  130  interrupted (Ctrl-C)
+  143  terminated (SIGTERM)
 
 \b
 Environment:
@@ -105,7 +106,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
               "(values only their probe gives show as <probe>); start nothing.")
 @click.option("--probe", is_flag=True, help="With --dry-run: reach and probe the hosts to fill in every value.")
 @click.option("--detach", is_flag=True, help="Run the controller in the background; print the job id.")
-@json_option("With --detach: print the job's record as JSON instead of its id.")
+@json_option()
 @click.option("--skip-preflight", is_flag=True, help="Do not check versions and the port before starting.")
 @click.option("--backend", type=click.Choice(backends.names()), help="Where to run (default: the job's, else ssh).")
 @click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
@@ -125,7 +126,8 @@ def launch(ctx: click.Context, target: str, inventory: str | None, selection: Ho
 
     Arguments after `--` go to the training script. Without --nodes, --label, --nnodes or --all,
     a job without `nnodes` uses every host of the inventory; above `confirm_above` hosts (8)
-    distrun asks first on a terminal, and refuses elsewhere.
+    distrun asks first on a terminal, and refuses elsewhere. With --detach, --json prints the
+    job's record instead of its id.
 
     \b
     Examples:
@@ -266,8 +268,9 @@ def ps(as_json: bool, show_all: bool, state: str | None, since: str | None) -> N
         click.echo("no jobs" + (" match" if states or after else " yet (start one with "
                                 "`distrun launch jobs/resnet50.yaml`)"))
         return
-    for line in _ps_lines(records, terminal.colour(sys.stdout)):
-        click.echo(line)
+    colour = terminal.colour(sys.stdout)
+    for line in _ps_lines(records, colour):
+        click.echo(line, color=colour)  # click would strip the colour off a pipe that --color always asked for
 
 
 def _ps_lines(records: list[JobRecord], colour: bool) -> list[str]:
@@ -351,13 +354,14 @@ def _recover(store: Store, rec: JobRecord) -> None:
 
 @cli.command(short_help="Stop a job, or every job on some hosts.")
 @click.argument("job_ref", required=False, shell_complete=complete_jobs)
-@host_selection("Every running job, whichever its hosts.")
-@json_option("Print one JSON object per job stopped: id, state, exit_code, messages.")
+@host_selection()
+@json_option()
 @color_option
 def stop(job_ref: str | None, selection: HostSelection, as_json: bool) -> None:
     """Stop a job (JOB_REF: an id, a unique prefix, or `last`), or every running job on the selected hosts.
 
     Through the job's controller when it is alive, else directly on its hosts (found by the job id).
+    --json prints one object per job stopped: id, state, exit_code, messages.
 
     \b
     Examples:
@@ -426,10 +430,12 @@ def _stop_one(store: Store, rec: JobRecord, as_json: bool) -> int:
 @cli.command(short_help="Show every host's and GPU's latest figures for a job.")
 @click.argument("job_ref", shell_complete=complete_jobs)
 @click.option("--once", is_flag=True, help="Print one frame and exit, even for a running job.")
-@json_option("Print one sample as JSON (each host's and GPU's latest figures) and exit.")
+@json_option()
 @color_option
 def top(job_ref: str, once: bool, as_json: bool) -> None:
     """Show every host's and GPU's latest figures: live for a running job, the last samples of a finished one.
+
+    --json prints one sample (each host's and GPU's latest figures) and exits.
 
     \b
     Examples:
@@ -591,7 +597,7 @@ def bench(ctx: click.Context, jobs: tuple[str, ...], inventory: str | None, sele
 @click.option("--keep", type=click.IntRange(min=0), metavar="N", help="Keep the newest N finished jobs whatever "
               "their age.")
 @click.option("--dry-run", is_flag=True, help="Only list the jobs that would be removed.")
-@json_option("Print {removed, kept, dry_run} as JSON.")
+@json_option()
 @color_option
 def prune(older_than: str | None, keep: int | None, dry_run: bool, as_json: bool) -> None:
     """Remove finished jobs' directories here and the copies their hosts keep; running jobs are never touched.

@@ -53,7 +53,7 @@ def color_option(fn: F) -> F:
                         is_eager=True, callback=apply, help=COLOR_HELP)(fn)
 
 
-def host_selection(all_help: str = ALL_HELP) -> Callable[[F], F]:
+def host_selection() -> Callable[[F], F]:
     """`--nodes`, `-x/--exclude`, `--label` and `--all`, given to the command as `selection`."""
 
     def decorate(fn: F) -> F:
@@ -68,7 +68,7 @@ def host_selection(all_help: str = ALL_HELP) -> Callable[[F], F]:
                          shell_complete=complete_nodes),
             click.option("--label", "labels", multiple=True, metavar="LABELS", help=LABEL_HELP,
                          shell_complete=complete_labels),
-            click.option("--all", "all_hosts", is_flag=True, help=all_help),
+            click.option("--all", "all_hosts", is_flag=True, help=ALL_HELP),
         ]
         for option in reversed(options):
             wrapper = option(wrapper)
@@ -146,25 +146,38 @@ def default_map(group: click.Group, config: Config) -> dict[str, dict[str, objec
         if command is None:
             raise config.error(config.command_lines[name], f"commands.{name}", "no such command",
                                suggestion(name, list(group.commands), "commands"))
-        params = {p.name: p for p in command.params if p.name and not getattr(p, "hidden", False)}
+        params = _option_names(command)
         for key, value in options.items():
             if key not in params:
                 raise config.error(value.line, f"commands.{name}.{key}", f"distrun {name} has no such option",
-                                   suggestion(key, list(params), "options"))
-        defaults[name] = {key: value.value for key, value in options.items()}
+                                   suggestion(key, sorted(params), "options"))
+        defaults[name] = {params[key]: value.value for key, value in options.items()}
     return defaults
+
+
+def _option_names(command: click.Command) -> dict[str, str]:
+    """A command's options by their long names (`no_live`, `all`) and parameter names -> parameter name."""
+    names: dict[str, str] = {}
+    for param in command.params:
+        if isinstance(param, click.Option) and param.name and not param.hidden:
+            for opt in param.opts:
+                if opt.startswith("--"):
+                    names[opt[2:].replace("-", "_")] = param.name
+            names.setdefault(param.name, param.name)
+    return names
 
 
 class LaunchCommand(click.Command):
     """`distrun launch`: an unknown option is most often a training script's, given without `--`."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        given = list(args)  # the parser consumes `args`
         try:
             return super().parse_args(ctx, args)
         except click.NoSuchOption as exc:
             close = [p for p in exc.possibilities or () if p not in ctx.help_option_names]
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            target = next((a for a in args if not a.startswith("-")), "train.py")
+            target = next((a for a in given if a.endswith((".py", ".yaml", ".yml"))), "train.py")
             raise click.UsageError(
                 f"{exc.option_name}: not an option of distrun launch{hint}. Arguments for the training script "
                 f"go after `--`: distrun launch {target} [OPTIONS] -- {exc.option_name} ...", ctx) from None

@@ -51,7 +51,8 @@ def test_job_names_are_taken_in_inventory_order(inv: Inventory) -> None:
 
 
 def test_cli_names_override_the_job_names(inv: Inventory) -> None:
-    assert names(select_nodes(job("select: {names: [node3]}\n"), inv, HostSelection(nodes=("node2,node0",)))) == ["node0", "node2"]
+    chosen = select_nodes(job("select: {names: [node3]}\n"), inv, HostSelection(nodes=("node2,node0",)))
+    assert names(chosen) == ["node0", "node2"]
 
 
 def test_nnodes_takes_the_first_selected_nodes(inv: Inventory) -> None:
@@ -200,7 +201,7 @@ def test_nnodes_in_the_job_or_on_the_command_line_is_explicit() -> None:
 
 
 def test_an_exclusion_alone_is_not_explicit() -> None:
-    with pytest.raises(UsageError, match="all 11 hosts of big.yaml"):
+    with pytest.raises(UsageError, match=r"all 11 hosts of big\.yaml"):
         select_hosts(BIG, HostSelection(exclude=("n00",)), Guard(confirm_above=8), "exec")
 
 
@@ -214,7 +215,7 @@ def test_on_a_terminal_the_operator_is_asked_and_a_no_stops_everything() -> None
         return ask
 
     assert len(select_hosts(BIG, HostSelection(), Guard(8, answer(True)), "exec")) == 12
-    with pytest.raises(UsageError, match="^doctor: not confirmed; nothing was done$"):
+    with pytest.raises(UsageError, match=r"^doctor: not confirmed; nothing was done$"):
         select_hosts(BIG, HostSelection(), Guard(8, answer(False)), "doctor")
     assert asked == ["distrun exec on all 12 hosts of big.yaml (n[00-11])?",
                      "distrun doctor on all 12 hosts of big.yaml (n[00-11])?"]
