@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.backends.base import LaunchRequest
 from orchestrator.errors import UsageError
-from orchestrator.spec import job_from_text, load_job
+from orchestrator.spec import HostSelection, job_from_text, load_job
 from orchestrator.spec.overrides import apply_overrides, is_script, job_from_script, job_to_yaml
 
 REPO = Path(__file__).resolve().parent.parent
@@ -79,3 +80,18 @@ def test_yaml_of_a_job_with_every_section_reads_back_the_same(tmp_path) -> None:
     assert replace(again, path=job.path) == job
     assert "${env:SECRET}" in job_to_yaml(job) and again.secrets == {"KEY": "SECRET"}
     assert again.backend_sections["slurm"].entries["partition"].value == "gpu"
+
+
+def test_the_recorded_command_names_the_hosts_as_a_range_and_every_flag_that_changed_the_job() -> None:
+    request = LaunchRequest("jobs/tiny.yaml", inventory="lab.yaml", selection=HostSelection(labels=("gpu",)),
+                            nnodes=2, backend="ssh", options=["k=v"], env=["A=1"], name="t2", nproc_per_node="1",
+                            extra_args=["--steps", "20"])
+
+    args = request.reproduce(["node0", "node2"], "/srv/lab.yaml")
+
+    assert args == [str(REPO / "jobs" / "tiny.yaml"), "-i", "/srv/lab.yaml", "--nodes", "node[0,2]",
+                    "--backend", "ssh", "-o", "k=v", "--env", "A=1", "--name", "t2", "--nproc-per-node", "1",
+                    "--", "--steps", "20"]
+    assert request.reproduce([], "<built-in>")[1:] == ["--nnodes", "2", "--backend", "ssh", "-o", "k=v", "--env",
+                                                       "A=1", "--name", "t2", "--nproc-per-node", "1", "--",
+                                                       "--steps", "20"]
