@@ -34,6 +34,7 @@ from orchestrator.cli_options import guard as terminal_guard
 from orchestrator.display import fold_hosts
 from orchestrator.errors import DistrunError, ExitCode, UsageError
 from orchestrator.spec.config import Config, load_config
+from orchestrator.spec.model import JobSpec
 from orchestrator.spec.select import HostSelection
 from orchestrator.store import JobRecord, JobState, Store, new_job_id
 
@@ -169,7 +170,7 @@ def _detach(request: LaunchRequest, as_json: bool) -> int:
     store = Store()
     job_dir = store.job_dir(job_id)
     job_dir.root.mkdir(parents=True, exist_ok=True)
-    argv = [a for a in sys.argv[1:] if a not in ("--detach", "--json")]
+    argv = _child_argv(sys.argv[1:])
     at = argv.index("launch")
     argv[at + 1:at + 1] = ["--job-id", job_id, "--detached-child", "--no-live"]
     with open(job_dir.controller_log, "ab") as log:
@@ -192,14 +193,21 @@ def _detach(request: LaunchRequest, as_json: bool) -> int:
     return 0
 
 
-def _check_selection(request: LaunchRequest, job: object) -> None:
+def _child_argv(argv: list[str]) -> list[str]:
+    """This command line without --detach and --json (the script's arguments after `--` kept as given)."""
+    split = argv.index("--") if "--" in argv else len(argv)
+    return [a for a in argv[:split] if a not in ("--detach", "--json")] + argv[split:]
+
+
+def _check_selection(request: LaunchRequest, job: JobSpec) -> None:
     """The selection errors and the guard's question of the launch, before anything is started."""
     from orchestrator.spec import default_inventory, resolve_inventory_path, select_nodes
 
-    if request.backend == "local" and request.inventory:
+    local = (request.backend or job.backend) == "local"
+    if local and request.inventory:
         return  # the controller says why this is refused
-    inventory = default_inventory() if request.backend == "local" else resolve_inventory_path(request.inventory)
-    select_nodes(job, inventory, request.selection, request.nnodes, request.guard)  # type: ignore[arg-type]
+    inventory = default_inventory() if local else resolve_inventory_path(request.inventory)
+    select_nodes(job, inventory, request.selection, request.nnodes, request.guard)
 
 
 def _recorded(store: Store, job_id: str) -> bool:

@@ -306,3 +306,10 @@ def test_prune_removes_old_finished_jobs_here_and_on_the_host_never_a_running_on
     assert sorted(p.name for p in (home / "jobs").iterdir()) == ["recent-1", "running-1"]
     assert sorted(p.name for p in (host_home / ".distrun" / "jobs").iterdir()) == ["recent-1", "running-1"]
     assert [r.id for r in Store(home).list()] == ["recent-1", "running-1"]
+
+
+def test_the_background_controller_gets_the_script_arguments_untouched() -> None:
+    from orchestrator.cli import _child_argv
+
+    assert _child_argv(["launch", "t.py", "--detach", "--json", "--", "--json", "--detach"]) == \
+        ["launch", "t.py", "--", "--json", "--detach"]

@@ -73,7 +73,8 @@ def test_launched_as_starts_the_job_again_on_the_same_hosts_with_its_arguments(c
     page = run("report", "last", "-o", str(tmp_path / "r.html"), home=home)
     launched = (tmp_path / "r.html").read_text().split("<p>Launched as:</p><pre>")[1].split("</pre>")[0]
     command = shlex.split(launched.replace("&#x27;", "'"))
-    again = run(*command[1:], "--dry-run", home=home)
+    split = command.index("--")
+    again = run(*command[1:split], "--dry-run", *command[split:], home=home)
 
     assert page.returncode == 0
     assert command[:2] == ["distrun", "launch"] and "--nodes" in command and command[-2:] == ["--steps", "4"]

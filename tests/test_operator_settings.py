@@ -8,11 +8,14 @@ from pathlib import Path
 import pytest
 
 from orchestrator import terminal
+from orchestrator.backends.base import LaunchContext, LaunchRequest
 from orchestrator.cli import cli
 from orchestrator.cli_options import default_map
 from orchestrator.errors import SpecError, UsageError
 from orchestrator.spec import resolve_inventory_path
 from orchestrator.spec.config import config_path, load_config
+from orchestrator.spec.model import JobSpec
+from orchestrator.store import Store
 from orchestrator.terminal import ColorMode, Progress
 from orchestrator.timespec import parse_duration, parse_since
 
@@ -155,3 +158,15 @@ def test_only_y_or_yes_is_a_yes() -> None:
     answers = {"y\n": True, "YES\n": True, "\n": False, "": False, "n\n": False, "sure\n": False}
     for typed, expected in answers.items():
         assert terminal.ask_yes_no("go?", io.StringIO(typed), io.StringIO()) is expected
+
+
+def test_a_launch_colours_its_lines_by_the_same_rule(colour_mode, monkeypatch, tmp_path: Path) -> None:
+    def context(stream: io.StringIO | None) -> LaunchContext:
+        return LaunchContext(LaunchRequest("x.yaml"), JobSpec(path="x.yaml", name="x"), "x-1", Store(tmp_path), stream)
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert context(Tty()).colour() and not context(io.StringIO()).colour() and not context(None).colour()
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert not context(Tty()).colour()
+    colour_mode("always")
+    assert context(io.StringIO()).colour()

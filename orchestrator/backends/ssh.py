@@ -195,8 +195,8 @@ class SshBackend(Backend):
     def stop_on_hosts(self, record: JobRecord) -> int:
         """End a job's processes on each of its hosts, found by the job id."""
         results = on_record_hosts(record, lambda t: _cleanup(t, record.id))
-        for name, exc in results.failed.items():
-            print(f"{name}: {exc}", file=sys.stderr)
+        if results.failed:
+            print(GroupError(results).render(), file=sys.stderr)
         self.store.update(record.id, state=JobState.STOPPED, ended=time.time())
         print(f"job {record.id} stopped on {len(results.succeeded)} of {len(results)} host(s)")
         return int(ExitCode.INFRA) if results.failed else int(ExitCode.OK)
