@@ -135,7 +135,8 @@ def measure(base: JobSpec | None, inventory: Inventory, nodes: list[NodeSpec], b
             if shipped.failed:
                 return replace(report, error=GroupError(shipped).render())
             plan = replace(plan, hosts=[replace(h, workdir=shipped.succeeded[h.node]) for h in plan.hosts])
-            return _run(ssh, LaunchContext(LaunchRequest(job.path, live=False), job, job_id, store), plan, report)
+            return _run(ssh, LaunchContext(LaunchRequest(job.path, live=False, internal=True), job, job_id,
+                                         store), plan, report)
         finally:
             # Best effort: the measurement is what was asked for; a host that is gone keeps the directory.
             ssh.group.run(lambda t: t.run(["rm", "-rf", "--", shipped.succeeded[t.name]], timeout=30),
