@@ -18,9 +18,10 @@ import json
 from importlib import resources
 
 # What `-P` does, unless the interpreter already did it (-P, -I, PYTHONSAFEPATH): drop sys.path[0].
-SAFE_PATH = "import sys\nif not (getattr(sys.flags,'safe_path',0) or sys.flags.isolated):del sys.path[0]\n"
+# One line, so that a command line holding it stays one line (the dry run shows argv as comments).
+SAFE_PATH = "import sys;getattr(sys.flags,'safe_path',0) or sys.flags.isolated or sys.path.pop(0)"
 # The bootstrap reads a bundle of N bytes from stdin, installs its modules, runs `main()`.
-BOOTSTRAP = SAFE_PATH + (
+BOOTSTRAP = SAFE_PATH + "\n" + (
     "import json,types\n"
     "b=json.loads(sys.stdin.buffer.read(int(sys.argv[1])))\n"
     "for n in b['pkgs']:\n"
@@ -71,5 +72,4 @@ def module_argv(python: str, module: str, dash_p: bool) -> list[str]:
     """
     if dash_p:
         return [python, "-P", "-m", module]
-    run = f"import runpy\nrunpy.run_module({module!r},run_name='__main__',alter_sys=True)\n"
-    return [python, "-c", SAFE_PATH + run]
+    return [python, "-c", f"{SAFE_PATH};import runpy;runpy.run_module({module!r},run_name='__main__',alter_sys=True)"]
