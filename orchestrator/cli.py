@@ -192,6 +192,31 @@ def stop(job_ref: str) -> None:
 
 @cli.command()
 @click.argument("job_ref")
+@click.option("--node", help="Only this node's ranks.")
+@click.option("--rank", type=click.IntRange(min=0), help="Only this global rank.")
+@click.option("--native", is_flag=True, help="Also native (C/C++) frames (py-spy --native).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (documented in the README).")
+def stack(job_ref: str, node: str | None, rank: int | None, native: bool, as_json: bool) -> None:
+    """Dump the Python stack of every rank of a running job with py-spy, ranks with the same stack folded."""
+    from orchestrator import stack as stacks
+
+    store = Store()
+    rec = store.get(job_ref)
+    refresh_lost(store, [rec])
+    if rec.state.finished:
+        raise UsageError(f"job {rec.id} is {rec.state.value}: only a running job's ranks have stacks "
+                         f"(a hang's are kept in {store.job_dir(rec.id).root / 'stacks'})")
+    gathered = stacks.gather(for_record(store, rec), rec, [node] if node else None, native)
+    if rank is not None:
+        gathered.ranks = [r for r in gathered.ranks if r.rank == rank]
+        if not gathered.ranks and not gathered.failed:
+            raise UsageError(f"--rank {rank}: no such rank of job {rec.id} is running")
+    click.echo(json.dumps(stacks.to_json(gathered), indent=2) if as_json else stacks.render(gathered))
+    sys.exit(int(ExitCode.INFRA) if gathered.failed else int(ExitCode.OK))
+
+
+@cli.command()
+@click.argument("job_ref")
 @click.option("--once", is_flag=True, help="Print one frame and exit, even for a running job.")
 def top(job_ref: str, once: bool) -> None:
     """Show every host's and GPU's latest figures: live for a running job, the last samples of a finished one."""

@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,6 +29,7 @@ from orchestrator.plan import HostPlan, LaunchPlan
 from orchestrator.spec import load_job
 from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id
 from orchestrator.transport import RemoteProcess
+from orchestrator.watchdog import Progress, Watchdog, diagnose
 
 HEARTBEAT_EVERY = 1.0
 POLL = 0.05
@@ -106,6 +108,7 @@ class HostRun:
     on_telemetry: Any = None
     proc: RemoteProcess | None = None  # the channel to the supervisor, where the backend has one
     last_seen: float = field(default_factory=time.monotonic)
+    last_progress: float = field(default_factory=time.monotonic)  # when a rank's line last arrived
     exit_rc: int | None = None
     exit_error: str | None = None
     exit_time: float | None = None  # when the exit event arrived (time.time())
@@ -141,6 +144,7 @@ class HostRun:
         if line.startswith("\x1e"):
             self.on_event(json.loads(line[1:]))
             return
+        self.last_progress = self.last_seen  # a rank's line, DISTRUN_METRICS lines included: the job moves
         self._watch(line)
         self.sink.line(self.node, line)
 
@@ -240,6 +244,9 @@ class Launcher:
         self.hosts = [HostRun(h, self.sink, self._on_telemetry, wake=self.wake) for h in plan.hosts]
         self.last_metrics: dict[str, Any] | None = None
         self.final_metrics: dict[str, Any] | None = None
+        self.watchdog = Watchdog(plan.hang_timeout, lambda: max(h.last_progress for h in self.hosts))
+        self.progress = Progress.MOVING
+        self.diagnosis: Future[Failure] | None = None
 
     @property
     def interrupted(self) -> int | None:
@@ -317,9 +324,43 @@ class Launcher:
                 return self._settle(failed)
             if all(h.exited.is_set() for h in self.hosts):
                 return []
+            hang = self._check_progress()
+            if hang is not None:
+                return [hang]
             self.wake.wait(POLL)
             self.wake.clear()
         return []
+
+    def _check_progress(self) -> Failure | None:
+        """Follow the watchdog: mark the job stalled or moving again; once hung, have its ranks'
+        stacks dumped (in a thread: the loop goes on heartbeating) and return the hang when known."""
+        if self.diagnosis is not None:
+            return self.diagnosis.result() if self.diagnosis.done() else None
+        progress = self.watchdog.check()
+        if progress is Progress.HUNG:
+            self._say_progress(progress)
+            pool = ThreadPoolExecutor(1, thread_name_prefix="hang-diagnosis")
+            self.diagnosis = pool.submit(diagnose, self.backend, self.store.get(self.plan.job_id), self.dir,
+                                         self.plan.hang_timeout or 0, {h.node: h.plan.host for h in self.plan.hosts})
+            pool.shutdown(wait=False)
+        elif progress is not self.progress:
+            self._say_progress(progress)
+        return None
+
+    def _say_progress(self, progress: Progress) -> None:
+        """A change of the watchdog's verdict: in the record (`ps`), the live view and the log."""
+        self.progress = progress
+        silent = self.watchdog.silent_for()
+        if progress is Progress.MOVING:
+            self.monitor.status = ""
+            self.store.update(self.plan.job_id, state=JobState.RUNNING)
+            self.sink.note(self.plan.hosts[0].node, f"progressing again after {silent:.0f} s without progress")
+            return
+        self.monitor.status = f"{progress.value}: no progress for {silent:.0f} s"
+        self.store.update(self.plan.job_id, state=JobState.STALLED)
+        what = "stalled" if progress is Progress.STALLED else "hung: dumping every rank's stack"
+        self.sink.note(self.plan.hosts[0].node, f"job {what} (no progress from any rank for {silent:.0f} s, "
+                                                f"hang_timeout {self.plan.hang_timeout:g} s)")
 
     def _settle(self, first: list[Failure]) -> list[Failure]:
         """Wait briefly for a failure's echoes on other hosts, so that the root cause is chosen
