@@ -108,7 +108,7 @@ class HostRun:
     on_telemetry: Any = None
     proc: RemoteProcess | None = None  # the channel to the supervisor, where the backend has one
     last_seen: float = field(default_factory=time.monotonic)
-    last_progress: float = field(default_factory=time.monotonic)  # when a rank's line last arrived
+    last_progress: float | None = None  # when a rank's line last arrived (None: none yet)
     exit_rc: int | None = None
     exit_error: str | None = None
     exit_time: float | None = None  # when the exit event arrived (time.time())
@@ -244,7 +244,7 @@ class Launcher:
         self.hosts = [HostRun(h, self.sink, self._on_telemetry, wake=self.wake) for h in plan.hosts]
         self.last_metrics: dict[str, Any] | None = None
         self.final_metrics: dict[str, Any] | None = None
-        self.watchdog = Watchdog(plan.hang_timeout, lambda: max(h.last_progress for h in self.hosts))
+        self.watchdog = Watchdog(plan.hang_timeout, self._last_progress)
         self.progress = Progress.MOVING
         self.diagnosis: Future[Failure] | None = None
 
@@ -330,6 +330,9 @@ class Launcher:
             self.wake.wait(POLL)
             self.wake.clear()
         return []
+
+    def _last_progress(self) -> float | None:
+        return max((h.last_progress for h in self.hosts if h.last_progress is not None), default=None)
 
     def _check_progress(self) -> Failure | None:
         """Follow the watchdog: mark the job stalled or moving again; once hung, have its ranks'

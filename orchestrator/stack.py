@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from orchestrator.backends.base import Backend
     from orchestrator.store import JobRecord
 
-STACK_MODULES = ["output", "supervisor", "stack"]
+STACK_MODULES = ["output", "supervisor", "pyspy", "stack"]
 # A dump of every rank of a host takes well under this; py-spy itself gives up on a rank after 20 s.
 GATHER_TIMEOUT = 40.0
 ADDRESS = re.compile(r"0x[0-9a-fA-F]+")

@@ -1,6 +1,7 @@
 """The progress watchdog: a job whose ranks stop making progress is stalled, then hung.
 
-Progress is a line from any rank (DISTRUN_METRICS lines included) reaching the controller. With
+Progress is a line from any rank (DISTRUN_METRICS lines included) reaching the controller; the
+watchdog is armed by the first one, so a slow start (imports, rendezvous) is never a hang. With
 `hang_timeout: T` a job that made none for T/3 seconds is shown `stalled` (live view, `ps`); after
 T seconds `diagnose` dumps every rank's stack into the job directory (stacks/) and returns the
 failure of kind `hang`: the rank whose stack differs from the majority's, that stack, and where the
@@ -43,23 +44,25 @@ class Watchdog:
 
     Args:
         timeout: hang_timeout in seconds (None: never stalled nor hung).
-        last_progress: When any rank last progressed (time.monotonic()).
+        last_progress: When any rank last progressed (time.monotonic()); None before the first time.
     """
 
     timeout: float | None
-    last_progress: Callable[[], float]
+    last_progress: Callable[[], float | None]
 
     def check(self, now: float | None = None) -> Progress:
         """Moving, stalled (silent for a third of the timeout), or hung (silent for all of it)."""
-        if self.timeout is None:
+        last = self.last_progress()
+        if self.timeout is None or last is None:
             return Progress.MOVING
-        silent = (time.monotonic() if now is None else now) - self.last_progress()
+        silent = (time.monotonic() if now is None else now) - last
         if silent >= self.timeout:
             return Progress.HUNG
         return Progress.STALLED if silent >= self.timeout * STALLED_FRACTION else Progress.MOVING
 
     def silent_for(self) -> float:
-        return time.monotonic() - self.last_progress()
+        last = self.last_progress()
+        return 0.0 if last is None else time.monotonic() - last
 
 
 def diagnose(backend: Backend, record: JobRecord, job_dir: JobDir, timeout: float,

@@ -78,6 +78,7 @@ def test_watchdog_is_stalled_after_a_third_of_the_timeout_and_hung_after_all_of_
     assert [dog.check(now) for now in (104.9, 105.0, 114.9, 115.0)] == [
         Progress.MOVING, Progress.STALLED, Progress.STALLED, Progress.HUNG]
     assert Watchdog(None, lambda: 0.0).check(1e9) is Progress.MOVING
+    assert Watchdog(15.0, lambda: None).check(1e9) is Progress.MOVING  # armed by the first line only
 
 
 def test_a_hang_failure_keeps_its_stack_through_the_record():

@@ -14,22 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
 
+from orchestrator.remote.pyspy import find_pyspy
 from orchestrator.remote.supervisor import job_processes
 
 DUMP_TIMEOUT = 20.0
-
-
-def find_pyspy() -> str | None:
-    """py-spy beside this python (its venv's bin), else on PATH; None when neither has it."""
-    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    if os.access(beside, os.X_OK):
-        return beside
-    return shutil.which("py-spy")
 
 
 def rank_env(pid: int) -> dict[str, str]:
