@@ -357,9 +357,10 @@ class Launcher:
         if progress is Progress.MOVING:
             self.monitor.status = ""
             self.store.update(self.plan.job_id, state=JobState.RUNNING)
-            self.sink.note(self.plan.hosts[0].node, f"progressing again after {silent:.0f} s without progress")
+            self.sink.note(self.plan.hosts[0].node, "job progressing again")
             return
-        self.monitor.status = f"{progress.value}: no progress for {silent:.0f} s"
+        since = time.strftime("%H:%M:%S", time.localtime(time.time() - silent))
+        self.monitor.status = f"{progress.value}: no progress since {since}"
         self.store.update(self.plan.job_id, state=JobState.STALLED)
         what = "stalled" if progress is Progress.STALLED else "hung: dumping every rank's stack"
         self.sink.note(self.plan.hosts[0].node, f"job {what} (no progress from any rank for {silent:.0f} s, "
