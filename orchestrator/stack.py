@@ -25,8 +25,8 @@ STACK_MODULES = ["output", "supervisor", "pyspy", "stack"]
 # A dump of every rank of a host takes well under this; py-spy itself gives up on a rank after 20 s.
 GATHER_TIMEOUT = 40.0
 ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
-# Frames of the interpreter and installed packages: the user's own code is the rest.
-LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python3[.\d]*/|^<")
+# Frames of the interpreter, installed packages and native libraries (--native): the user's code is the rest.
+LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python3[.\d]*/|^<|\.so(\.[\d.]+)?$")
 MAIN_THREAD = "MainThread"
 
 

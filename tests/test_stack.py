@@ -19,7 +19,18 @@ import pytest
 from orchestrator.backends.base import for_record
 from orchestrator.errors import InfraError, UsageError
 from orchestrator.failures import Failure, FailureKind
-from orchestrator.stack import Frame, RankStack, Thread, fold, gather, headlines, parse_host, rank_ranges, render
+from orchestrator.stack import (
+    Frame,
+    RankStack,
+    Thread,
+    fold,
+    gather,
+    headlines,
+    parse_frame,
+    parse_host,
+    rank_ranges,
+    render,
+)
 from orchestrator.store import JobRecord, JobState, Store
 from orchestrator.watchdog import Progress, Watchdog, diagnose
 from tests.helpers import distrun
@@ -60,6 +71,15 @@ def test_the_odd_rank_comes_first_under_its_own_range_and_the_others_under_their
     assert headlines(groups) == ["rank 3: load_batch (train.py:40)",
                                  "ranks 0-2,4-5: all_reduce ← train_step (train.py:88)"]
     assert groups[0].hosts() == ["node1"]
+
+
+def test_native_frames_are_not_taken_for_the_users_code():
+    stack = RankStack("node0", 3, 1, (Thread("MainThread", (
+        parse_frame({"name": "clock_nanosleep", "filename": "/usr/lib/x86_64-linux-gnu/libc.so.6",
+                     "short_filename": "libc.so.6", "line": 0}),
+        parse_frame({"name": "load_batch", "filename": "/work/train.py", "short_filename": "train.py", "line": 40}),
+    )),))
+    assert stack.where() == "clock_nanosleep ← load_batch (train.py:40)"
 
 
 def test_stacks_that_differ_only_in_addresses_fold_into_one_group():
