@@ -72,9 +72,10 @@ def test_stack_folds_the_six_ranks_of_a_healthy_job_into_one_group_and_ps_shows_
 
 def test_a_job_that_prints_only_metrics_lines_is_not_called_hung(cluster3, inv, tmp_path):
     home = tmp_path / "home"
-    # 14 steps of 1 s: longer than hang_timeout, with rank 0's DISTRUN_METRICS lines as the only output.
-    job = write_job(tmp_path, "quiet", ["--steps", "14", "--step-time", "1", "--metrics-only"],
-                    extra="hang_timeout: 6\n", script=HANG_WORKER)
+    # 25 steps of 1 s: 2.5 times hang_timeout, with rank 0's DISTRUN_METRICS lines as the only output
+    # (after gloo's warnings at init, which arm the watchdog before the first step).
+    job = write_job(tmp_path, "quiet", ["--steps", "25", "--step-time", "1", "--metrics-only"],
+                    extra="hang_timeout: 10\n", script=HANG_WORKER)
     proc = start(job, inv, home, "quiet-1", "--no-live")
     try:
         proc.wait(timeout=120)
