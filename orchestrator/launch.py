@@ -108,7 +108,7 @@ class HostRun:
     on_telemetry: Any = None
     proc: RemoteProcess | None = None  # the channel to the supervisor, where the backend has one
     last_seen: float = field(default_factory=time.monotonic)
-    last_progress: float | None = None  # when a rank's line last arrived (None: none yet)
+    last_progress: float | None = None  # when a rank's line (not torchrun's own) last arrived; None: none yet
     exit_rc: int | None = None
     exit_error: str | None = None
     exit_time: float | None = None  # when the exit event arrived (time.time())
@@ -144,9 +144,9 @@ class HostRun:
         if line.startswith("\x1e"):
             self.on_event(json.loads(line[1:]))
             return
-        self.last_progress = self.last_seen  # a rank's line, DISTRUN_METRICS lines included: the job moves
         self._watch(line)
-        self.sink.line(self.node, line)
+        if self.sink.line(self.node, line).rank is not None:
+            self.last_progress = self.last_seen  # a rank's line, DISTRUN_METRICS lines included: the job moves
 
     def on_stderr(self, line: str) -> None:
         self.sink.note(self.node, f"supervisor: {line}")

@@ -1,7 +1,8 @@
 """The progress watchdog: a job whose ranks stop making progress is stalled, then hung.
 
-Progress is a line from any rank (DISTRUN_METRICS lines included) reaching the controller; the
-watchdog is armed by the first one, so a slow start (imports, rendezvous) is never a hang. With
+Progress is a line from any rank (DISTRUN_METRICS lines included; torchrun's own lines are not
+a rank's) reaching the controller; the watchdog is armed by the first one, so a slow start
+(imports, rendezvous) is never a hang. With
 `hang_timeout: T` a job that made none for T/3 seconds is shown `stalled` (live view, `ps`); after
 T seconds `diagnose` dumps every rank's stack into the job directory (stacks/) and returns the
 failure of kind `hang`: the rank whose stack differs from the majority's, that stack, and where the
