@@ -9,11 +9,24 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.errors import UsageError
+from orchestrator.store import Store
 from tests.cluster.test_launch_cluster import job_procs, output, record, start, wait_for, wait_for_line, write_job
 from tests.helpers import distrun
 
 HANG_WORKER = Path(__file__).parent / "jobs" / "hang_worker.py"
 HANG_TIMEOUT = 15
+
+
+def stored_state(home: Path, job_id: str) -> str | None:
+    """The job's state as its record says now (None before it is recorded)."""
+    path = home / "distrun.db"
+    if not path.exists():
+        return None
+    try:
+        return Store(home).get(job_id).state.value
+    except UsageError:
+        return None
 
 
 @pytest.fixture
@@ -25,10 +38,19 @@ def test_rank_3_stuck_outside_the_collective_is_named_with_its_function_within_t
     home = tmp_path / "home"
     job = write_job(tmp_path, "hang", ["--hang-rank", "3", "--hang-step", "30", "--steps", "100000"],
                     extra=f"hang_timeout: {HANG_TIMEOUT}\n", script=HANG_WORKER)
-    result = distrun("launch", str(job), "-i", str(inv), "--job-id", "hang-1", "--no-live", home=home, timeout=120)
+    proc = start(job, inv, home, "hang-1", "--no-live")
+    try:
+        # Stalled from a third of hang_timeout without progress on: in the record, and so in `distrun ps`.
+        assert wait_for(lambda: stored_state(home, "hang-1") == "stalled", 90, every=0.5), output(home, "hang-1")
+        ps = distrun("ps", home=home).stdout
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
     ended = time.time()
-    out = result.stdout
-    assert result.returncode == 1, out[-3000:]
+    out = output(home, "hang-1")
+    assert proc.returncode == 1, out[-3000:]
+    assert re.search(r"^hang-1 +stalled ", ps, re.M), ps
     began = float(re.search(r"HANG START (\d+\.\d+)", out).group(1))
     assert ended - began <= HANG_TIMEOUT + 30, f"root cause {ended - began:.1f} s after the hang began"
     summary = out[out.index("Root Cause"):]
