@@ -87,9 +87,12 @@ def diagnose(backend: Backend, record: JobRecord, job_dir: JobDir, timeout: floa
     except DistrunError as exc:
         return Failure(record.hosts[0], FailureKind.HANG, reason=f"{reason}; no stacks: {one_line(exc)}",
                        address=addresses.get(record.hosts[0], ""))
-    keep(gathered, job_dir.stacks)
     groups = stacks.fold(gathered.ranks)
     lines = [f"{node}: no stacks: {why}" for node, why in gathered.failed.items()]
+    try:
+        keep(gathered, job_dir.stacks)
+    except OSError as exc:  # a full disk must not hide which rank hung
+        lines.append(f"stacks not kept in {job_dir.stacks}: {exc}")
     if not groups:
         return Failure(record.hosts[0], FailureKind.HANG, reason=f"{reason}; no rank's stack was taken",
                        address=addresses.get(record.hosts[0], ""), stack=tuple(lines))
