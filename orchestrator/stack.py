@@ -28,6 +28,7 @@ ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 # Frames of the interpreter, installed packages and native libraries (--native): the user's code is the rest.
 LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python3[.\d]*/|^<|\.so(\.[\d.]+)?$")
 MAIN_THREAD = "MainThread"
+COLLECTIVE = re.compile(r"torch/distributed/")
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,11 @@ class RankStack:
         if self.error:
             return ("error", ADDRESS.sub("0x?", self.error))
         return tuple(sorted(t.key() for t in self.threads))
+
+    def in_collective(self) -> bool:
+        """Whether the main thread is inside torch.distributed (a collective, a barrier, a store wait)."""
+        thread = self.main_thread()
+        return thread is not None and any(COLLECTIVE.search(f.file) for f in thread.frames)
 
     def main_thread(self) -> Thread | None:
         named = [t for t in self.threads if t.name == MAIN_THREAD]
@@ -204,11 +210,13 @@ def gather(backend: Backend, record: JobRecord, nodes: Sequence[str] | None = No
 
 
 def fold(ranks: Sequence[RankStack]) -> list[StackGroup]:
-    """Ranks grouped by stack, the smallest groups (the odd ones out) first, then by first rank."""
+    """Ranks grouped by stack, the smallest groups (the odd ones out) first. Among groups of the
+    same size, one outside torch.distributed comes first: with two ranks, the one that is not
+    waiting in a collective is the one the other waits for. Then by first rank."""
     groups: dict[Any, StackGroup] = {}
     for stack in sorted(ranks, key=lambda r: r.rank):
         groups.setdefault(stack.key(), StackGroup()).ranks.append(stack)
-    return sorted(groups.values(), key=lambda g: (len(g.ranks), g.ranks[0].rank))
+    return sorted(groups.values(), key=lambda g: (len(g.ranks), g.sample.in_collective(), g.ranks[0].rank))
 
 
 def headlines(groups: Sequence[StackGroup]) -> list[str]:

@@ -73,6 +73,11 @@ def test_the_odd_rank_comes_first_under_its_own_range_and_the_others_under_their
     assert groups[0].hosts() == ["node1"]
 
 
+def test_of_two_ranks_the_one_outside_the_collective_is_the_odd_one():
+    groups = fold([stack_of(0, *COLLECTIVE), stack_of(1, *SLEEP)])
+    assert [g.label() for g in groups] == ["rank 1", "rank 0"]
+
+
 def test_native_frames_are_not_taken_for_the_users_code():
     stack = RankStack("node0", 3, 1, (Thread("MainThread", (
         parse_frame({"name": "clock_nanosleep", "filename": "/usr/lib/x86_64-linux-gnu/libc.so.6",

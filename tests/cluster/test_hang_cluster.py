@@ -106,5 +106,8 @@ def test_a_job_that_prints_only_metrics_lines_is_not_called_hung(cluster3, inv, 
             proc.kill()
     out = output(home, "quiet-1")
     assert proc.returncode == 0, out[-3000:]
-    assert "stalled" not in out and "hung" not in out and "no progress" not in out
-    assert wait_for(lambda: record(home, "quiet-1")["state"] == "succeeded", 5)
+    # It may show stalled for a moment (gloo's first all_reduce connects every pair of ranks), never hung.
+    assert "job hung" not in out and "hang:" not in out
+    rec = record(home, "quiet-1")
+    assert (rec["state"], rec["failures"]) == ("succeeded", [])
+    assert len((home / "jobs" / "quiet-1" / "metrics.jsonl").read_text().splitlines()) == 25
