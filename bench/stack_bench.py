@@ -77,7 +77,7 @@ def run_size(cluster: Cluster, size: int, tmp: Path, rounds: int) -> dict[str, l
         pdsh = pdsh_command([cluster.addr(i) for i in range(size)])
         pdsh_env = {"PDSH_SSH_ARGS": f"-F {cluster.ssh_config} -x -l%u %h"}
         dumped = subprocess.run(pdsh, env={**os.environ, **pdsh_env}, capture_output=True, text=True)
-        assert dumped.stdout.count("wait_in_collective") == size * RANKS_PER_HOST, dumped.stdout[-2000:]
+        assert dumped.stdout.count("wait_in_collective (") == size * RANKS_PER_HOST, dumped.stdout[-2000:]
         return alternate({"pdsh + py-spy": lambda: timed(pdsh, pdsh_env), "distrun stack": lambda: timed(stack, env)},
                          rounds)
     finally:
