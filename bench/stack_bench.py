@@ -40,7 +40,7 @@ PYSPY = str(Path(sys.executable).parent / "py-spy")
 
 def pdsh_command(addrs: list[str]) -> list[str]:
     """pdsh running py-spy on each of the job's processes of each host, found as stop finds them."""
-    line = (f"for p in /proc/[0-9]*; do e=$(tr '\\0' '\\n' < $p/environ 2>/dev/null) || continue; "
+    line = (f"for p in /proc/[0-9]*; do e=$( {{ tr '\\0' '\\n' < $p/environ; }} 2>/dev/null) || continue; "
             f"case \"$e\" in *DISTRUN_JOB_ID={JOB_ID}*) ;; *) continue;; esac; "
             f"echo \"$e\" | grep -qx \"DISTRUN_NODE=$(hostname)\" || continue; "
             f"{shlex.quote(PYSPY)} dump --pid ${{p#/proc/}}; done")
