@@ -437,6 +437,41 @@ def _stop_one(store: Store, rec: JobRecord, as_json: bool) -> int:
     return code
 
 
+@cli.command(short_help="Dump every rank's Python stack, ranks with the same stack folded.")
+@click.argument("job_ref", shell_complete=complete_jobs)
+@click.option("--node", help="Only this node's ranks.")
+@click.option("--rank", type=click.IntRange(min=0), help="Only this global rank.")
+@click.option("--native", is_flag=True, help="Also native (C/C++) frames (py-spy --native).")
+@json_option()
+@color_option
+def stack(job_ref: str, node: str | None, rank: int | None, native: bool, as_json: bool) -> None:
+    """Dump the Python stack of every rank of a running job with py-spy, on every host at once.
+
+    Ranks with the same stack are shown once under their rank range, the odd ones out first.
+    Exit 3 when a host gave no stacks (each named).
+
+    \b
+    Examples:
+      distrun stack last
+      distrun stack last --rank 3 --native
+    """
+    from orchestrator import stack as stacks
+
+    store = Store()
+    rec = store.get(job_ref)
+    refresh_lost(store, [rec])
+    if rec.state.finished:
+        raise UsageError(f"job {rec.id} is {rec.state.value}: only a running job's ranks have stacks "
+                         f"(a hang's are kept in {store.job_dir(rec.id).stacks})")
+    gathered = stacks.gather(for_record(store, rec), rec, [node] if node else None, native)
+    if rank is not None:
+        gathered.ranks = [r for r in gathered.ranks if r.rank == rank]
+        if not gathered.ranks and not gathered.failed:
+            raise UsageError(f"--rank {rank}: no such rank of job {rec.id} is running")
+    click.echo(json.dumps(stacks.to_json(gathered), indent=2) if as_json else stacks.render(gathered))
+    sys.exit(int(ExitCode.INFRA) if gathered.failed else int(ExitCode.OK))
+
+
 @cli.command(short_help="Show every host's and GPU's latest figures for a job.")
 @click.argument("job_ref", shell_complete=complete_jobs)
 @click.option("--once", is_flag=True, help="Print one frame and exit, even for a running job.")

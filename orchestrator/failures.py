@@ -33,12 +33,13 @@ STOPPED_BY_DISTRUN = "stopped by distrun"
 
 
 class FailureKind(str, Enum):
-    """How a host failed. Later kinds (e.g. `hang`) are added here and rendered as a reason."""
+    """How a host failed. Kinds other than exit and signal are rendered as a reason."""
 
     EXIT = "exit"  # a process exited with a non-zero code
     SIGNAL = "signal"  # a process was killed by a signal
     LOST = "lost"  # the host went silent or its channel closed
     INFRA = "infra"  # the machinery failed: a supervisor did not start, the scheduler ended the job
+    HANG = "hang"  # no rank progressed for hang_timeout seconds (the host and rank whose stack differs)
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Failure:
         address: The host's address as the controller reached it ("" when unknown).
         last_lines: The failed rank's (else the host's) last lines of output.
         time: When the failure was observed (seconds since the epoch).
+        stack: For a hang: the odd rank's stack, then where the other ranks wait (lines to show).
     """
 
     host: str
@@ -66,6 +68,7 @@ class Failure:
     address: str = ""
     last_lines: tuple[str, ...] = ()
     time: float = field(default_factory=time.time)
+    stack: tuple[str, ...] = ()
 
     @classmethod
     def from_returncode(cls, host: str, returncode: int, **fields: Any) -> Failure:
@@ -95,6 +98,7 @@ class Failure:
             lines.append(f"  rank: {self.rank}")
         label = "exit" if self.kind in (FailureKind.EXIT, FailureKind.SIGNAL) else "reason"
         lines.append(f"  {label}: {self.describe()}")
+        lines += [f"  {line}" for line in self.stack]
         if self.last_lines:
             whose = f"rank {self.rank}" if self.rank is not None else self.host
             lines.append(f"  last {len(self.last_lines)} lines of {whose}:")
@@ -105,7 +109,7 @@ class Failure:
         """JSON-ready data (kept in the job's record); `from_dict` reads it back."""
         return {"host": self.host, "kind": self.kind.value, "rank": self.rank, "exit_code": self.exit_code,
                 "signal": self.signal, "reason": self.reason, "address": self.address,
-                "last_lines": list(self.last_lines), "time": self.time}
+                "last_lines": list(self.last_lines), "time": self.time, "stack": list(self.stack)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Failure:
@@ -120,7 +124,7 @@ class Failure:
             host=str(data["host"]), kind=FailureKind(data.get("kind")), rank=data.get("rank"),
             exit_code=data.get("exit_code"), signal=data.get("signal"), reason=str(data.get("reason") or ""),
             address=str(data.get("address") or ""), last_lines=tuple(data.get("last_lines") or ()),
-            time=float(data.get("time") or 0.0),
+            time=float(data.get("time") or 0.0), stack=tuple(data.get("stack") or ()),
         )
 
 
@@ -145,7 +149,8 @@ def is_collateral(failure: Failure) -> bool:
 
 # Among failures seen at the same moment: a host that vanished or broke explains the others
 # best, then a process killed outright (a crash, the OOM killer), then an exit code.
-_KIND_ORDER = {FailureKind.LOST: 0, FailureKind.INFRA: 0, FailureKind.SIGNAL: 1, FailureKind.EXIT: 2}
+_KIND_ORDER = {FailureKind.LOST: 0, FailureKind.INFRA: 0, FailureKind.HANG: 0, FailureKind.SIGNAL: 1,
+               FailureKind.EXIT: 2}
 
 
 def root_cause(failures: Sequence[Failure]) -> Failure:

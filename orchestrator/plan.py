@@ -54,6 +54,7 @@ class LaunchPlan:
     secrets: dict[str, str] = field(repr=False, compare=False)
     heartbeat_timeout: float = 15.0
     stop_grace: float = 5.0
+    hang_timeout: float | None = None  # no progress from any rank for this long: a hang (None: off)
     telemetry_interval: float | None = 2.0
     sync: bool = False
     sync_max_size: int = DEFAULT_SYNC_MAX_SIZE
@@ -249,7 +250,7 @@ def build_plan(
         job_id=job_id, job_name=job.name, spec_path=job.path, inventory_path=inventory_path,
         backend=backend, master_node=master.name, master_addr=master_addr, master_port=master_port,
         nnodes=len(ordered), hosts=hosts, secrets=resolve_secrets(job, controller_env),
-        heartbeat_timeout=job.heartbeat_timeout, stop_grace=job.stop_grace,
+        heartbeat_timeout=job.heartbeat_timeout, stop_grace=job.stop_grace, hang_timeout=job.hang_timeout,
         telemetry_interval=job.telemetry.interval if job.telemetry.enabled else None, sync=job.sync,
         sync_max_size=job.sync_max_size,
     )

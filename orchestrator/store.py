@@ -31,6 +31,7 @@ from orchestrator.remote.private import FILE_MODE, make_private_dirs, open_priva
 class JobState(str, Enum):
     PENDING = "pending"
     RUNNING = "running"
+    STALLED = "stalled"  # running, but no rank has progressed for a third of its hang_timeout
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
@@ -38,7 +39,7 @@ class JobState(str, Enum):
 
     @property
     def finished(self) -> bool:
-        return self not in (JobState.PENDING, JobState.RUNNING)
+        return self not in (JobState.PENDING, JobState.RUNNING, JobState.STALLED)
 
 
 @dataclass
@@ -156,6 +157,11 @@ class JobDir:
     @property
     def summary(self) -> Path:
         return self.root / "summary.txt"
+
+    @property
+    def stacks(self) -> Path:
+        """Where a hang's stacks are kept: rank<R>.txt for each rank, folded.txt, stacks.json."""
+        return self.root / "stacks"
 
     def write_plan(self, plan: dict[str, Any], facts: dict[str, Any] | None = None) -> None:
         """plan.json (the plan with its secrets masked) and, when given, facts.json (what each host's probe found)."""

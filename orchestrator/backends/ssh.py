@@ -41,7 +41,7 @@ from orchestrator.spec import (
 )
 from orchestrator.store import JobDir, JobRecord, JobState, controller_alive
 from orchestrator.terminal import Progress
-from orchestrator.transport import CommandResult, Transport, run_remote
+from orchestrator.transport import REMOTE_TIMEOUT, CommandResult, Transport, run_remote
 
 STOP_WAIT = 30.0
 AUTO_PORT_WINDOW = 1000
@@ -248,6 +248,14 @@ class SshBackend(Backend):
         if node not in record.hosts:
             raise UsageError(f"{node}: job {record.id} ran on {', '.join(record.hosts)}")
         return on_record_hosts(record, lambda t: t.run(argv, timeout=timeout), only=[node]).check()[node]
+
+    def run_remote_near(self, record: JobRecord, nodes: Sequence[str], main: str, modules: list[str],
+                        args: Sequence[str] = (), timeout: float | None = None) -> GroupResult[str]:
+        """Run a remote program on the hosts of `nodes` (as the job's recorded inventory reaches them),
+        all at once; it gets `JOB_ID NODE *args`."""
+        limit = REMOTE_TIMEOUT if timeout is None else timeout
+        return on_record_hosts(record, lambda t: run_remote(t, main, modules, b"", record.id, t.name, *args,
+                                                            timeout=limit), only=list(nodes))
 
 
 def _absolute(path: str) -> str:

@@ -55,6 +55,7 @@ from collections.abc import Callable
 from importlib import util
 from typing import Any, BinaryIO
 
+from orchestrator.remote import pyspy
 from orchestrator.remote.output import Output
 
 PORT_SPAN = 200
@@ -609,6 +610,7 @@ def full_facts(options: dict[str, Any], inbox: Inbox, emit: Emit) -> dict[str, A
         "shm": space("/dev/shm") if os.path.isdir("/dev/shm") else None,
         "memlock": memlock(),
         "disk": space(options.get("workdir") or os.getcwd()),
+        "pyspy": pyspy.facts(),
     }
 
 
