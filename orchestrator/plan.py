@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator.errors import UsageError
 from orchestrator.facts import HostFacts
-from orchestrator.spec.model import JobSpec, NodeSpec
+from orchestrator.spec.model import DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_STOP_GRACE, JobSpec, NodeSpec
 
 DEFAULT_PORT = 29500
 CPU_NPROC = 2
@@ -48,8 +48,8 @@ class LaunchPlan:
     nnodes: int
     hosts: list[HostPlan]
     secrets: dict[str, str] = field(repr=False, compare=False)
-    heartbeat_timeout: float = 15.0
-    stop_grace: float = 5.0
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
+    stop_grace: float = DEFAULT_STOP_GRACE
     telemetry_interval: float | None = 2.0
     sync: bool = False
 
