@@ -15,6 +15,9 @@ and why.
 - `error`: null when the command ran to its end, whatever its exit status; otherwise one
   line saying why not (unreachable, authentication failed, host key, timed out).
 
+The command runs under remote/guard.py in the host's python: after `--timeout`, Ctrl-C or a
+dropped connection, it ends with every process it started (no pty ends a remote command).
+
 Exit status: 3 when any host could not be reached or logged into, whatever the others did
 (the answer is incomplete); else 1 when the command failed on any host (non-zero exit, or
 it ran past `--timeout`); else 0.

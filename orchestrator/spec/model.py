@@ -11,7 +11,7 @@ from orchestrator.spec.yamlsrc import Map
 # Seconds a host may be silent before it counts as lost, and between SIGTERM and SIGKILL when a
 # job is stopped (a job file's `heartbeat_timeout` and `stop_grace`; bench/results/faults.md
 # has the measurements behind them).
-DEFAULT_HEARTBEAT_TIMEOUT = 15.0
+DEFAULT_HEARTBEAT_TIMEOUT = 6.0
 DEFAULT_STOP_GRACE = 5.0
 
 

@@ -136,12 +136,12 @@ class Gate:
 # ---------------------------------------------------------------- jobs
 
 
-def write_job(path: Path, name: str, args: list[str], *, nproc: int = 2, heartbeat: float = HEARTBEAT,
-              grace: float = GRACE) -> Path:
-    path.write_text(
-        f"name: {name}\nscript: {WORKER}\nargs: {json.dumps(args)}\nnproc_per_node: {nproc}\n"
-        f"heartbeat_timeout: {heartbeat:g}\nstop_grace: {grace:g}\n"
-    )
+def write_job(path: Path, name: str, args: list[str], *, nproc: int = 2, heartbeat: float | None = HEARTBEAT,
+              grace: float | None = GRACE) -> Path:
+    """A job file running the matrix's worker; a timing left None is distrun's default."""
+    timing = "".join(f"{key}: {value:g}\n" for key, value in (("heartbeat_timeout", heartbeat),
+                                                               ("stop_grace", grace)) if value is not None)
+    path.write_text(f"name: {name}\nscript: {WORKER}\nargs: {json.dumps(args)}\nnproc_per_node: {nproc}\n{timing}")
     return path
 
 
@@ -266,8 +266,8 @@ class Bystander:
         return self.controller.combined().count(" tick ")
 
     def finish(self) -> tuple[int | None, dict | None]:
-        """Let the job end well; its exit code and record."""
-        if self.controller is None:
+        """Let the job end well (once); its exit code and record."""
+        if self.controller is None or self.until.exists():
             return None, None
         self.until.touch()
         try:
@@ -301,11 +301,13 @@ class Observed:
 class Scene:
     """One cell's run on the cluster (see the module docstring)."""
 
-    def __init__(self, cluster: Cluster, cell: Cell, root: Path, bystander: Bystander | None) -> None:
+    def __init__(self, cluster: Cluster, cell: Cell, root: Path, bystander: Bystander | None,
+                 default_timing: bool = False) -> None:
         self.cluster = cluster
         self.cell = cell
         self.root = root
         self.bystander = bystander
+        self.timing = {"heartbeat": None, "grace": None} if default_timing else {}
         self.job_id = f"{cell.id}-{os.getpid() % 1000}-{int(time.time()) % 100000}"
         self.home = root / "home"
         self.gate = Gate(root)
@@ -313,6 +315,17 @@ class Scene:
         self.undo: list[Callable[[], None]] = []
         self.controller: Controller | None = None
         self.fault_at = 0.0
+
+    def run(self) -> Observed:
+        """The whole cell: its disk made small where needed, the phase, the fault, the watch; then
+        whatever the fault left undone is undone."""
+        try:
+            with small_disk(self):
+                self.reach()
+                self.inject()
+                return self.watch()
+        finally:
+            self.close()
 
     # -- setting up ---------------------------------------------------------------
 
@@ -323,7 +336,7 @@ class Scene:
 
     def launch(self) -> Controller:
         self.home.mkdir(parents=True, exist_ok=True)
-        job = write_job(self.root / "job.yaml", "faulty", worker_args(self.cell.phase, self.cell))
+        job = write_job(self.root / "job.yaml", "faulty", worker_args(self.cell.phase, self.cell), **self.timing)
         piped = self.cell.fault is Fault.STDOUT_STALLED
         self.controller = Controller.start(job, self.inventory(), self.home, self.job_id, piped=piped)
         if piped:
@@ -333,8 +346,13 @@ class Scene:
     # -- reaching the phase -------------------------------------------------------
 
     def reach(self) -> None:
-        """Start the job and hold it in the cell's phase."""
+        """Start the job and hold it in the cell's phase (a link cut in preflight: the link is down when
+        the launch connects; cut during a probe, the connection takes ~35 s to drop)."""
         phase = self.cell.phase
+        if phase is Phase.PREFLIGHT and self.cell.fault is Fault.LINK_CUT:
+            self.inject()
+            self.launch()
+            return
         if phase is Phase.PREFLIGHT:
             self.gate.arm("probe")
         if phase is Phase.RENDEZVOUS:
@@ -356,6 +374,8 @@ class Scene:
     # -- the fault ----------------------------------------------------------------
 
     def inject(self) -> None:
+        if self.fault_at:
+            return  # injected already, before the phase (see `reach`)
         if self.bystander is not None:
             self.before = self.bystander.pids()
             self.lines_before = self.bystander.lines()

@@ -25,6 +25,7 @@ def main() -> None:
     parser.add_argument("--fail-at", type=int, default=0, help="... at this tick")
     parser.add_argument("--linger", type=float, default=0.0, help="on SIGTERM, go on for this long first")
     parser.add_argument("--chatty", type=int, default=0, help="extra lines printed with each tick")
+    parser.add_argument("--spin", type=float, default=0.0, help="keep a core busy this long after each tick")
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
     if args.linger:
@@ -40,8 +41,17 @@ def main() -> None:
         for i in range(args.chatty):
             sys.stdout.write(f"chat {rank} {n} {i} {'x' * 60}\n")
         n += 1
+        spin(args.spin)
         time.sleep(args.every)
     sys.stdout.write(f"done {rank}\n")
+
+
+def spin(seconds: float) -> None:
+    """Compute for `seconds`, as a training step keeps its core busy."""
+    deadline = time.perf_counter() + seconds
+    total = 0
+    while time.perf_counter() < deadline:
+        total += sum(range(1000))
 
 
 def linger(rank: int, seconds: float) -> None:
