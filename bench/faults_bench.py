@@ -51,11 +51,22 @@ def load() -> dict[str, Any]:
     return json.loads(RAW.read_text()) if RAW.exists() else {}
 
 
-def save(part: str, figures: Any, command: str) -> None:
+def save(part: str, figures: Any, command: str, fresh: bool) -> None:
+    """Add a run's figures to the part's (rounds taken in several runs add up), or replace them."""
     data = load()
-    data[part] = {"command": command, "date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),
-                  "figures": figures}
+    old = {} if fresh else data.get(part, {})
+    data[part] = {"commands": [*old.get("commands", []), command], "date": time.strftime("%Y-%m-%d %H:%M"),
+                  "machine": machine(), "figures": merged(old.get("figures"), figures)}
     RAW.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def merged(old: Any, new: Any) -> Any:
+    """Lists of runs extended, mappings merged key by key (a cell measured again keeps both runs)."""
+    if isinstance(old, list) and isinstance(new, list):
+        return old + new
+    if isinstance(old, dict) and isinstance(new, dict):
+        return {**old, **{key: merged(old.get(key), value) for key, value in new.items()}}
+    return new
 
 
 # ---------------------------------------------------------------- distrun, through the matrix's scenes
@@ -203,6 +214,10 @@ def false_lost_part(cluster: Cluster, tmp: Path, rounds: int, seconds: float) ->
 # ---------------------------------------------------------------- the report
 
 
+def commands_of(part: dict[str, Any]) -> str:
+    return ", ".join(f"`{command}`" for command in part["commands"]) + f" (last {part['date']})"
+
+
 def shown(value: float | None, cap: float = CAP) -> str:
     return f"{value:.1f}" if value is not None else f"> {cap:.0f} (hung)"
 
@@ -220,7 +235,7 @@ def report() -> Path:
             "(no other benchmark or test ran at the same time). Times are seconds from the fault.", ""]
     body += pdsh_section(data.get("pdsh")) + defaults_section(data.get("defaults"))
     body += false_lost_section(data.get("false-lost")) + matrix_section(data.get("matrix"))
-    commands = "; ".join(part["command"] for part in data.values())
+    commands = "; ".join(command for part in data.values() for command in part["commands"])
     return write_results("faults.md", "Faults: time until the hosts are clean and the launcher is back", commands, body)
 
 
@@ -238,7 +253,7 @@ def pdsh_section(part: dict[str, Any] | None) -> list[str]:
         d, p = runs["distrun"], runs["pdsh"]
         rows.append(f"| {Fault[name].value} | {shown(med(d, 'clean'))} | {shown(med(d, 'returned'))} | "
                     f"{shown(med(p, 'clean'))} | {shown(med(p, 'returned'))} | {pairs(d)} | {pairs(p)} |")
-    return [*rows, "", f"Command: `{part['command']}` ({part['date']})", ""]
+    return [*rows, "", f"Commands: {commands_of(part)}", ""]
 
 
 def pairs(runs: list[dict[str, Any]]) -> str:
@@ -258,7 +273,7 @@ def defaults_section(part: dict[str, Any] | None) -> list[str]:
             f"| controller back | {shown(med(runs, 'returned'))} | {', '.join(shown(r['returned']) for r in runs)} |",
             f"| node2 clean, from its link's return | {shown(med(runs, 'cut_clean'))} | "
             f"{', '.join(shown(r['cut_clean']) for r in runs)} |", "",
-            f"Command: `{part['command']}` ({part['date']})", ""]
+            f"Commands: {commands_of(part)}", ""]
 
 
 def false_lost_section(part: dict[str, Any] | None) -> list[str]:
@@ -274,7 +289,7 @@ def false_lost_section(part: dict[str, Any] | None) -> list[str]:
             *(f"| {n + 1} | {r['rc']} | {r['state']} | {r['seconds']:.0f} | {r['lines']} | {len(r['lost'])} |"
               for n, r in enumerate(runs)), "",
             f"Hosts declared lost in {len(runs)} runs: **{lost}**.", "",
-            f"Command: `{part['command']}` ({part['date']})", ""]
+            f"Commands: {commands_of(part)}", ""]
 
 
 def matrix_section(part: dict[str, Any] | None) -> list[str]:
@@ -291,7 +306,7 @@ def matrix_section(part: dict[str, Any] | None) -> list[str]:
         cut = "" if run["cut_clean"] is None else f"{run['cut_clean']:.1f}"
         rows.append(f"| {cell_id} | {bounds.get(cell_id, 0):g} | {shown(run['clean'])} | "
                     f"{shown(run['returned'])} | {cut} |")
-    return [*rows, "", f"Command: `{part['command']}` ({part['date']})", ""]
+    return [*rows, "", f"Commands: {commands_of(part)}", ""]
 
 
 # ---------------------------------------------------------------- main
@@ -303,6 +318,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--cells", default=".", help="matrix: cells whose id matches this regular expression")
     parser.add_argument("--seconds", type=float, default=60.0, help="false-lost: how long each run lasts")
+    parser.add_argument("--fresh", action="store_true", help="replace the part's figures instead of adding to them")
     parser.add_argument("--report", action="store_true", help="write bench/results/faults.md from faults.json")
     args = parser.parse_args()
     if args.part:
@@ -323,9 +339,7 @@ def run_part(args: argparse.Namespace) -> None:
     }
     with Cluster(3) as cluster:
         figures = parts[args.part](cluster)
-    if args.part == "matrix" and args.cells != ".":
-        figures = {**load().get("matrix", {}).get("figures", {}), **figures}
-    save(args.part, figures, command)
+    save(args.part, figures, command, args.fresh)
 
 
 if __name__ == "__main__":

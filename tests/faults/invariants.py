@@ -97,7 +97,7 @@ def describe(failure: dict) -> str:
 def lines_kept(cell: Cell, seen: Observed) -> list[str]:
     """d) Every line that reached the controller is in the job directory: each rank line the
     terminal showed is in combined.log, and each rank's file holds its ticks 0..n without a gap."""
-    if cell.phase is Phase.PREFLIGHT:
+    if cell.phase is Phase.PREFLIGHT or not cell.lines_kept:
         return []
     combined = set(seen.files.get("combined", "").splitlines())
     problems = []

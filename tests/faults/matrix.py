@@ -87,6 +87,8 @@ class Cell:
         bystander: Whether another job on the same hosts must be untouched (host-wide faults
             take every job of the host with them).
         waits_on: Which other work must land before the cell can pass ("" when none).
+        lines_kept: Whether every line that reached the controller must be in its files (not
+            while the controller's own disk is full).
     """
 
     fault: Fault
@@ -96,6 +98,7 @@ class Cell:
     cause: Cause | None = None
     bystander: bool = True
     waits_on: str = ""
+    lines_kept: bool = True
 
     @property
     def id(self) -> str:
@@ -106,7 +109,7 @@ class Cell:
         parts = ["a", "b"]
         if self.cause is not None:
             parts.append("c")
-        if self.phase is not Phase.PREFLIGHT:
+        if self.phase is not Phase.PREFLIGHT and self.lines_kept:
             parts.append("d")
         if self.bystander:
             parts.append("e")
@@ -177,7 +180,7 @@ CELLS: tuple[Cell, ...] = (
     Cell(Fault.CONTROLLER_FROZEN_CHATTY, Phase.TRAINING, FREEZE + 8, Outcome.FAILED, FROZEN, waits_on=WAITS_ON_LOGS),
     Cell(Fault.STDOUT_STALLED, Phase.TRAINING, STALL + 15, Outcome.SUCCEEDED, waits_on=WAITS_ON_LOGS),
     Cell(Fault.HOST_DISK_FULL, Phase.TRAINING, 30, Outcome.SUCCEEDED),
-    Cell(Fault.CONTROLLER_DISK_FULL, Phase.TRAINING, 30, Outcome.SUCCEEDED,
+    Cell(Fault.CONTROLLER_DISK_FULL, Phase.TRAINING, 30, Outcome.SUCCEEDED, lines_kept=False,
          waits_on="the log pipeline (an error writing a line is reported and survived)"),
     # ---------------------------------------------------------------- stopping
     Cell(Fault.LINK_CUT, Phase.STOPPING, SILENT_BOUND, Outcome.FAILED, RANK_FAILED, bystander=False),
