@@ -23,12 +23,16 @@ def main() -> None:
     parser.add_argument("--until", help="end well once this file exists")
     parser.add_argument("--fail-rank", type=int, default=-1, help="this rank exits 1 ...")
     parser.add_argument("--fail-at", type=int, default=0, help="... at this tick")
-    parser.add_argument("--linger", type=float, default=0.0, help="on SIGTERM, go on for this long first")
+    parser.add_argument("--linger", type=float, default=0.0,
+                        help="on SIGTERM, go on for this long first (not on the failing rank's host)")
     parser.add_argument("--chatty", type=int, default=0, help="extra lines printed with each tick")
     parser.add_argument("--spin", type=float, default=0.0, help="keep a core busy this long after each tick")
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
-    if args.linger:
+    # The failing rank's own torchrun stops its other ranks before it reports the failure, and
+    # would wait 30 s for one that lingers: only the hosts distrun stops take their time.
+    per_host = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if args.linger and rank // per_host != args.fail_rank // per_host:
         signal.signal(signal.SIGTERM, lambda *_: linger(rank, args.linger))
     n = 0
     while args.ticks < 0 or n < args.ticks:
