@@ -74,7 +74,6 @@ def merged(old: Any, new: Any) -> Any:
 
 def distrun_trial(cluster: Cluster, cell: Cell, tmp: Path, default_timing: bool) -> dict[str, Any]:
     scene = Scene(cluster, cell, tmp / f"{cell.id}-{time.monotonic_ns()}", None, default_timing=default_timing)
-    scene.root.mkdir(parents=True)
     seen = scene.run()
     return {"returned": seen.returned, "clean": seen.clean, "cut_clean": seen.cut_clean, "rc": seen.rc}
 
