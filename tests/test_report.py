@@ -416,8 +416,8 @@ def test_dataparallel_counts_only_the_gpus_cuda_visible_devices_leaves_it(store:
 
 def test_launched_as_is_the_recorded_command_with_its_hosts_and_script_arguments(store: Store) -> None:
     record = make_job(store, "t-1", [("node0", 2), ("node2", 2)], metric_rows("ddp", 4))
-    record.command = ["/srv/jobs/tiny.yaml", "-i", "/srv/lab.yaml", "--nodes", "node[0,2]", "--", "--steps", "20"]
-    store.save(record)
+    store.update(record.id, command=["/srv/jobs/tiny.yaml", "-i", "/srv/lab.yaml", "--nodes", "node[0,2]", "--",
+                                      "--steps", "20"])
 
     page = render([JobData.load(store.get("t-1"), store.job_dir("t-1"))])
 
@@ -447,9 +447,8 @@ def scaling_runs(store: Store, rates: dict[int, float]) -> list[JobData]:
     for hosts, rate in rates.items():
         record = make_job(store, f"tiny-h{hosts}", [(f"node{i}", 2) for i in range(hosts)],
                           metric_rows("ddp", 2 * hosts, rate=rate))
-        record.name = "tiny"
-        store.save(record)
-        data.append(JobData.load(record, store.job_dir(record.id)))
+        store.update(record.id, name="tiny")
+        data.append(JobData.load(store.get(record.id), store.job_dir(record.id)))
     return data
 
 
