@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -46,12 +45,13 @@ def _split_names(value: str | None) -> list[str] | None:
               help="A backend option, over the job file's section of that backend (repeatable; "
                    "`distrun backends` lists them), e.g. -o partition=gpu.")
 @click.option("--no-live", is_flag=True, help="No live status area; plain log lines.")
+@click.option("--collapse", is_flag=True, help="Fold identical lines of several ranks into one [node0-2 r0-5] line.")
 @click.option("--job-id", hidden=True)
 @click.option("--detached-child", is_flag=True, hidden=True)
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def launch(job_file: str, inventory: str | None, nodes: str | None, nnodes: int | None, dry_run: bool,
            detach: bool, skip_preflight: bool, backend: str | None, options: tuple[str, ...], no_live: bool,
-           job_id: str | None, detached_child: bool, extra: tuple[str, ...]) -> None:
+           collapse: bool, job_id: str | None, detached_child: bool, extra: tuple[str, ...]) -> None:
     """Start JOB_FILE on the inventory's hosts. Arguments after `--` go to the training script."""
     from orchestrator.launch import launch as launch_job
 
@@ -60,7 +60,7 @@ def launch(job_file: str, inventory: str | None, nodes: str | None, nnodes: int 
         sys.exit(_detach(job_file, job_id))
     request = LaunchRequest(
         job_file=job_file, inventory=inventory, nodes=_split_names(nodes), nnodes=nnodes,
-        dry_run=dry_run, skip_preflight=skip_preflight, backend=backend, live=not no_live,
+        dry_run=dry_run, skip_preflight=skip_preflight, backend=backend, live=not no_live, collapse=collapse,
         job_id=job_id, quiet=detached_child, extra_args=list(extra), options=list(options),
     )
     sys.exit(launch_job(request))
@@ -137,48 +137,37 @@ def ps(as_json: bool, show_all: bool) -> None:
 
 @cli.command()
 @click.argument("job_ref")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the job ends.")
-@click.option("--node", help="Only this node's lines.")
-@click.option("--rank", type=int, help="Only this global rank's lines.")
-@click.option("--grep", "pattern", help="Only lines matching this regular expression.")
-@click.option("--tail", type=click.IntRange(min=1), help="Only the last N lines.")
-@click.option("--recover", is_flag=True, help="First rebuild the job's files from the copies its hosts kept.")
-def logs(job_ref: str, follow: bool, node: str | None, rank: int | None, pattern: str | None,
-         tail: int | None, recover: bool) -> None:
-    """Print a job's logs (JOB_REF: an id, a unique prefix, or `last`)."""
-    from orchestrator.logs import follow as follow_file
-    from orchestrator.logs import read_lines, select_file
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep printing new lines until the job ends; exit with its exit code.")
+@click.option("--node", "nodes", multiple=True, metavar="NODE",
+              help="Only this node's lines (repeatable, or comma-separated).")
+@click.option("--rank", "ranks", multiple=True, metavar="R[,R...]",
+              help="Only these global ranks' lines (repeatable, or comma-separated).")
+@click.option("--grep", "pattern", metavar="REGEX", help="Only lines whose text matches this regular expression.")
+@click.option("--since", metavar="TIME", help="Only lines that arrived since TIME: 90s, 10m, 2h, 1d ago, 14:30 today, "
+              "or 2026-11-21T14:30.")
+@click.option("--tail", type=click.IntRange(min=1), metavar="N",
+              help="Only the last N lines (after the other filters).")
+@click.option("--stderr", is_flag=True, help="Only the lines the ranks and hosts wrote to stderr.")
+@click.option("--attempt", type=click.IntRange(min=1), metavar="K", help="Only the lines of attempt K.")
+@click.option("--collapse", is_flag=True, help="Fold identical lines of several ranks into one [node0-2 r0-5] line.")
+@click.option("--timestamps", is_flag=True, help="Show each line's arrival time first.")
+@click.option("--bare", is_flag=True, help="The text of each line only, without [node rank].")
+@click.option("--recover", is_flag=True, help="First rebuild the finished job's files from the copies its hosts kept.")
+def logs(job_ref: str, follow: bool, nodes: tuple[str, ...], ranks: tuple[str, ...], pattern: str | None,
+         since: str | None, tail: int | None, stderr: bool, attempt: int | None, collapse: bool, timestamps: bool,
+         bare: bool, recover: bool) -> None:
+    """Print a job's lines, in the order they arrived (JOB_REF: an id, a unique prefix, or `last`).
 
-    store = Store()
-    rec = store.get(job_ref)
-    if node is not None and node not in rec.hosts:
-        raise UsageError(f"--node {node}: job {rec.id} ran on {', '.join(rec.hosts)}")
-    if recover:
-        _recover(store, rec)
-    try:
-        regex = re.compile(pattern) if pattern else None
-    except re.error as exc:
-        raise UsageError(f"--grep {pattern!r}: not a regular expression: {exc}") from exc
-    path = select_file(store.job_dir(rec.id), node, rank)
-    for line in read_lines(path, regex, tail):
-        click.echo(line)
-    if follow:
-        def finished() -> bool:
-            current = store.get(rec.id)
-            refresh_lost(store, [current])
-            return current.state.finished
+    Filters combine (every one must hold). Lines are shown as `[node1 r3] text`, stderr lines
+    as `[node1 r3 err] text`; without filters the job's summary follows them.
+    """
+    from orchestrator.logs.command import LogsRequest, show_logs
 
-        with open(path, "a", encoding="utf-8"):
-            pass
-        skip = sum(1 for _ in read_lines(path, None, None))
-        for index, line in enumerate(follow_file(path, finished, None)):
-            if index >= skip and (regex is None or regex.search(line)):
-                click.echo(line)
-
-
-def _recover(store: Store, rec: JobRecord) -> None:
-    for name, count in for_record(store, rec).recover(rec).items():
-        click.echo(f"[{name}] distrun: recovered {count} line(s) from the host's copy", err=True)
+    request = LogsRequest(job_ref=job_ref, follow=follow, nodes=nodes, ranks=ranks, grep=pattern, since=since,
+                          tail=tail, stderr=stderr, attempt=attempt, collapse=collapse, timestamps=timestamps,
+                          bare=bare, recover=recover)
+    sys.exit(show_logs(request))
 
 
 @cli.command()

@@ -11,7 +11,7 @@ path of a mode-0600 JSON file of secret variables, kept out of the batch script)
 names of variables that this node fills into the torchrun arguments (`$SLURM_NODEID` differs
 per node, so the batch shell cannot). Nothing else in the arguments is expanded.
 
-The supervisor's output (torchrun's lines and `\\x1e{json}` events) is appended to
+The supervisor's output (batches of the ranks' lines and `\\x1e{json}` events, remote/stream.py) is appended to
 STREAM_DIR/<node>.stream, which the controller follows. Slurm owns the job's lifetime, so the
 supervisor watches no controller heartbeat; scancel and `srun --kill-on-bad-exit` reach it
 as SIGTERM. The task exits with torchrun's status, so that a failed node ends the step.
@@ -26,8 +26,8 @@ import socket
 import sys
 from typing import Any
 
-from orchestrator.remote.output import Output
 from orchestrator.remote.probe import first_free_port, port_free
+from orchestrator.remote.stream import StreamWriter
 from orchestrator.remote.supervisor import Supervisor
 
 
@@ -45,11 +45,22 @@ def supervisor_config(cfg: dict[str, Any], node: str, argv: list[str], env: dict
     if cfg.get("secrets"):
         with open(cfg["secrets"], encoding="utf-8") as fh:
             secrets = json.load(fh)
+    argv = expand(argv, cfg.get("expand", []), env)
     return {
-        "job_id": cfg["job_id"], "node": node, "argv": expand(argv, cfg.get("expand", []), env),
-        "env": secrets, "cwd": cfg.get("cwd"), "heartbeat_timeout": None,
-        "stop_grace": cfg.get("stop_grace", 5.0), "telemetry_interval": cfg.get("telemetry_interval"),
+        "job_id": cfg["job_id"], "node": node, "argv": argv, "env": secrets, "secret_names": sorted(secrets),
+        "cwd": cfg.get("cwd"), "heartbeat_timeout": None, "stop_grace": cfg.get("stop_grace", 5.0),
+        "telemetry_interval": cfg.get("telemetry_interval"), "first_rank": first_rank(argv),
     }
+
+
+def first_rank(argv: list[str]) -> int:
+    """This node's first global rank: its node rank times the processes per node (a Slurm job's
+    nodes all run the same number), read from torchrun's arguments; 0 when they do not say."""
+    def value(flag: str) -> str:
+        return argv[argv.index(flag) + 1] if flag in argv[:-1] else ""
+
+    node_rank, nproc = value("--node-rank"), value("--nproc-per-node")
+    return int(node_rank) * int(nproc) if node_rank.isdigit() and nproc.isdigit() else 0
 
 
 def exit_status(rc: int | None) -> int:
@@ -91,7 +102,7 @@ def main(argv: list[str]) -> None:
     env = dict(os.environ)
     stream_path = os.path.join(cfg["stream_dir"], f"{node}.stream")
     with open(stream_path, "ab") as stream:
-        supervisor = Supervisor(supervisor_config(cfg, node, command, env), Output(stream))
+        supervisor = Supervisor(supervisor_config(cfg, node, command, env), StreamWriter(stream))
         supervisor.run(sys.stdin.buffer)
     rc = supervisor.child.returncode if supervisor.child is not None else None
     # The supervisor's threads may still sit in blocking calls; leave without joining them.
