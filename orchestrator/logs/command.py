@@ -17,7 +17,16 @@ from orchestrator.backends.base import for_record, refresh_lost
 from orchestrator.display import fold_hosts
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.logs.format import ranges
-from orchestrator.logs.query import JobLog, Query, Renderer, Style, parse_ranks, parse_since, read_lines
+from orchestrator.logs.query import (
+    JobLog,
+    Query,
+    Renderer,
+    Style,
+    parse_ranks,
+    parse_since,
+    read_lines,
+    split_lines,
+)
 from orchestrator.remote.linestore import Located
 from orchestrator.remote.redact import escape_controls
 from orchestrator.store import JobDir, JobRecord, JobState, Store
@@ -140,7 +149,7 @@ def follow(store: Store, record: JobRecord, query: Query, style: Style, collapse
     try:
         first = "".join(renderer.render(log, log.new_entries()))
         if query.tail is not None:
-            first = "".join(deque(first.splitlines(keepends=True), maxlen=query.tail))
+            first = "".join(deque(split_lines(first), maxlen=query.tail))
         out.write(first)
         out.flush()
         ended = _wait_for_end(store, record.id, log, renderer, out)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 
 from orchestrator.display import fold_hosts
-from orchestrator.remote.redact import escape_controls
+from orchestrator.remote.redact import shown_text
 
 COLOURS = (36, 33, 35, 32, 34, 91, 96, 93, 95, 92, 94)
 
@@ -66,4 +66,4 @@ def prefixed(text: str, prefix: str) -> str:
 
 def shown(data: bytes) -> str:
     """A batch's bytes as text for a terminal: decoded (bad bytes as U+FFFD), controls escaped."""
-    return escape_controls(data.decode("utf-8", "replace"))
+    return shown_text(data)

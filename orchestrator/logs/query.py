@@ -188,12 +188,12 @@ class Renderer:
                 data = data[:data.rfind(b"\n") + 1]  # a file cut short: its whole lines only
             if not data:
                 continue
-            yield from self._attempt_mark(entry)
             text = shown(data)
             if self.query.grep is not None:
-                text = "".join(line for line in text.splitlines(keepends=True) if self.query.grep.search(line[:-1]))
+                text = "".join(line for line in split_lines(text) if self.query.grep.search(line[:-1]))
                 if not text:
                     continue
+            yield from self._attempt_mark(entry)
             if self.collapser is not None and not entry.partial:
                 yield from self._collapse(self.collapser, entry, text)
                 continue
@@ -210,8 +210,11 @@ class Renderer:
             yield from self._groups(self.collapser.due(now))
 
     def _attempt_mark(self, entry: Entry) -> Iterator[str]:
-        if self.attempt is not None and entry.attempt != self.attempt and not self.style.bare:
-            yield f"--- attempt {entry.attempt} ---\n"
+        """A line where the attempt changes (what collapse holds of the last attempt goes first)."""
+        if self.attempt is not None and entry.attempt != self.attempt:
+            yield from self.finish()
+            if not self.style.bare:
+                yield f"--- attempt {entry.attempt} ---\n"
         self.attempt = entry.attempt
 
     def _collapse(self, collapser: Collapser, entry: Entry, text: str) -> Iterator[str]:
@@ -236,10 +239,16 @@ def read_lines(root: Path, query: Query, style: Style, collapse: bool = False) -
             return
         kept: deque[str] = deque(maxlen=query.tail)
         for chunk in chunks:
-            kept.extend(chunk.splitlines(keepends=True))
+            kept.extend(split_lines(chunk))
         yield "".join(kept)
     finally:
         log.close()
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines of text that ends in a newline, each with its newline; split on newlines only (a
+    line may hold U+2028 and the like, which str.splitlines would split on)."""
+    return [line + "\n" for line in text[:-1].split("\n")] if text else []
 
 
 def _chain(*parts: Iterable[str]) -> Iterator[str]:

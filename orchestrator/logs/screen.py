@@ -213,21 +213,22 @@ class Screen:
         """Lines the terminal had no room for."""
         return self.writer.missed
 
-    def batch(self, node: str, rank: int | None, stream: str, data: bytes, partial: bool = False) -> None:
-        """Show a batch of a host's lines (each ending in a newline)."""
+    def batch(self, node: str, rank: int | None, stream: str, data: bytes, nlines: int, partial: bool = False) -> None:
+        """Show a batch of a host's `nlines` lines (each ending in a newline)."""
         text = shown(data)
         with self.lock:
             if node in self.stopping_hosts and (rank is None or stream == "e"):
-                self.stopping_hosts[node] += data.count(b"\n")
+                self.stopping_hosts[node] += nlines
                 return
             if any(pattern in text for pattern in HARMLESS):
                 text = self._fold_harmless(node, text)
                 if not text:
                     return
+                nlines = text.count("\n")
             if self.collapser is not None and not partial:
                 self._collapse(self.collapser, node, rank, stream, text)
                 return
-            self.writer.offer(prefixed(text, self._label(node, rank, stream, partial) + " "), text.count("\n"))
+            self.writer.offer(prefixed(text, self._label(node, rank, stream, partial) + " "), nlines)
 
     def note(self, node: str, text: str) -> None:
         """A line of distrun's own about a host."""
@@ -270,7 +271,7 @@ class Screen:
     def _fold_harmless(self, node: str, text: str) -> str:
         """`text` without the repeats of known-harmless warnings (the first of each is kept)."""
         kept = []
-        for line in text.splitlines(keepends=True):
+        for line in [ln + "\n" for ln in text[:-1].split("\n")]:
             pattern = next((p for p in HARMLESS if p in line), None)
             if pattern is None:
                 kept.append(line)

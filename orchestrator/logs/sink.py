@@ -79,7 +79,7 @@ class LogSink:
         self._keep(Entry(time.time(), self.attempt, node, batch.rank, batch.stream, batch.nlines, len(data),
                          batch.partial), data)
         if self.screen is not None:
-            self.screen.batch(node, batch.rank, batch.stream, data, batch.partial)
+            self.screen.batch(node, batch.rank, batch.stream, data, batch.nlines, batch.partial)
         if batch.rank is not None and METRICS_MARK.encode() in data:
             self._metrics(node, batch.rank, data)
 

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 MASK = "***"
 # C0 without tab (0x09) and line feed (0x0a), DEL, and C1 (U+0080..U+009F).
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_C0_BYTES = bytes([*range(0x00, 0x09), *range(0x0b, 0x20), 0x7f])
+_C1_LEAD = b"\xc2"  # U+0080..U+009F are \xc2\x80..\xc2\x9f in UTF-8
 
 
 class Masker:
@@ -57,6 +59,16 @@ def mask(text: str, secrets: Iterable[str]) -> str:
 
 def _escaped(match: re.Match[str]) -> str:
     return f"\\x{ord(match.group()):02x}"
+
+
+def shown_text(data: bytes) -> str:
+    """Bytes from a host as text for a terminal: decoded (a bad byte becomes U+FFFD) and escaped
+    as `escape_controls` does. A batch with no control character (the common case: one byte
+    table pass, one byte search) costs no regex at all."""
+    text = data.decode("utf-8", "replace")
+    if len(data.translate(None, _C0_BYTES)) == len(data) and _C1_LEAD not in data:
+        return text
+    return escape_controls(text)
 
 
 def escape_controls(text: str) -> str:
