@@ -144,8 +144,9 @@ def test_secret_values_are_masked_in_the_stream_and_the_host_copy_which_keeps_th
 def test_events_go_out_ahead_of_a_flood_that_the_controller_has_not_read(tmp_path: Path) -> None:
     """While nobody reads stdout, the lines wait in the supervisor's queue; a heartbeat does not
     wait behind them: it is the next thing written once the write under way completes."""
-    worker = script(tmp_path, "sys.stdout.write(''.join(f'flood {rank} {i} ' + 'x' * 60 + '\\n' for i in range(120000)))\n"
-                              "time.sleep(2)\n")
+    # All the lines in one write: they are all queued before the next heartbeat is due.
+    worker = script(tmp_path, "sys.stdout.write(''.join(f'flood {rank} {i} ' + 'x' * 60 + '\\n'\n"
+                              "                         for i in range(120000)))\ntime.sleep(2)\n")
     proc = start(config(tmp_path, worker, nproc=1))
     time.sleep(4)  # stdout unread: its pipe is full, the supervisor's queue holds the rest
     seen = read_all(proc, chunk=65536)
