@@ -254,7 +254,9 @@ def test_detach_then_follow_logs_then_stop(cluster3, inv, tmp_path):
     stopped = distrun("stop", job_id, home=home)
     assert stopped.returncode == 0, stopped.stderr
     out, _ = follower.communicate(timeout=30)
-    assert follower.returncode == 0 and "tick 4" in out
+    # logs -f exits with the job's exit code: a job `distrun stop` ended is 143, as its controller says.
+    assert follower.returncode == 143 and "[node2 r4] tick 4" in out
+    assert record(home, job_id)["exit_code"] == 143
     assert record(home, job_id)["state"] == "stopped"
     assert all(not p for p in job_procs(cluster3, job_id).values())
 
