@@ -93,7 +93,7 @@ def failed(cluster3, inv, tmp_path_factory) -> tuple[Path, subprocess.CompletedP
 
 
 def test_the_line_a_rank_printed_before_raising_comes_before_its_traceback_in_the_summary(failed) -> None:
-    home, result = failed
+    home, _ = failed
     (root,) = record(home, "fail-1")["failures"][:1]
     assert (root["host"], root["rank"]) == ("node1", 3)
     last = root["last_lines"]
