@@ -246,8 +246,8 @@ class Screen:
         with self.lock:
             count = self.stopping_hosts.pop(node, 0)
         if count:
-            self.note(node, f"stopped; {count} line(s) of shutdown output on stderr not shown (torchrun's "
-                            f"SignalException and the like): distrun logs {self.job_id} --node {node}")
+            self.note(node, f"stopped; {count} line(s) of shutdown output on stderr not shown: "
+                            f"distrun logs {self.job_id} --node {node}")
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Let held lines go, say what was folded, and write what is queued (at most `timeout` s)."""

@@ -106,8 +106,7 @@ def test_the_line_a_rank_printed_before_raising_comes_before_its_traceback_in_th
 def test_what_distruns_stop_makes_the_hosts_print_is_folded_to_one_line_per_host_on_screen(failed) -> None:
     home, result = failed
     assert "SignalException" not in result.stdout.split("job fail-1 FAILED")[0]
-    folded = [line for line in result.stdout.splitlines() if "lines of shutdown output" in line or
-              "line(s) of shutdown output" in line]
+    folded = [line for line in result.stdout.splitlines() if "line(s) of shutdown output" in line]
     assert 1 <= len(folded) <= 2 and all(re.match(r"\[node[02]\] distrun: stopped; \d+ line", f) for f in folded)
     assert "SignalException" in job_lines(home / "jobs" / "fail-1"), "the files keep everything"
 
