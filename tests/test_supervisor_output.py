@@ -200,3 +200,12 @@ def job_pids(job_id: str) -> list[int]:
         if f"DISTRUN_JOB_ID={job_id}".encode() in env and state != b"Z":
             found.append(int(entry))
     return found
+
+
+def test_under_c10d_each_workers_global_rank_is_the_one_torchrun_gave_it(tmp_path: Path) -> None:
+    """c10d assigns ranks at rendezvous: the plan's first rank (0 here) is only a guess; the
+    supervisor reads the RANK torchrun gave each worker (4 and 5 here)."""
+    worker = script(tmp_path, "print('I am', rank)\ntime.sleep(1)\n")
+    seen = read_all(start(config(tmp_path, worker, first_rank=0, exact_ranks=False)))
+
+    assert (seen.text(4), seen.text(5)) == ("I am 4\n", "I am 5\n")
