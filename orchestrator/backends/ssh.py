@@ -43,7 +43,7 @@ from orchestrator.transport import CommandResult, Transport, run_remote
 STOP_WAIT = 30.0
 AUTO_PORT_WINDOW = 1000
 # What a host's supervisor runs, dependencies first: with the telemetry sampler, or without.
-SUPERVISOR_ONLY = ["redact", "stream", "linestore", "tail", "supervisor"]
+SUPERVISOR_ONLY = ["redact", "stream", "linestore", "tail", "relay", "supervisor"]
 SUPERVISOR_MODULES = [*SUPERVISOR_ONLY[:-1], "sampler", "supervisor"]
 T = TypeVar("T")
 

@@ -251,6 +251,8 @@ class Screen:
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Let held lines go, say what was folded, and write what is queued (at most `timeout` s)."""
+        for node in list(self.stopping_hosts):
+            self.ended(node)  # a host that never reported its exit (lost while stopping)
         with self.lock:
             if self.collapser is not None:
                 self._show_groups(self.collapser.drain())
