@@ -77,7 +77,7 @@ def show_logs(request: LogsRequest, out: TextIO | None = None) -> int:
             return follow(store, record, query, style, request.collapse, out)
         for chunk in read_lines(job_dir.root, query, style, request.collapse):
             out.write(chunk)
-        if not query.narrowed:
+        if not query.narrowed and query.tail is None:
             out.write(summary_text(job_dir))
         out.flush()
     except BrokenPipeError:
