@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator.errors import UsageError
 from orchestrator.facts import HostFacts
-from orchestrator.spec.model import JobSpec, NodeSpec
+from orchestrator.spec.model import DEFAULT_SYNC_MAX_SIZE, JobSpec, NodeSpec
 
 DEFAULT_PORT = 29500
 CPU_NPROC = 2
@@ -51,6 +51,7 @@ class LaunchPlan:
     stop_grace: float = 5.0
     telemetry_interval: float | None = 2.0
     sync: bool = False
+    sync_max_size: int = DEFAULT_SYNC_MAX_SIZE
 
     @property
     def world_size(self) -> int:
@@ -208,4 +209,5 @@ def build_plan(
         nnodes=len(ordered), hosts=hosts, secrets=resolve_secrets(job, controller_env),
         heartbeat_timeout=job.heartbeat_timeout, stop_grace=job.stop_grace,
         telemetry_interval=job.telemetry.interval if job.telemetry.enabled else None, sync=job.sync,
+        sync_max_size=job.sync_max_size,
     )

@@ -5,20 +5,25 @@ from __future__ import annotations
 import json
 import socket
 import sys
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator import doctor
+from orchestrator.backends.ssh import SshBackend
 from orchestrator.bandwidth import BandwidthReport, SizeResult, parse_results
 from orchestrator.doctor.checks import Check, Context, Status, bandwidth_check, run_checks
 from orchestrator.doctor.command import exit_code
-from orchestrator.doctor.probe import HostResult, probe_round
+from orchestrator.doctor.probe import HostResult, import_options, probe_round
 from orchestrator.doctor.render import render_table, to_json
 from orchestrator.facts import Connect, HostFacts, Listen
 from orchestrator.group import Group
 from orchestrator.plan import HostPlan, LaunchPlan
+from orchestrator.spec import job_from_text
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec, Rendezvous, TransportKind
+from orchestrator.store import Store
 
 GIB = 1 << 30
 MASTER_ADDR = "10.0.0.10"
@@ -426,6 +431,54 @@ def test_preflight_refuses_when_the_rendezvous_port_was_taken_during_the_launch_
         facts = launch_round(port)
     with pytest.raises(doctor.PreflightError, match=r"port .* is in use"):
         preflight(port, facts)
+
+
+STANDIN = "9.9.9+standin"
+
+
+def standin_torch(where: Path) -> Path:
+    """A torch with no version.py and no package metadata, as a source tree on PYTHONPATH has it."""
+    (where / "torch").mkdir(parents=True)
+    (where / "torch" / "__init__.py").write_text(f'__version__ = "{STANDIN}"\n')
+    return where
+
+
+def test_each_probe_imports_as_its_job_would_with_the_jobs_env_over_the_inventorys_and_no_secret():
+    nodes = [NodeSpec(name="a", host="a", python="/opt/py/bin/python", env={"PYTHONPATH": "/inv", "X": "1"}),
+             NodeSpec(name="b", host="b")]
+    job = job_from_text("name: t\nmodule: m\nenv: {PYTHONPATH: /job, TOKEN: '${env:TOKEN}'}\n", "j.yaml")
+    assert import_options(nodes, job, "/work") == {
+        "a": {"import_from": {"python": "/opt/py/bin/python", "cwd": "/work", "env": {"PYTHONPATH": "/job", "X": "1"}}},
+        "b": {"import_from": {"python": "python3", "cwd": "/work", "env": {"PYTHONPATH": "/job"}}},
+    }
+
+
+def launch_torch(node: NodeSpec, job_text: str) -> str | None:
+    """The torch version that a launch's one probe round found on `node` (a one-node job)."""
+    backend = SshBackend(Store.__new__(Store))
+    try:
+        backend.plan_on(job_from_text(job_text, "j.yaml"), Inventory("inv.yaml", (node,)), [node], "j")
+        return backend.facts[node.name].torch
+    finally:
+        backend.release()
+
+
+@pytest.mark.parametrize(("where", "expected"), [
+    ("the inventory's PYTHONPATH", STANDIN),
+    ("the job's workdir", STANDIN),
+    ("the inventory's PYTHONPATH, hidden by the job's", metadata.version("torch")),
+])
+def test_a_launchs_probe_reports_the_torch_the_job_will_import(tmp_path: Path, where: str, expected: str):
+    site = standin_torch(tmp_path / "site")
+    (tmp_path / "empty").mkdir()
+    env = {"PYTHONPATH": str(site)} if "inventory" in where else {}
+    node = NodeSpec(name="local0", host="localhost", python=sys.executable, transport=TransportKind.LOCAL, env=env)
+    job = "name: t\nmodule: m\n"
+    if "workdir" in where:
+        job += f"workdir: {site}\n"
+    if "hidden" in where:
+        job += f"env: {{PYTHONPATH: {tmp_path / 'empty'}}}\n"
+    assert launch_torch(node, job) == expected
 
 
 def test_the_master_is_the_inventorys_when_selected():

@@ -125,7 +125,8 @@ def test_unknown_key_suggests_closest_valid_key() -> None:
 def test_unknown_key_with_nothing_close_lists_the_valid_keys() -> None:
     assert error(RESNET + "colour: blue\n") == (
         "jobs/x.yaml:12: colour: unknown key (valid keys: name, script, module, args, nnodes, nproc_per_node, "
-        f"workdir, env, rendezvous, max_restarts, select, telemetry, sync, backend, {', '.join(backends.names())}, "
+        f"workdir, env, rendezvous, max_restarts, select, telemetry, sync, sync_max_size, backend, "
+        f"{', '.join(backends.names())}, "
         "heartbeat_timeout, stop_grace)"
     )
 
@@ -311,3 +312,4 @@ def test_empty_file_is_reported() -> None:
 def test_every_shipped_job_file_is_valid(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
     assert load_job(path.relative_to(REPO)).name
+

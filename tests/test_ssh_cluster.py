@@ -18,6 +18,7 @@ from orchestrator.transport.base import ConnectError, ConnectFailure
 from orchestrator.transport.ssh import SSHTransport
 from tests.cluster.fixtures import MakeCluster
 from tests.cluster.harness import Cluster, skip_reason
+from tests.helpers import distrun
 
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))]
 
@@ -390,3 +391,45 @@ def test_jump_chain_passes_every_hop_in_order(make_cluster: MakeCluster, tmp_pat
         assert transport.run(["hostname"]).stdout == "node0"
     finally:
         transport.close()
+
+
+def exec_true(cluster: Cluster, tmp_path: Path, known: Path) -> subprocess.CompletedProcess[str]:
+    inventory = cluster.write_inventory(tmp_path / "inventory.yaml", known_hosts=str(known),
+                                        host_key_policy="accept-new")
+    env = {"DISTRUN_SSH_CONFIG": str(tmp_path / "no-ssh-config"), "SSH_AUTH_SOCK": ""}
+    return distrun("exec", "-i", str(inventory), "--", "true", home=tmp_path / "home", env=env, timeout=120)
+
+
+def host_key_line(cluster: Cluster, i: int) -> str:
+    return next(line for line in cluster.known_hosts.read_text().splitlines() if line.startswith(f"{cluster.addr(i)},"))
+
+
+def test_revoked_host_key_is_refused_with_exit_3_naming_host_and_file(cluster3: Cluster, tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    key = host_key_line(cluster3, 0).split(maxsplit=1)[1]
+    known.write_text(f"{cluster3.known_hosts.read_text()}@revoked {cluster3.addr(0)} {key}\n")
+    before = known.read_text()
+    result = exec_true(cluster3, tmp_path, known)
+    assert result.returncode == 3, result.stdout
+    fingerprint = host_key_fingerprint(cluster3, 0)
+    assert (f"node0 ({cluster3.addr(0)}:22): HOST KEY REVOKED: {known} line 4 marks ED25519 {fingerprint} "
+            f"@revoked for {cluster3.addr(0)}; refusing to connect") in result.stdout
+    assert result.stderr == "distrun: 1 of 3 hosts failed: node0 (host key revoked)\n"
+    assert "Traceback" not in result.stdout + result.stderr
+    assert known.read_text() == before
+
+
+def test_host_trusted_only_by_a_cert_authority_is_refused_with_exit_3(cluster3: Cluster, tmp_path: Path) -> None:
+    authority = tmp_path / "ca"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(authority)], check=True)
+    known = tmp_path / "known_hosts"
+    ca_line = f"@cert-authority 10.213.* {' '.join(Path(f'{authority}.pub').read_text().split()[:2])}\n"
+    known.write_text(ca_line + "".join(f"{host_key_line(cluster3, i)}\n" for i in (1, 2)))
+    before = known.read_text()
+    result = exec_true(cluster3, tmp_path, known)
+    assert result.returncode == 3, result.stdout
+    assert (f"node0 ({cluster3.addr(0)}:22): {known} line 1 trusts {cluster3.addr(0)} through @cert-authority, "
+            "and distrun does not check host certificates; refusing to connect") in result.stdout
+    assert result.stderr == "distrun: 1 of 3 hosts failed: node0 (unknown host key)\n"
+    assert "Traceback" not in result.stdout + result.stderr
+    assert known.read_text() == before

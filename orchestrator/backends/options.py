@@ -5,7 +5,9 @@ same way from the job file's section named after the backend and from `-o KEY=VA
     distrun launch job.yaml -o partition=debug         # on the command line, over the file
 
 A wrong value in the file is a SpecError at its FILE:LINE; one on the command line names the
-`-o` it came from. An unknown key names the closest option the backend has.
+`-o` it came from. An unknown key names the closest option the backend has. An option that a
+backend writes into a line of a script (Slurm's `#SBATCH` lines) is declared `one_line`: a line
+break there would end the line and start a shell command, so it is refused in both places.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from enum import Enum
 from orchestrator.errors import UsageError
 from orchestrator.spec.fields import Reader, Source, suggestion
 from orchestrator.spec.model import JobSpec
-from orchestrator.spec.yamlsrc import Node
+from orchestrator.spec.yamlsrc import Node, Seq, shown
 
 TRUE = ("true", "yes", "1", "on")
 FALSE = ("false", "no", "0", "off")
+ONE_LINE = "must be one line of text"
+ONE_LINE_HINT = "it is written into one line of the backend's script: remove the line break"
 
 
 class OptionType(str, Enum):
@@ -42,15 +46,33 @@ class Option:
         type: What values it takes.
         help: One line for `distrun backends`.
         minimum: The smallest value (INTEGER: default 0; NUMBER: default none).
+        one_line: TEXT, or each item of STRINGS, must be one line of printable text (no line
+            break or other control character): the backend writes it into a line of a script.
     """
 
     name: str
     type: OptionType
     help: str
     minimum: float | None = None
+    one_line: bool = False
 
     def reader(self, src: Source) -> Reader:
         """How the job file's value is read (and checked, at its line)."""
+        read = self._plain_reader(src)
+        if not self.one_line or self.type not in (OptionType.TEXT, OptionType.STRINGS):
+            return read
+
+        def one_line(node: Node, path: str) -> object:
+            value = read(node, path)
+            for index, text in enumerate(value if isinstance(value, tuple) else (value,)):
+                if not text.isprintable():
+                    item, where = (node.items[index], f"{path}[{index}]") if isinstance(node, Seq) else (node, path)
+                    raise src.error(item.line, where, f"{ONE_LINE}, got {shown(text)}", ONE_LINE_HINT)
+            return value
+
+        return one_line
+
+    def _plain_reader(self, src: Source) -> Reader:
         low = self.minimum
         if self.type is OptionType.INTEGER:
             return lambda node, path: src.integer(node, path, int(low if low is not None else 0))
@@ -69,7 +91,9 @@ class Option:
             ValueError: TEXT is not a value of this option (the message says what is expected).
         """
         if self.type is OptionType.STRINGS:
-            return tuple(shlex.split(text))
+            items = tuple(shlex.split(text))
+            self._check_lines(items)
+            return items
         if self.type is OptionType.BOOLEAN:
             if text.lower() not in TRUE + FALSE:
                 raise ValueError("expected true or false")
@@ -77,6 +101,7 @@ class Option:
         if self.type is OptionType.TEXT:
             if not text.strip():
                 raise ValueError("must not be empty")
+            self._check_lines((text,))
             return text
         kind = int if self.type is OptionType.INTEGER else float
         try:
@@ -87,6 +112,12 @@ class Option:
         if value < low:
             raise ValueError(f"must be at least {low:g}")
         return value
+
+    def _check_lines(self, texts: Sequence[str]) -> None:
+        """Raises ValueError when the option is `one_line` and a text is not one line."""
+        bad = next((text for text in texts if not text.isprintable()), None) if self.one_line else None
+        if bad is not None:
+            raise ValueError(f"{ONE_LINE}, got {bad!r} ({ONE_LINE_HINT})")
 
 
 def from_job(job: JobSpec, backend: str, options: Sequence[Option]) -> dict[str, object]:
@@ -112,15 +143,16 @@ def from_command_line(pairs: Sequence[str], backend: str, options: Sequence[Opti
     values: dict[str, object] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
+        given = shown(pair)  # one line, whatever the pair holds
         if not sep:
-            raise UsageError(f"-o {pair}: expected KEY=VALUE")
+            raise UsageError(f"-o {given}: expected KEY=VALUE")
         option = by_name.get(key)
         if option is None:
-            raise UsageError(f"-o {pair}: {_unknown(backend, key, list(by_name))}")
+            raise UsageError(f"-o {given}: {_unknown(backend, shown(key), list(by_name))}")
         try:
             values[key] = option.parse(text)
         except ValueError as exc:
-            raise UsageError(f"-o {pair}: {key}: {exc}") from None
+            raise UsageError(f"-o {given}: {key}: {exc}") from None
     return values
 
 

@@ -34,6 +34,7 @@ from orchestrator.backends.slurm_script import (
     node_argv,
     node_config,
     render_script,
+    torchrun_options_end,
 )
 from orchestrator.backends.ssh import SUPERVISOR_MODULES
 from orchestrator.doctor.probe import PROBE_MODULES
@@ -246,8 +247,8 @@ def slurm_plan(job: JobSpec, request: LaunchRequest, template: NodeTemplate, job
     plan = build_plan(job, nodes, {}, job_id=job_id, inventory_path=template.inventory_path, master=nodes[0],
                       master_addr="$MASTER_ADDR", master_port=0, controller_cwd=os.getcwd(),
                       controller_env=dict(os.environ), extra_args=request.extra_args, backend=SlurmBackend.NAME)
-    script_part = (2 if job.module else 1) + len(job.args) + len(request.extra_args)
-    hosts = [replace(h, argv=node_argv(h.argv, len(h.argv) - script_part)) for h in plan.hosts]
+    hosts = [replace(h, argv=node_argv(h.argv, torchrun_options_end(job, h.argv, request.extra_args)))
+             for h in plan.hosts]
     return replace(plan, hosts=hosts)
 
 
@@ -273,7 +274,8 @@ def batch_job(job: JobSpec, request: LaunchRequest, job_dir: JobDir, job_id: str
     modules = [*dict.fromkeys([*PROBE_MODULES, *SUPERVISOR_MODULES]), "slurm_node"]
     bundle = remote.bundle("slurm_node", modules, telemetry.shipped_modules(gpus or 0))
     batch = BatchJob(plan=plan, options=options, gpus_per_node=gpus,
-                     port=job.rendezvous.port, bundle_size=len(bundle), files=SlurmFiles(job_dir.root))
+                     port=job.rendezvous.port, bundle_size=len(bundle), files=SlurmFiles(job_dir.root),
+                     options_end=torchrun_options_end(job, plan.hosts[0].argv, request.extra_args))
     return batch, bundle
 
 
@@ -331,7 +333,7 @@ def write_files(job_dir: JobDir, batch: BatchJob, bundle: bytes, script: str) ->
     files.dir.mkdir(exist_ok=True)
     files.bundle.write_bytes(bundle)
     files.bootstrap.write_text(BOOTSTRAP, encoding="utf-8")
-    files.node_config.write_text(json.dumps(node_config(batch.plan, files), indent=2) + "\n", encoding="utf-8")
+    files.node_config.write_text(json.dumps(node_config(batch), indent=2) + "\n", encoding="utf-8")
     if batch.plan.secrets:
         write_private(files.secrets, json.dumps(batch.plan.secrets))
     files.script.write_text(script, encoding="utf-8")
@@ -354,12 +356,14 @@ class SlurmBackend(Backend):
     NAME = "slurm"
     DESCRIPTION = "sbatch/srun: Slurm allocates, places and accounts; distrun follows the nodes' streams"
     OPTIONS = (
-        Option("partition", OptionType.TEXT, "the Slurm partition (default: Slurm's default partition)"),
-        Option("time", OptionType.TEXT, "the time limit, e.g. 01:00:00"),
-        Option("account", OptionType.TEXT, "the account charged"),
+        # Each text becomes an #SBATCH line of the batch script: one line only (see options.py).
+        Option("partition", OptionType.TEXT, "the Slurm partition (default: Slurm's default partition)",
+               one_line=True),
+        Option("time", OptionType.TEXT, "the time limit, e.g. 01:00:00", one_line=True),
+        Option("account", OptionType.TEXT, "the account charged", one_line=True),
         Option("gpus_per_node", OptionType.INTEGER, "GPUs per node (default: one per process on GPU nodes)",
                minimum=1),
-        Option("extra", OptionType.STRINGS, "more sbatch options, e.g. [--exclusive, --qos=high]"),
+        Option("extra", OptionType.STRINGS, "more sbatch options, e.g. [--exclusive, --qos=high]", one_line=True),
     )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from orchestrator import remote, telemetry
 from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest
-from orchestrator.doctor.probe import probe_round
+from orchestrator.doctor.probe import import_options, probe_round
 from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
 from orchestrator.facts import HostFacts
 from orchestrator.failures import Failure, FailureKind
@@ -88,8 +88,10 @@ class SshBackend(Backend):
         self.group.close()
         self.group = Group(nodes)
         master = inventory.master_of(nodes)
+        # torch as the job will import it (the node's python, in the workdir, with the job's env),
+        # so that the preflight compares the torch each host will really run.
         probed = probe_round(self.group, master, {}, job.rendezvous.port, None, port_from=auto_port_start(),
-                             resolve=False)
+                             resolve=False, per_host=import_options(nodes, job, job.workdir or os.getcwd()))
         self.facts = probed.check()
         if probed.master_addr is None:
             raise UsageError(probed.master_addr_error or f"{master.name}: no address for the master")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.display import fold_hosts
+from orchestrator.display import fold_hosts, size_text
 from orchestrator.doctor.probe import HostResult
 from orchestrator.facts import HostFacts, Listen
 from orchestrator.plan import DEFAULT_PORT
@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from orchestrator.bandwidth import BandwidthReport
 
 GIB = 1 << 30
-MIB = 1 << 20
 
 
 class Status(str, Enum):
@@ -249,14 +248,6 @@ def check_ecc(probed: Mapping[str, HostFacts], _ctx: Context) -> Check:
         shown[host] = "no GPU" if not counts else ("no uncorrectable errors" if known else "ECC not reported")
     return verdict("ecc", problems, shown, Status.ERROR,
                    "drain the host: reset the GPU (nvidia-smi -r) or have it replaced before running jobs")
-
-
-def size_text(value: float) -> str:
-    """Bytes as people read them: `512 MiB`, `24 GiB`."""
-    for unit, scale in (("TiB", 1 << 40), ("GiB", GIB), ("MiB", MIB), ("KiB", 1 << 10)):
-        if value >= scale:
-            return f"{value / scale:.0f} {unit}" if value / scale >= 10 else f"{value / scale:.1f} {unit}"
-    return f"{value:.0f} B"
 
 
 def check_shm(probed: Mapping[str, HostFacts], ctx: Context) -> Check:

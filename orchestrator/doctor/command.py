@@ -30,7 +30,7 @@ from orchestrator.doctor.checks import (
     run_checks,
     untested,
 )
-from orchestrator.doctor.probe import HostResult, probe_round
+from orchestrator.doctor.probe import HostResult, import_options, probe_round
 from orchestrator.doctor.render import render_bandwidth, render_table, to_json
 from orchestrator.errors import DistrunError, ExitCode
 from orchestrator.group import Group
@@ -110,9 +110,11 @@ def collect(nodes: list[NodeSpec], master: NodeSpec, job: JobSpec | None) -> tup
     Returns:
         Every node's result, in node order, and the context for `run_checks`.
     """
-    base = {"full": True, "workdir": (job.workdir if job else None) or os.getcwd()}
+    workdir = (job.workdir if job else None) or os.getcwd()
+    base = {"full": True, "workdir": workdir}
     with Group(nodes) as group:
-        outcome = probe_round(group, master, base, job.rendezvous.port if job else None, None)
+        outcome = probe_round(group, master, base, job.rendezvous.port if job else None, None,
+                              per_host=import_options(nodes, job, workdir))
     ctx = Context(tuple(nodes), master.name, outcome.master_addr, outcome.master_addr_error,
                   outcome.master_hostname, job)
     return outcome.results, ctx

@@ -4,7 +4,8 @@ A probe round runs the probe on every host of a group: the master's probe listen
 rendezvous port and reports its interfaces at once; the controller then chooses the master's
 address and tells every other host's probe to connect to it, resolve its names and find the
 interface whose route reaches it. Doctor runs a `full` round; a launch runs a fast one, once,
-and plans and preflights from its facts.
+and plans and preflights from its facts. In both, each host's probe finds torch as the job
+would import it (`import_options`): the torch a check or the preflight names is the job's.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import util
 from typing import Any
@@ -21,7 +23,7 @@ from orchestrator.errors import InfraError, UsageError, one_line
 from orchestrator.facts import HostFacts
 from orchestrator.group import Group, GroupResult, parallel
 from orchestrator.plan import DEFAULT_PORT, choose_master_addr
-from orchestrator.spec.model import NodeSpec
+from orchestrator.spec.model import JobSpec, NodeSpec
 from orchestrator.transport import RemoteProcess, Transport
 
 PROBE_MODULES = ["output", "probe"]  # what the probe runs, dependencies first
@@ -172,8 +174,28 @@ class Round:
         return failed.check()
 
 
+def import_options(nodes: Sequence[NodeSpec], job: JobSpec | None, workdir: str) -> dict[str, dict[str, Any]]:
+    """Each node's probe option `import_from`: find torch as the job would import it.
+
+    That is the node's python, started in the job's workdir, with the inventory's env and the
+    job's over it (as the plan sets them; secrets stay out: they do not move an import).
+
+    Args:
+        nodes: The nodes probed.
+        job: The job, if any (doctor may run without one).
+        workdir: The directory the job runs in on every host.
+
+    Returns:
+        {node name: {"import_from": {...}}}, as `probe_round` takes per host.
+    """
+    job_env = job.env if job else {}
+    return {n.name: {"import_from": {"python": n.python, "cwd": workdir, "env": {**n.env, **job_env}}}
+            for n in nodes}
+
+
 def probe_round(group: Group, master: NodeSpec, base: dict[str, Any], port: int | None,
-                master_addr: str | None, port_from: int = DEFAULT_PORT, resolve: bool = True) -> Round:
+                master_addr: str | None, port_from: int = DEFAULT_PORT, resolve: bool = True,
+                per_host: Mapping[str, dict[str, Any]] | None = None) -> Round:
     """Run the probe on every host at once; the master listens, the others connect to it.
 
     Args:
@@ -185,11 +207,13 @@ def probe_round(group: Group, master: NodeSpec, base: dict[str, Any], port: int 
         port_from: Where the search for a free port starts when `port` is None.
         resolve: Have the other hosts look up the master's address and host name (doctor's
             master-resolves check; a launch skips it, as a slow DNS would slow every launch).
+        per_host: More options for some hosts' probes, by node name (`import_options`).
 
     Returns:
         Every host's result (facts or error), in the group's order, and the master's address as used.
     """
-    runs = {name: ProbeRun(t, _options(name == master.name, base, port, port_from))
+    own = per_host or {}
+    runs = {name: ProbeRun(t, _options(name == master.name, {**base, **own.get(name, {})}, port, port_from))
             for name, t in group.transports.items()}
     started = group.run(lambda t: runs[t.name].start())
     results = {name: HostResult(name, error=one_line(exc), unreachable=name in started.unreached, exception=exc)

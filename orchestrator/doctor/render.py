@@ -36,8 +36,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.display import fold_hosts
-from orchestrator.doctor.checks import Check, Context, Status, size_text
+from orchestrator.display import fold_hosts, size_text
+from orchestrator.doctor.checks import Check, Context, Status
 from orchestrator.doctor.probe import HostResult
 
 if TYPE_CHECKING:

@@ -26,6 +26,8 @@ JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 SECRET_REF = re.compile(r"\$\{env:([^}]*)\}")
 RENDEZVOUS_BACKENDS = ("static", "c10d")
+SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MIN_TELEMETRY_INTERVAL = 0.25
 _NEEDS = "a job needs at least 'name' and 'script' or 'module'"
 _ENTRY_KEYS = ("script", "module")
@@ -94,6 +96,7 @@ def _job_readers(src: Source) -> dict[str, Reader]:
         "select": lambda node, path: _section(src, node, path, Select, {"names": src.strings, "labels": src.strings}),
         "telemetry": lambda node, path: _section(src, node, path, Telemetry, _telemetry_readers(src)),
         "sync": src.boolean,
+        "sync_max_size": lambda node, path: _size(src, node, path),
         "backend": lambda node, path: src.choice(node, path, backends.names()),
         **{name: lambda node, path: _backend_section(src, node, path) for name in backends.names()},
         "heartbeat_timeout": lambda node, path: src.number(node, path, 0, inclusive=False),
@@ -118,6 +121,17 @@ def _backend_section(src: Source, node: Node, path: str) -> Map:
         raise src.error(node.line, path, f"must be a mapping, got {describe(node)}",
                         f"the {path} backend's options, e.g. {path}: {{key: value}}")
     return node
+
+
+def _size(src: Source, node: Node, path: str) -> int:
+    """A size in bytes: an integer, or a number with K, M, G or T (powers of 1024; `512MiB`, `2G`)."""
+    text = src.string(node, path).strip()
+    match = SIZE.fullmatch(text)
+    size = int(float(match.group(1)) * SIZE_UNITS[match.group(2).upper()]) if match else 0
+    if size < 1:
+        hint = "write bytes, or a number with K, M, G or T, powers of 1024: 512MiB, 2G"
+        raise src.error(node.line, path, f"must be a size of at least 1 byte, got {describe(node)}", hint)
+    return size
 
 
 def _section(src: Source, node: Node, path: str, kind: Callable[..., T], readers: dict[str, Reader]) -> T:

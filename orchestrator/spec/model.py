@@ -8,6 +8,10 @@ from enum import Enum
 
 from orchestrator.spec.yamlsrc import Map
 
+# `sync_max_size`: more than a project's code and configuration, less than a dataset or a
+# checkpoint sent by mistake to every host.
+DEFAULT_SYNC_MAX_SIZE = 512 << 20
+
 
 class HostKeyPolicy(str, Enum):
     STRICT = "strict"
@@ -97,6 +101,7 @@ class JobSpec:
     select: Select = field(default_factory=Select)
     telemetry: Telemetry = field(default_factory=Telemetry)
     sync: bool = False
+    sync_max_size: int = DEFAULT_SYNC_MAX_SIZE
     backend: str | None = None  # None = the default backend
     # The job file's section for each backend that has one (`slurm: {...}`), as read: each
     # backend checks its own section against the options it declares (backends/options.py).

@@ -183,3 +183,22 @@ def test_a_batch_script_that_fails_before_torchrun_shows_slurms_error_in_the_sum
     assert "host: node0" in summary and "/nonexistent/python3" in summary
     assert record(slurm_cluster, tmp_path, "nopy-1")["state"] == "failed"
     assert slurm_cluster.queue() == []
+
+
+LITERAL_ARGS = ["$SLURM_NODEID", "--master-addr", "$MASTER_ADDR", "${MASTER_PORT}", "`hostname`", "$(id -u)", "a b"]
+
+
+def test_arguments_naming_node_variables_reach_the_script_literally_on_slurm_as_over_ssh(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    script = tmp_path / "show_args.py"
+    script.write_text("import json, sys\nsys.stdout.write('ARGS ' + json.dumps(sys.argv[1:]) + '\\n')\n")
+    job = tmp_path / "args.yaml"
+    job.write_text(f"name: args\nscript: {script}\nargs: {json.dumps(LITERAL_ARGS)}\nnproc_per_node: 1\n")
+    inventory = slurm_cluster.cluster.write_inventory(tmp_path / "inventory.yaml")
+    for backend in ("slurm", "ssh"):
+        result = distrun("launch", str(job), "--backend", backend, "-i", str(inventory), "--job-id", f"args-{backend}",
+                         home=tmp_path / "home", env=slurm_cluster.env, timeout=120)
+
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+        shown = [json.loads(line.split("ARGS ", 1)[1]) for line in result.stdout.splitlines() if "ARGS " in line]
+        assert shown == [LITERAL_ARGS, LITERAL_ARGS], backend
