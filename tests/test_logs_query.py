@@ -1,5 +1,6 @@
 """`distrun logs` on a job directory written as the launcher writes it: filters intersect, one
-format, the summary never grepped, --tail after filtering, --since, --attempt, --collapse, -f."""
+format, the summary never grepped, --tail after filtering, --since, --attempt, --collapse, -f,
+and --recover's rebuild from the hosts' copies."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import UsageError
+from orchestrator.logs import recover as recover_module
 from orchestrator.logs.command import LogsRequest, show_logs
 from orchestrator.logs.query import parse_ranks, parse_since
-from orchestrator.remote.linestore import Entry, LineStore
+from orchestrator.logs.recover import HostCopy, rebuild
+from orchestrator.remote.linestore import INDEX, Entry, LineStore
 from orchestrator.store import JobRecord, JobState, Store
 
 T0 = 1_800_000_000.0  # when the job's first line arrived
@@ -188,3 +191,65 @@ def test_rank_values_accumulate_over_repeats_and_commas() -> None:
 def test_a_bad_grep_is_one_clear_error(home: Path) -> None:
     with pytest.raises(UsageError, match=re.escape("--grep '(': not a regular expression")):
         logs(grep="(")
+
+
+def host_copy(tmp_path: Path, node: str, lines: list[tuple[float, int, str, str]]) -> HostCopy:
+    """A host's copy of its lines (time, rank, stream, text), as the supervisor writes it."""
+    root = tmp_path / f"copy-{node}"
+    for t, rank, stream, text in lines:
+        put(root, t, node, rank, stream, text)
+    return HostCopy({str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()})
+
+
+def job_files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_recover_takes_a_hosts_lines_from_its_copy_in_time_order_and_keeps_the_rest(home: Path, tmp_path: Path) -> None:
+    """node1's copy holds a line the controller never got; node0 (no copy) and distrun's notes
+    keep what the controller had, the summary stays."""
+    copy = host_copy(tmp_path, "node1", [(T0 + 0.1, 2, "o", "step 1 loss 2.0\n"),
+                                         (T0 + 0.3, 3, "o", "step 1 loss 2.0\n"),
+                                         (T0 + 10, 2, "e", "warning: slow\n"),
+                                         (T0 + 20.5, 3, "e", "Traceback: lost on the way\n")])
+    counts = rebuild(Store().job_dir(JOB), {"node1": copy})
+
+    assert counts == {"node1": 4}
+    assert logs().splitlines() == [
+        "[node0 r0] step 1 loss 2.0", "[node1 r2] step 1 loss 2.0", "[node0 r1] step 1 loss 2.0",
+        "[node1 r3] step 1 loss 2.0", "[node1 r2 err] warning: slow", "[node0 err] torchrun: worker 1 failed",
+        "[node1 r3 err] Traceback: lost on the way", "[node0] distrun: stopping (node0 failed)",
+        "job demo-1 FAILED", "Root Cause (first observed failure):", "  rank: 3 step",
+    ]
+    assert not (Store().job_dir(JOB).root / recover_module.STAGING).exists()
+
+
+def test_a_recover_that_cannot_write_leaves_the_jobs_files_as_they_were(
+        home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    root = Store().job_dir(JOB).root
+    before = job_files(root)
+    copy = host_copy(tmp_path, "node1", [(T0 + 0.1, 2, "o", "from the copy\n")])
+
+    class FullDisk(LineStore):
+        def flush(self) -> None:
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(recover_module, "LineStore", FullDisk)
+    with pytest.raises(OSError, match="No space left"):
+        rebuild(Store().job_dir(JOB), {"node1": copy})
+
+    assert job_files(root) == before
+    assert INDEX in before
+
+
+def test_recover_refuses_a_running_job_and_touches_none_of_its_files(home: Path, controller: int) -> None:
+    store = Store()
+    store.save(JobRecord(id="run-3", name="r", spec_path="", inventory="", hosts=["node0"], state=JobState.RUNNING,
+                         controller_pid=controller))
+    root = store.job_dir("run-3").root
+    put(root, time.time(), "node0", 0, "o", "being written\n")
+    before = job_files(root)
+
+    with pytest.raises(UsageError, match=r"--recover: job run-3 is still running; .*distrun stop run-3"):
+        show_logs(LogsRequest("run-3", recover=True), io.StringIO())
+    assert job_files(root) == before

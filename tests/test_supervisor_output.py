@@ -141,6 +141,27 @@ def test_secret_values_are_masked_in_the_stream_and_the_host_copy_which_keeps_th
     assert not (copy / "torchrun").exists(), "torchrun's own (unmasked) files are removed at the end"
 
 
+def test_the_host_copy_has_each_line_while_the_job_still_runs(tmp_path: Path) -> None:
+    """The copy is what `--recover` reads after a controller was lost: it must not wait for the
+    job's end (or a buffer to fill) to hold a line."""
+    go = tmp_path / "go"
+    worker = script(tmp_path, f"print('early', rank)\nsys.stderr.write('early err\\n')\n"
+                              f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.05)\nprint('late')\n")
+    proc = start(config(tmp_path, worker, nproc=1))
+    copy = tmp_path / "host" / "jobs" / "sup-1" / "n0"
+    try:
+        assert wait_until(lambda: {(e.rank, e.stream) for e in read_index(str(copy))} >= {(4, "o"), (4, "e")}, 20)
+        assert (copy / "ranks" / "4.out").read_text() == "early 4\n"
+        assert (copy / "ranks" / "4.err").read_text() == "early err\n"
+        assert proc.poll() is None and job_pids("sup-1"), "the job still runs"
+    finally:
+        go.touch()
+    seen = read_all(proc)
+
+    assert seen.text(4) == "early 4\nlate\n"
+    assert (copy / "ranks" / "4.out").read_text() == "early 4\nlate\n"
+
+
 def test_events_go_out_ahead_of_a_flood_that_the_controller_has_not_read(tmp_path: Path) -> None:
     """While nobody reads stdout, the lines wait in the supervisor's queue; a heartbeat does not
     wait behind them: it is the next thing written once the write under way completes."""

@@ -63,17 +63,31 @@ def rebuild(job_dir: JobDir, copies: Mapping[str, HostCopy]) -> dict[str, int]:
     for node in sorted(with_copy):
         pieces += host_pieces(copies[node], len(pieces))
     pieces.sort(key=lambda p: (p.entry.time, p.order))
+    try:
+        write_staging(staging, pieces, copies)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)  # a full disk: the job's files stay as they were
+        raise
+    swap_in(staging, job_dir.root)
+    return {node: sum(p.entry.nlines for p in pieces if p.entry.node == node and p.entry.stream != NOTE)
+            for node in sorted(with_copy)}
+
+
+def write_staging(staging: Path, pieces: list[Piece], copies: Mapping[str, HostCopy]) -> None:
+    """The rebuilt lines, metrics and telemetry, written aside in `staging`.
+
+    Raises:
+        OSError: a write failed.
+    """
     store = LineStore(str(staging), buffered=True)
     try:
         for piece in pieces:
             store.append(piece.entry, piece.data)
+        store.flush()
     finally:
         store.close()
     write_metrics(staging / "metrics.jsonl", pieces)
     write_telemetry(staging / "telemetry.jsonl", copies)
-    swap_in(staging, job_dir.root)
-    return {node: sum(p.entry.nlines for p in pieces if p.entry.node == node and p.entry.stream != NOTE)
-            for node in sorted(with_copy)}
 
 
 def controller_pieces(root: Path, replaced: set[str]) -> Iterator[Piece]:
