@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator import remote
-from orchestrator.backends.ssh import SUPERVISOR_ONLY
+from orchestrator.backends.ssh import SUPERVISOR_MODULES, SUPERVISOR_ONLY
 from orchestrator.remote.linestore import read_index
 from orchestrator.remote.stream import Batch, FrameReader
 from tests.helpers import REPO
@@ -49,8 +49,8 @@ def config(tmp_path: Path, script: Path, nproc: int = 2, **extra: object) -> dic
     }
 
 
-def start(cfg: dict) -> subprocess.Popen[bytes]:
-    payload = remote.bundle("supervisor", SUPERVISOR_ONLY)
+def start(cfg: dict, modules: list[str] = SUPERVISOR_ONLY) -> subprocess.Popen[bytes]:
+    payload = remote.bundle("supervisor", modules)
     proc = subprocess.Popen(remote.bootstrap_argv(sys.executable, payload, "sup-test"), stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(FAKE_TORCHRUN)})
     assert proc.stdin is not None
@@ -179,6 +179,29 @@ def test_events_go_out_ahead_of_a_flood_that_the_controller_has_not_read(tmp_pat
             break
         before += next(sizes) if kind == "batch" else 0
     assert before < 3 << 20 < total, f"the first heartbeat after the flood began came behind {before} bytes of lines"
+    assert seen.text(4).count("\n") == 120000
+
+
+def test_telemetry_samples_taken_during_a_flood_go_out_ahead_of_its_lines(tmp_path: Path) -> None:
+    """Samples are taken and sent on time while the lines of a flood wait for the controller, so
+    that a flood never reads as a host whose telemetry went silent."""
+    worker = script(tmp_path, "sys.stdout.write(''.join(f'flood {rank} {i} ' + 'x' * 60 + '\\n'\n"
+                              "                         for i in range(120000)))\ntime.sleep(2)\n")
+    proc = start(config(tmp_path, worker, nproc=1, telemetry_interval=0.5), SUPERVISOR_MODULES)
+    time.sleep(4)  # stdout unread: the flood waits in the pipe and the supervisor's queue
+    seen = read_all(proc, chunk=65536)
+
+    sizes = iter(len(b.data) for b in seen.batches)
+    ahead, lines_before = 0, 0
+    for kind in seen.order:
+        if kind == "tel":
+            ahead += 1
+        elif kind == "batch":
+            lines_before += next(sizes)
+            if lines_before > 3 << 20:
+                break
+    # About 7 samples in the 4 s stdout was unread; all of them ahead of the flood's last megabytes.
+    assert ahead >= 4, f"only {ahead} sample(s) came before the first 3 MiB of lines: {seen.order[:40]}"
     assert seen.text(4).count("\n") == 120000
 
 
