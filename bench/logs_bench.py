@@ -18,11 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -128,11 +130,15 @@ def flood(cluster: Cluster, inv: Path, tmp: Path, rounds: int, lines: int,
     home, peaks = Path(env["DISTRUN_HOME"]), Peaks()
     times: dict[str, list[float]] = {"pdsh": [], "distrun": []}
     checks = []
+    suffix = uuid.uuid4().hex[:6]  # the hosts' copies share one ~/.distrun here: no earlier run's copy is added to
     for i in range(rounds):
         times["pdsh"].append(run_pdsh(cluster, lines, 29700 + i, env))
-        out = tmp / f"screen-{i}.txt"
-        times["distrun"].append(run_distrun(job, inv, env, f"loud-{i}", out, peaks))
-        checks.append(complete(home, f"loud-{i}", out, lines))
+        out, job_id = tmp / f"screen-{i}.txt", f"loud-{suffix}-{i}"
+        try:
+            times["distrun"].append(run_distrun(job, inv, env, job_id, out, peaks))
+            checks.append(complete(home, job_id, out, lines))
+        finally:
+            shutil.rmtree(Path(f"~/.distrun/jobs/{job_id}").expanduser(), ignore_errors=True)
     p, d = median(times["pdsh"]), median(times["distrun"])
     runs = {k: ", ".join(f"{x:.2f}" for x in v) for k, v in times.items()}
     return [
