@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -116,11 +117,16 @@ def run_pdsh(cluster: Cluster, lines: int, port: int, env: dict[str, str]) -> fl
     return time.perf_counter() - began
 
 
+JOB_LINE = re.compile(r"^rank [0-5] line \d+ x{60}$")
+SHOWN_LINE = re.compile(r"^\[node[0-2] r[0-5]\] rank [0-5] line \d+ x{60}$")
+
+
 def complete(home: Path, job_id: str, out: Path, lines: int) -> bool:
-    """Every rank's lines in the job directory and on the (file) screen."""
+    """Every rank's lines in the job directory and on the (file) screen: the job's own lines only,
+    not torchrun's (a traceback's `File ..., line 994` is not one of them)."""
     ranks = home / "jobs" / job_id / "ranks"
-    stored = sum(sum(1 for ln in (ranks / f"{r}.out").open() if " line " in ln) for r in range(6))
-    shown = sum(1 for ln in out.open(errors="replace") if " line " in ln)
+    stored = sum(sum(1 for ln in (ranks / f"{r}.out").open() if JOB_LINE.match(ln)) for r in range(6))
+    shown = sum(1 for ln in out.open(errors="replace") if SHOWN_LINE.match(ln))
     return stored == shown == 6 * lines
 
 
