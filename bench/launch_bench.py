@@ -128,7 +128,7 @@ def log_relay(inv: Path, tmp: Path, rounds: int, lines: int, env: dict[str, str]
         job_id = f"loud-{len(counted)}"
         seconds = timed(distrun_argv(relayed, inv, 3, job_id), env)
         ranks = home / "jobs" / job_id / "ranks"
-        counted.append(sum(sum(1 for ln in (ranks / f"{r}.log").open() if " line " in ln) for r in range(6)))
+        counted.append(sum(sum(1 for ln in (ranks / f"{r}.out").open() if " line " in ln) for r in range(6)))
         return seconds
 
     times = alternate({"devnull": lambda: timed(distrun_argv(quiet, inv, 3), env), "relayed": run_relayed}, rounds)

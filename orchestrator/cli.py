@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -115,6 +114,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
               help="A backend option, over the job file's section of that backend (repeatable; "
                    "`distrun backends` lists them), e.g. -o partition=gpu.")
 @click.option("--no-live", is_flag=True, help="No live status area; plain log lines.")
+@click.option("--collapse", is_flag=True, help="Fold identical lines of several ranks into one [node0-2 r0-5] line.")
 @click.option("--job-id", hidden=True)
 @click.option("--detached-child", is_flag=True, hidden=True)
 @color_option
@@ -123,7 +123,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 def launch(ctx: click.Context, target: str, inventory: str | None, selection: HostSelection, nnodes: int | None,
            nproc_per_node: str | None, name: str | None, env: tuple[str, ...], dry_run: bool, probe: bool,
            detach: bool, as_json: bool, skip_preflight: bool, backend: str | None, options: tuple[str, ...],
-           no_live: bool, job_id: str | None, detached_child: bool, extra: tuple[str, ...]) -> None:
+           no_live: bool, collapse: bool, job_id: str | None, detached_child: bool, extra: tuple[str, ...]) -> None:
     """Start a job on the selected hosts: JOB.yaml, or SCRIPT.py with the job built from the flags.
 
     Arguments after `--` go to the training script. Without --nodes, --label, --nnodes or --all,
@@ -147,7 +147,7 @@ def launch(ctx: click.Context, target: str, inventory: str | None, selection: Ho
         raise UsageError("--json: only with --detach (a launch in the foreground prints the job's lines)")
     request = LaunchRequest(
         job_file=target, inventory=inventory, selection=selection, nnodes=nnodes, dry_run=dry_run, probe=probe,
-        skip_preflight=skip_preflight, backend=backend, live=not no_live, job_id=job_id or None,
+        skip_preflight=skip_preflight, backend=backend, live=not no_live, collapse=collapse, job_id=job_id or None,
         quiet=detached_child, extra_args=list(extra), options=list(options), name=name,
         nproc_per_node=nproc_per_node, env=list(env),
         guard=None if detached_child else terminal_guard(_config(ctx)),
@@ -307,16 +307,31 @@ def _ps_lines(records: list[JobRecord], colour: bool) -> list[str]:
 
 @cli.command(short_help="Print a job's logs.")
 @click.argument("job_ref", shell_complete=complete_jobs)
-@click.option("-f", "--follow", is_flag=True, help="Keep printing new lines until the job ends.")
-@click.option("--node", help="Only this node's lines.")
-@click.option("--rank", type=int, help="Only this global rank's lines.")
-@click.option("--grep", "pattern", help="Only lines matching this regular expression.")
-@click.option("--tail", type=click.IntRange(min=1), help="Only the last N lines.")
-@click.option("--recover", is_flag=True, help="First rebuild the job's files from the copies its hosts kept.")
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep printing new lines until the job ends; exit with its exit code.")
+@click.option("--node", "nodes", multiple=True, metavar="NODE",
+              help="Only this node's lines (repeatable, or comma-separated).")
+@click.option("--rank", "ranks", multiple=True, metavar="R[,R...]",
+              help="Only these global ranks' lines (repeatable, or comma-separated).")
+@click.option("--grep", "pattern", metavar="REGEX", help="Only lines whose text matches this regular expression.")
+@click.option("--since", metavar="TIME", help="Only lines that arrived since TIME: 90s, 10m, 2h, 1d ago, 14:30 today, "
+              "or 2026-11-21T14:30.")
+@click.option("--tail", type=click.IntRange(min=1), metavar="N",
+              help="Only the last N lines (after the other filters).")
+@click.option("--stderr", is_flag=True, help="Only the lines the ranks and hosts wrote to stderr.")
+@click.option("--attempt", type=click.IntRange(min=1), metavar="K", help="Only the lines of attempt K.")
+@click.option("--collapse", is_flag=True, help="Fold identical lines of several ranks into one [node0-2 r0-5] line.")
+@click.option("--timestamps", is_flag=True, help="Show each line's arrival time first.")
+@click.option("--bare", is_flag=True, help="The text of each line only, without [node rank].")
+@click.option("--recover", is_flag=True, help="First rebuild the finished job's files from the copies its hosts kept.")
 @color_option
-def logs(job_ref: str, follow: bool, node: str | None, rank: int | None, pattern: str | None,
-         tail: int | None, recover: bool) -> None:
-    """Print a job's logs (JOB_REF: an id, a unique prefix, or `last`).
+def logs(job_ref: str, follow: bool, nodes: tuple[str, ...], ranks: tuple[str, ...], pattern: str | None,
+         since: str | None, tail: int | None, stderr: bool, attempt: int | None, collapse: bool, timestamps: bool,
+         bare: bool, recover: bool) -> None:
+    """Print a job's lines, in the order they arrived (JOB_REF: an id, a unique prefix, or `last`).
+
+    Filters combine (every one must hold). Lines are shown as `[node1 r3] text`, stderr lines
+    as `[node1 r3 err] text`; without filters the job's summary follows them.
 
     \b
     Examples:
@@ -324,39 +339,12 @@ def logs(job_ref: str, follow: bool, node: str | None, rank: int | None, pattern
       distrun logs last --rank 3 --grep Error
       distrun logs tiny-2026 -f
     """
-    from orchestrator.logs import follow as follow_file
-    from orchestrator.logs import read_lines, select_file
+    from orchestrator.logs.command import LogsRequest, show_logs
 
-    store = Store()
-    rec = store.get(job_ref)
-    if node is not None and node not in rec.hosts:
-        raise UsageError(f"--node {node}: job {rec.id} ran on {', '.join(rec.hosts)}")
-    if recover:
-        _recover(store, rec)
-    try:
-        regex = re.compile(pattern) if pattern else None
-    except re.error as exc:
-        raise UsageError(f"--grep {pattern!r}: not a regular expression: {exc}") from exc
-    path = select_file(store.job_dir(rec.id), node, rank)
-    for line in read_lines(path, regex, tail):
-        click.echo(line)
-    if follow:
-        def finished() -> bool:
-            current = store.get(rec.id)
-            refresh_lost(store, [current])
-            return current.state.finished
-
-        with store.job_dir(rec.id).open(path):
-            pass
-        skip = sum(1 for _ in read_lines(path, None, None))
-        for index, line in enumerate(follow_file(path, finished, None)):
-            if index >= skip and (regex is None or regex.search(line)):
-                click.echo(line)
-
-
-def _recover(store: Store, rec: JobRecord) -> None:
-    for name, count in for_record(store, rec).recover(rec).items():
-        click.echo(f"[{name}] distrun: recovered {count} line(s) from the host's copy", err=True)
+    request = LogsRequest(job_ref=job_ref, follow=follow, nodes=nodes, ranks=ranks, grep=pattern, since=since,
+                          tail=tail, stderr=stderr, attempt=attempt, collapse=collapse, timestamps=timestamps,
+                          bare=bare, recover=recover)
+    sys.exit(show_logs(request))
 
 
 # ---------------------------------------------------------------- stop, top

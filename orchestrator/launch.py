@@ -27,8 +27,10 @@ from orchestrator.errors import DistrunError, ExitCode, InfraError
 from orchestrator.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, failed_summary, oom_reason, root_cause
 from orchestrator.interrupts import on_signals
 from orchestrator.logs import LogSink
+from orchestrator.logs.screen import Screen
 from orchestrator.plan import HostPlan, LaunchPlan
-from orchestrator.remote.redact import Masker
+from orchestrator.remote.redact import Masker, escape_controls
+from orchestrator.remote.stream import Batch, FrameReader
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.overrides import is_script, job_to_yaml
 from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id
@@ -49,6 +51,7 @@ ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 # torchrun prints this (at ERROR, unlike its INFO "will restart") once per failed attempt.
 FAILED_ATTEMPT = re.compile(r"failed \(exitcode: -?\d+\) local_rank: \d+")
+SCREEN_DRAIN = 5.0  # at the end, how long the terminal gets to show the lines still queued for it
 
 
 # ---------------------------------------------------------------- the command
@@ -135,8 +138,10 @@ def _launcher(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Launche
 class HostRun:
     """One host's supervisor as the controller sees it, whichever backend started it.
 
-    Its output lines (torchrun's, and events: the byte 0x1e then JSON: exit, note, tel) arrive through
-    `on_stdout`, from a channel (`attach`) or from whatever the backend follows.
+    Its output (batches of lines and events, remote/stream.py) arrives through `on_data`, from a
+    channel (`attach`) or from whatever the backend follows. Whatever goes wrong while handling
+    it (a full disk, a locked database, a malformed event) is reported once and survived: the
+    host's reader never dies of it, and the host is never taken for lost because of it.
     """
 
     plan: HostPlan
@@ -157,16 +162,23 @@ class HostRun:
     wake: threading.Event | None = None  # set on exit, so the launcher need not wait for its next poll
     root_rank: int | None = None
     root_exit: int | None = None
+    handling_errors: int = 0
     _in_root_cause: bool = False
+    _reported: set[str] = field(default_factory=set)
+    _reader: FrameReader = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._reader = FrameReader(self._guard(self.on_batch), self._guard(self.on_event_data),
+                                   self._guard(self.on_line))
 
     @property
     def node(self) -> str:
         return self.plan.node
 
     def attach(self, proc: RemoteProcess) -> None:
-        """Take the supervisor's channel: its lines come here; `send` writes to it."""
+        """Take the supervisor's channel: its output comes here; `send` writes to it."""
         self.proc = proc
-        proc.stream(self.on_stdout, self.on_stderr)
+        proc.stream_bytes(self.on_data, self.on_stderr, self.on_end)
         self.last_seen = time.monotonic()
 
     def send(self, message: dict[str, Any]) -> None:
@@ -178,29 +190,67 @@ class HostRun:
         if self.proc is not None:
             self.proc.write(data)
 
-    def on_stdout(self, line: str) -> None:
+    def on_data(self, data: bytes) -> None:
+        """The next bytes of the supervisor's output, in chunks of any size. Hearing anything at
+        all is the host's sign of life, before and whatever its handling does."""
         self.last_seen = time.monotonic()
-        if line.startswith("\x1e"):
-            self.on_event(json.loads(line[1:]))
-            return
-        self._watch(line)
-        if self.sink.line(self.node, line).rank is not None:
-            self.last_progress = self.last_seen  # a rank's line, DISTRUN_METRICS lines included: the job moves
+        self._reader.feed(data)
+
+    def on_end(self) -> None:
+        """The supervisor's output ended: what is left of it is delivered."""
+        self._reader.close()
+
+    def on_batch(self, batch: Batch) -> None:
+        if batch.rank is None:
+            self._watch(batch.data.decode("utf-8", "replace"))
+        else:
+            self.last_progress = time.monotonic()  # a rank's lines, DISTRUN_METRICS lines included: the job moves
+        self.sink.batch(self.node, batch)
+
+    def on_line(self, line: bytes) -> None:
+        """A line the supervisor wrote unframed (kept as a host line)."""
+        self.sink.line(self.node, line.decode("utf-8", "replace"))
+
+    def on_event_data(self, data: bytes) -> None:
+        self.on_event(json.loads(data))
 
     def on_stderr(self, line: str) -> None:
-        self.sink.note(self.node, f"supervisor: {line}")
+        self._guard(self.sink.note)(self.node, f"supervisor: {line}")
 
-    def _watch(self, line: str) -> None:
-        """Pick torchrun's own root-cause block and restarts out of its output."""
-        if "Root Cause (first observed failure)" in line:
-            self._in_root_cause = True
-        elif self._in_root_cause and (m := ROOT_RANK.match(line)):
-            self.root_rank = int(m.group(1))
-        elif self._in_root_cause and (m := ROOT_EXIT.match(line)):
-            self.root_exit = int(m.group(1))
-            self._in_root_cause = False
-        elif FAILED_ATTEMPT.search(line):
-            self.failed_attempts += 1
+    def _guard(self, handler: Any) -> Any:
+        """`handler`, with any exception it raises reported (once per kind) and survived."""
+        def guarded(*args: Any) -> None:
+            try:
+                handler(*args)
+            except Exception as exc:
+                self._failed_handling(exc)
+        return guarded
+
+    def _failed_handling(self, exc: Exception) -> None:
+        self.handling_errors += 1
+        kind = type(exc).__name__
+        if kind in self._reported:
+            return
+        self._reported.add(kind)
+        message = (f"error while handling this host's output ({kind}: {exc}); the job goes on, "
+                   "and the next errors of this kind are only counted")
+        try:
+            self.sink.note(self.node, message)
+        except Exception:
+            sys.stderr.write(f"[{self.node}] distrun: {message}\n")
+
+    def _watch(self, text: str) -> None:
+        """Pick torchrun's own root-cause block and restarts out of its lines (the host's own)."""
+        for line in text.splitlines():
+            if "Root Cause (first observed failure)" in line:
+                self._in_root_cause = True
+            elif self._in_root_cause and (m := ROOT_RANK.match(line)):
+                self.root_rank = int(m.group(1))
+            elif self._in_root_cause and (m := ROOT_EXIT.match(line)):
+                self.root_exit = int(m.group(1))
+                self._in_root_cause = False
+            elif FAILED_ATTEMPT.search(line):
+                self.failed_attempts += 1
 
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("ev")
@@ -211,7 +261,8 @@ class HostRun:
             self.exit_reason = event.get("reason")
             self.oom_kills = event.get("oom_kills")
             if self.exit_error:
-                self.sink.note(self.node, self.exit_error)
+                self._guard(self.sink.note)(self.node, self.exit_error)
+            self._guard(self.sink.ended)(self.node)
             self.exited.set()
             if self.wake is not None:
                 self.wake.set()
@@ -237,10 +288,10 @@ class HostRun:
         return not self.exited.is_set() and not self.channel_closed() and self.silent_for(awake_since) <= lost_after
 
     def last_lines(self, rank: int | None) -> tuple[str, ...]:
-        """The last SUMMARY_LINES lines of a rank of this host, else of the host itself."""
-        if rank is not None and rank in self.sink.rank_tail:
-            return tuple(list(self.sink.rank_tail[rank])[-SUMMARY_LINES:])
-        return tuple(list(self.sink.node_tail.get(self.node, []))[-SUMMARY_LINES:])
+        """The last SUMMARY_LINES lines of a rank of this host (its stdout and stderr in the order
+        they were read), else of the host itself."""
+        lines = self.sink.last_lines(self.node, rank, SUMMARY_LINES) if rank is not None else ()
+        return lines or self.sink.last_lines(self.node, None, SUMMARY_LINES)
 
     def failure(self, lost_after: float, awake_since: float = 0.0) -> Failure | None:
         """This host's failure as seen now: a non-zero exit, a stop its supervisor decided alone,
@@ -311,8 +362,10 @@ class Launcher:
         self.dir.create()
         self.monitor = telemetry.Monitor([h.node for h in plan.hosts], plan.telemetry_interval,
                                          self._on_alert, self._running, title=plan.job_id)
-        self.sink = LogSink(self.dir, self.monitor.terminal(ctx.terminal, ctx.request.live), ctx.colour(),
-                            on_metrics=self._on_metrics)
+        terminal = self.monitor.terminal(ctx.terminal, ctx.request.live)
+        screen = None if terminal is None else Screen(terminal, ctx.colour(), ctx.request.collapse, plan.job_id)
+        # attempt: 1 until the controller restarts jobs itself (DISTRUN_ATTEMPT 1, 2, ...).
+        self.sink = LogSink(self.dir, screen, on_metrics=self._on_metrics, secrets=plan.secrets.values(), attempt=1)
         self.telemetry_lock = threading.Lock()
         self.telemetry_file = self.dir.open(self.dir.telemetry, "a", encoding="utf-8")  # closed in run()
         self.wake = threading.Event()
@@ -334,7 +387,7 @@ class Launcher:
     def host(self, node: str) -> HostRun:
         return next(h for h in self.hosts if h.node == node)
 
-    def _on_metrics(self, _line: Any, record: dict[str, Any]) -> None:
+    def _on_metrics(self, _node: str, _rank: int | None, record: dict[str, Any]) -> None:
         self.monitor.metrics(record)
         self.last_metrics = record
         if record.get("final"):
@@ -349,7 +402,8 @@ class Launcher:
         self.monitor.sample(node, sample)
 
     def _on_alert(self, alert: telemetry.Alert) -> None:
-        """An alert is a log line of its host and part of the job's record."""
+        """An alert is a log line of its host and part of the job's record (a database that
+        cannot be written now is said, and the alert is recorded with the next one or at the end)."""
         self.sink.note(alert.node, alert.line())
         with self.telemetry_lock:
             self.record.alerts.append(alert.record())
@@ -492,6 +546,7 @@ class Launcher:
         live = [h for h in self.hosts if not h.exited.is_set()]
         for host in live:
             self.sink.note(host.node, f"stopping ({reason})")
+            self.sink.stopping(host.node)
             host.stop_sent = True
         if live:
             self.backend.stop(self, live)
@@ -499,10 +554,13 @@ class Launcher:
     def _finish(self, state: JobState, code: int, detail: str, failures: list[Failure] | None = None) -> int:
         extra = self.backend.finish(self)
         self.sink.flush()
+        # The lines still queued for the terminal go before the summary (or count as missed).
+        self.sink.close_screen(SCREEN_DRAIN)
         self.monitor.stop()
         # The summary quotes the job's last lines: a secret the job printed is masked here too.
         mask = Masker(self.plan.secrets.values())
-        detail = mask.text("\n".join([detail, *extra, *telemetry.summary_lines(self.record.alerts)]))
+        detail = mask.text("\n".join([detail, *extra, *telemetry.summary_lines(self.record.alerts),
+                                      *self.sink.shortfalls()]))
         restarts = max((h.restarts for h in self.hosts), default=0)
         try:
             self.store.end(self.plan.job_id, state, code, detail, restarts=restarts,
@@ -510,13 +568,13 @@ class Launcher:
         except DistrunError as exc:
             # The hosts are stopped and the summary is known: say it, and why it is not recorded.
             detail += f"\ndistrun: warning: the job's end is not recorded: {exc}"
-        self.sink.summary(detail)
         self._say(detail)
         return code
 
     def _say(self, text: str) -> None:
+        """The summary on the terminal (stderr when detached); its host lines escaped."""
         out = self.ctx.terminal or sys.stderr
-        out.write(text + "\n")
+        out.write(escape_controls(text) + "\n")
         out.flush()
 
     def _finish_interrupted(self) -> int:

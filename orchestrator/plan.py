@@ -24,7 +24,6 @@ from orchestrator.spec.model import (
 
 DEFAULT_PORT = 29500
 CPU_NPROC = 2
-LOG_PREFIX_TEMPLATE = "[r${rank}]"
 MASK = "***"
 PROBE_MARK = "<probe>"  # in a dry run made without reaching the hosts: a value only their probe gives
 # What a probe fills in -> the torchrun option that carries it.
@@ -191,7 +190,9 @@ def torchrun_argv(job: JobSpec, host_python: str, *, nnodes: int, nproc: int, no
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master_addr}:{master_port}", "--rdzv-id", job_id]
     else:
         argv += ["--node-rank", str(node_rank), "--master-addr", master_addr, "--master-port", str(master_port)]
-    argv += ["--max-restarts", str(job.max_restarts), "--tee", "3"]
+    # Each rank's stdout and stderr to files of its own, which the supervisor tails (it adds
+    # --log-dir, a directory of the host's): no rank can splice another's half line, as --tee can.
+    argv += ["--max-restarts", str(job.max_restarts), "--redirects", "3"]
     target = ["-m", job.module] if job.module else [job.script or ""]
     return argv + target + list(job.args) + list(extra_args)
 
@@ -202,7 +203,6 @@ def host_env(job: JobSpec, node: NodeSpec, iface: str | None) -> dict[str, str]:
     if iface:
         env.setdefault("NCCL_SOCKET_IFNAME", iface)
         env.setdefault("GLOO_SOCKET_IFNAME", iface)
-    env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = LOG_PREFIX_TEMPLATE
     env["PYTHONUNBUFFERED"] = "1"
     return env
 

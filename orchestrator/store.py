@@ -144,7 +144,8 @@ def new_job_id(name: str, now: float | None = None) -> str:
 
 
 class JobDir:
-    """The files of one job: plan.json, combined.log, nodes/, ranks/, metrics, telemetry."""
+    """The files of one job: plan.json, its lines (ranks/, nodes/, lines.idx: orchestrator/logs), metrics,
+    telemetry, summary.txt."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -152,10 +153,6 @@ class JobDir:
     @property
     def plan(self) -> Path:
         return self.root / "plan.json"
-
-    @property
-    def combined(self) -> Path:
-        return self.root / "combined.log"
 
     @property
     def facts(self) -> Path:
@@ -202,12 +199,6 @@ class JobDir:
             raise InfraError(f"cannot write the job's files into {self.root}: {exc.strerror or exc} "
                              "(free space under DISTRUN_HOME, or point DISTRUN_HOME elsewhere)") from exc
 
-    def node_log(self, node: str) -> Path:
-        return self.root / "nodes" / f"{node}.log"
-
-    def rank_log(self, rank: int) -> Path:
-        return self.root / "ranks" / f"{rank}.log"
-
     def create(self) -> None:
         """The job directory and its nodes/ and ranks/, each 0700."""
         make_private_dirs(self.root / "nodes")
@@ -217,7 +208,7 @@ class JobDir:
         """A file of this job (its directory created), mode 0600: every writer of the job's files opens them here.
 
         Args:
-            path: One of this job's files (`combined`, `node_log(...)`, ...).
+            path: One of this job's files (`metrics`, `telemetry`, ...).
             mode: A writing mode of `open`.
             kwargs: Passed to `open` (encoding, buffering).
         """

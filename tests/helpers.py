@@ -43,3 +43,14 @@ def plant_module(directory: Path, name: str, marker: Path) -> Path:
         f"sys.modules[{name!r}] = importlib.import_module({name!r})\n"
     )
     return path
+def job_lines(job_dir: Path, bare: bool = False, **query: object) -> str:
+    """A job directory's lines as `distrun logs` shows them (`[node1 r3] text`, arrival order).
+
+    Args:
+        job_dir: The job's directory (`$DISTRUN_HOME/jobs/<id>`).
+        bare: The text of each line only.
+        query: Filters, as orchestrator.logs.query.Query takes them (ranks=frozenset({3}), ...).
+    """
+    from orchestrator.logs.query import Query, Style, read_lines
+
+    return "".join(read_lines(job_dir, Query(**query), Style(bare=bare)))  # type: ignore[arg-type]

@@ -31,6 +31,7 @@ from orchestrator.failures import Failure
 from orchestrator.launch import HostRun, Launcher
 from orchestrator.logs import LogSink
 from orchestrator.plan import LaunchPlan, build_plan
+from orchestrator.remote.stream import STDERR, STDOUT, Batch, encode
 from orchestrator.spec import job_from_text
 from orchestrator.spec.model import NodeSpec
 from orchestrator.store import JobRecord, JobState, Store
@@ -128,6 +129,11 @@ TORCHRUN_ROOT_CAUSE = ("Root Cause (first observed failure):", "[0]:", "  time  
                        "  host      : h1", "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 4242)")
 
 
+def event(fields: dict[str, Any]) -> bytes:
+    """An event as the supervisor writes it (remote/stream.py)."""
+    return b"\x1e" + json.dumps(fields).encode() + b"\n"
+
+
 class ScriptedBackend(Backend):
     """Two hosts that print, then exit as the job's `scripted` section says; nothing runs anywhere.
 
@@ -168,22 +174,22 @@ class ScriptedBackend(Backend):
         return []
 
     def _play(self, host: HostRun) -> None:
-        host.on_stdout("[r0]hello" if host.node == "h0" else "[r1]hello")
+        rank = 0 if host.node == "h0" else 1
+        host.on_data(encode(Batch(rank, STDOUT, 1, b"hello\n")))
         if host.node == self.options.get("itself"):
-            host.on_stdout("\x1e" + json.dumps({"ev": "exit", "rc": 0, "reason": "controller heartbeat silent for "
-                                                "more than 4 s"}))
+            host.on_data(event({"ev": "exit", "rc": 0, "reason": "controller heartbeat silent for more than 4 s"}))
         elif host.node == self.options.get("fail"):
-            host.on_stdout("[r1]RuntimeError: scripted failure")
-            for line in TORCHRUN_ROOT_CAUSE:
-                host.on_stdout(line)
-            host.on_stdout("\x1e" + json.dumps({"ev": "exit", "rc": 1}))
+            host.on_data(encode(Batch(rank, STDERR, 1, b"RuntimeError: scripted failure\n")))
+            torchrun = "".join(line + "\n" for line in TORCHRUN_ROOT_CAUSE).encode()
+            host.on_data(encode(Batch(None, STDERR, len(TORCHRUN_ROOT_CAUSE), torchrun)))
+            host.on_data(event({"ev": "exit", "rc": 1}))
         elif not self.options.get("fail") and not self.options.get("itself"):
-            host.on_stdout("\x1e" + json.dumps({"ev": "exit", "rc": 0}))
+            host.on_data(event({"ev": "exit", "rc": 0}))
 
     def stop(self, run: Launcher, hosts: list[HostRun]) -> None:
         self.calls.append(f"stop {','.join(h.node for h in hosts)}")
         for host in hosts:
-            host.on_stdout("\x1e" + json.dumps({"ev": "exit", "rc": -15, "reason": "stopped by the controller"}))
+            host.on_data(event({"ev": "exit", "rc": -15, "reason": "stopped by the controller"}))
 
     def finish(self, run: Launcher) -> list[str]:
         self.calls.append("finish")

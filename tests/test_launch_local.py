@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.helpers import REPO, distrun
+from tests.helpers import REPO, distrun, job_lines
 
 TINY = ["--", "--model", "tiny", "--steps", "4", "--log-every", "2", "--image-size", "32", "--batch-size", "4",
         "--print-checksum"]
@@ -43,13 +43,13 @@ def test_local_launch_succeeds_with_two_ranks_and_a_throughput_summary(finished_
     assert "succeeded" in result.stdout and "samples/s" in result.stdout
 
 
-def test_local_launch_writes_per_rank_logs_combined_log_and_metrics(finished_job):
+def test_local_launch_keeps_each_ranks_lines_once_with_an_index_in_arrival_order_and_metrics(finished_job):
     home, _ = finished_job
     root = job_dir(home)
-    assert (root / "ranks" / "0.log").read_text().strip()
-    assert (root / "ranks" / "1.log").read_text().strip()
-    combined = (root / "combined.log").read_text()
-    assert "[localhost r1]" in combined
+    assert (root / "ranks" / "0.out").read_text().strip()
+    assert (root / "ranks" / "1.out").read_text().strip()
+    assert (root / "lines.idx").read_text().strip()
+    assert "[localhost r1]" in job_lines(root)
     metrics = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if not m.get("final")] == [2, 4]
     assert all(m["rank"] == 0 and m["node"] == "localhost" for m in metrics)

@@ -47,7 +47,7 @@ def test_static_plan_gives_each_host_its_node_rank_and_the_exact_torchrun_argv(t
     assert plan.hosts[1].argv == [
         "/opt/venv/bin/python", "-P", "-m", "torch.distributed.run", "--nnodes", "3", "--nproc-per-node", "4",
         "--node-rank", "1", "--master-addr", "10.0.0.10", "--master-port", "29501",
-        "--max-restarts", "0", "--tee", "3", script, "--steps", "5", "--lr", "0.1",
+        "--max-restarts", "0", "--redirects", "3", script, "--steps", "5", "--lr", "0.1",
     ]
     assert plan.world_size == 12
     assert plan.first_rank("node2") == 8
@@ -85,7 +85,7 @@ def test_job_env_overrides_inventory_env_and_iface_sets_socket_ifnames(tmp_path)
     assert env0["NCCL_DEBUG"] == "TRACE"
     assert env0["FOO"] == "bar"
     assert env0["NCCL_SOCKET_IFNAME"] == env0["GLOO_SOCKET_IFNAME"] == "ib0"
-    assert env0["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[r${rank}]"
+    assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" not in env0  # lines come from per-rank files, not --tee
 
 
 def test_host_without_iface_gets_the_interface_on_the_masters_subnet(tmp_path):

@@ -83,7 +83,7 @@ def test_no_python_distrun_starts_imports_modules_planted_in_the_working_directo
 def test_job_directory_database_logs_and_host_copy_are_private_under_umask_022(launched: Launched) -> None:
     paths = [launched.home, *launched.home.rglob("*"), launched.user_home / ".distrun",
              *(launched.user_home / ".distrun").rglob("*")]
-    assert launched.host_copy / "localhost.log" in paths and launched.home / "distrun.db" in paths
+    assert launched.host_copy / "localhost" / "lines.idx" in paths and launched.home / "distrun.db" in paths
     assert launched.home / "jobs" / JOB_ID / "telemetry.jsonl" in paths
     opened = {str(p): oct(stat.S_IMODE(p.stat().st_mode)) for p in paths
               if stat.S_IMODE(p.stat().st_mode) & 0o077}

@@ -57,8 +57,8 @@ def events(lines: list[str]) -> list[dict]:
 
 
 def test_a_node_runs_the_command_with_its_secrets_and_exits_with_its_status(batch: BatchJob) -> None:
-    command = ("import os, sys, time; time.sleep(1.5); "
-               "print('args', *sys.argv[1:], os.environ['TOKEN'], os.environ['DISTRUN_JOB_ID']); sys.exit(3)")
+    command = ("import os, sys, time; time.sleep(1.5); t = os.environ['TOKEN']; "
+               "print('args', *sys.argv[1:], t[::-1], t, os.environ['DISTRUN_JOB_ID']); sys.exit(3)")
     result = node_task(batch.files, batch.bundle_size, str(batch.files.node_config), "--",
                        sys.executable, "-c", command, "$SLURM_NODEID", "$MASTER_ADDR",
                        stdin=batch.files.secrets.read_text())
@@ -66,7 +66,9 @@ def test_a_node_runs_the_command_with_its_secrets_and_exits_with_its_status(batc
     assert result.returncode == 3, result.stderr
     lines = stream_lines(batch.files)
     # The job's own arguments stay as written: only torchrun's per-node options are filled in.
-    assert f"args $SLURM_NODEID $MASTER_ADDR {SECRET} n-1" in lines
+    # The secret reached the command (reversed, it is not masked); printed as it is, it is masked.
+    assert f"args $SLURM_NODEID $MASTER_ADDR {SECRET[::-1]} *** n-1" in lines
+    assert SECRET not in batch.files.stream("n1").read_text()
     kinds = [e["ev"] for e in events(lines)]
     assert kinds[0] == "started" and kinds[-1] == "exit"
     # stdin is closed under srun: that must not read as a controller gone away.

@@ -18,7 +18,8 @@ import pytest
 from orchestrator import remote
 from orchestrator.backends.ssh import SUPERVISOR_ONLY
 from orchestrator.remote.leader import Leader
-from orchestrator.remote.output import EVENT, Output
+from orchestrator.remote.relay import Relay
+from orchestrator.remote.stream import Batch, FrameReader, StreamWriter
 from orchestrator.remote.supervisor import Supervisor, job_processes, signal_job_process
 
 
@@ -28,32 +29,41 @@ def config(tmp_path: Path, argv: list[str], **more: Any) -> dict[str, Any]:
             "host_dir": str(tmp_path / "host"), **more}
 
 
+def decode(stream: bytes) -> tuple[list[str], list[dict[str, Any]]]:
+    """The job's lines (their text, in order) and the supervisor's events in a framed stream."""
+    lines: list[str] = []
+    events: list[dict[str, Any]] = []
+
+    def batch(b: Batch) -> None:
+        lines.extend(b.data.decode().splitlines())
+
+    reader = FrameReader(batch, lambda data: events.append(json.loads(data)), lambda line: lines.append(line.decode()))
+    reader.feed(stream)
+    reader.close()
+    return lines, events
+
+
 def run_shipped(cfg: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
     """Run the supervisor as a host does (the bundle through the bootstrap); its lines and events."""
     payload = remote.bundle("supervisor", SUPERVISOR_ONLY)
     argv = remote.bootstrap_argv(sys.executable, payload, "distrun-supervisor", cfg["job_id"], cfg["node"])
     done = subprocess.run(argv, input=payload + json.dumps(cfg).encode() + b"\n", capture_output=True, timeout=60,
                           check=False)
-    lines = done.stdout.decode().split("\n")[:-1]
-    events = [json.loads(line[1:]) for line in lines if line.startswith("\x1e")]
-    return [line for line in lines if not line.startswith("\x1e")], events
-
-
-def events_of(out: io.BytesIO) -> list[dict[str, Any]]:
-    return [json.loads(line[1:]) for line in out.getvalue().split(b"\n") if line.startswith(EVENT)]
+    return decode(done.stdout)
 
 
 def test_a_full_disk_for_the_host_copy_is_a_warning_and_the_job_runs_to_its_end(tmp_path: Path) -> None:
     cfg = config(tmp_path, [sys.executable, "-c", "import sys\nfor i in range(5000): sys.stdout.write(f'line {i}\\n')"])
-    copy_dir = tmp_path / "host" / "jobs" / cfg["job_id"]
+    copy_dir = tmp_path / "host" / "jobs" / cfg["job_id"] / "n0"
     copy_dir.mkdir(parents=True)
-    (copy_dir / "n0.log").symlink_to("/dev/full")  # every write there fails with ENOSPC
+    (copy_dir / "lines.idx").symlink_to("/dev/full")  # every write there fails with ENOSPC
 
     lines, events = run_shipped(cfg)
 
     assert lines == [f"line {i}" for i in range(5000)]
     notes = [e["msg"] for e in events if e["ev"] == "note"]
-    assert any("host-side copy" in n and "No space left on device" in n and "the job goes on" in n for n in notes)
+    assert any("host-side copy" in n and "No space left on device" in n and "still goes to the controller" in n
+               for n in notes)
     assert [e for e in events if e["ev"] == "exit"] == [{"ev": "exit", "rc": 0, "reason": None,
                                                           "oom_kills": events[-1]["oom_kills"]}]
 
@@ -62,18 +72,18 @@ def test_the_job_ends_with_its_supervisor_whatever_fails(tmp_path: Path, monkeyp
     cfg = config(tmp_path, ["sh", "-c", "sleep 300 & exec sleep 301"])
     monkeypatch.setattr(Supervisor, "_catch_signals", lambda self: None)
 
-    def broken_relay(self: Supervisor) -> None:
+    def broken_relay(self: Relay, child: subprocess.Popen[bytes]) -> None:
         time.sleep(0.3)  # the job and its child are running
         raise RuntimeError("relay broke")
 
-    monkeypatch.setattr(Supervisor, "relay", broken_relay)
+    monkeypatch.setattr(Relay, "run", broken_relay)
     out = io.BytesIO()
-    supervisor = Supervisor(cfg, Output(out))
+    supervisor = Supervisor(cfg, StreamWriter(out))
 
     supervisor.run(io.BytesIO())
 
     assert job_processes(cfg["job_id"], os.getpid(), "n0") == []
-    exit_event = events_of(out)[-1]
+    exit_event = decode(out.getvalue())[1][-1]
     assert exit_event["ev"] == "exit" and exit_event["error"] == "supervisor failed: RuntimeError: relay broke"
     assert exit_event["rc"] == -signal.SIGTERM
 

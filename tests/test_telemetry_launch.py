@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, distrun
+from tests.helpers import REPO, distrun, job_lines
 
 INTERVAL = 0.25
 SHIM = f"""\
@@ -85,7 +85,7 @@ def test_alerts_are_log_lines_in_the_record_and_in_the_summary(piped) -> None:
     assert [a.split(" ", 1)[1] for a in record["alerts"]] == [f"localhost: {memory}", f"localhost: {xid}"]
     summary = (job_dir / "summary.txt").read_text()
     assert "alerts (2):" in summary and memory in summary
-    assert f"ALERT {memory}" in (job_dir / "combined.log").read_text()
+    assert f"ALERT {memory}" in job_lines(job_dir)
 
 
 def test_no_live_view_when_stdout_is_piped(piped) -> None:

@@ -12,7 +12,7 @@ A launch calls, in this order (`launch.launch` and `launch.Launcher`):
     submit(ctx, plan) -> plan | None      make the job exist (record it, hand it to a scheduler and wait
                                           for its hosts); None: it ended before it started
     start(run) -> [Failure]               start every host's supervisor, or follow what a scheduler
-                                          started; each host's lines reach run.hosts[...].on_stdout
+                                          started; each host's output reaches run.hosts[...].on_data
     failures(run) -> [Failure]            polled: every host's failure as seen now
     conclude(run, failures) -> Ending     the backend's last word: a scheduler may have ended the job
     stop(run, hosts)                      end what still runs on those hosts (after a failure or Ctrl-C)
@@ -80,6 +80,7 @@ class LaunchRequest:
     skip_preflight: bool = False
     backend: str | None = None
     live: bool = True
+    collapse: bool = False  # fold identical lines of several ranks on screen
     job_id: str | None = None
     quiet: bool = False
     extra_args: list[str] = field(default_factory=list)

@@ -41,6 +41,7 @@ from orchestrator.doctor.probe import PROBE_MODULES
 from orchestrator.errors import ExitCode, InfraError, UsageError
 from orchestrator.failures import Failure, FailureKind, root_cause
 from orchestrator.launch import EXIT_WAIT, HostRun, Launcher
+from orchestrator.logs.sink import append_note
 from orchestrator.plan import LaunchPlan, build_plan
 from orchestrator.remote.private import make_private_dirs, write_private
 from orchestrator.spec import JobSpec, NodeSpec, resolve_inventory_path, select_nodes
@@ -284,29 +285,34 @@ def batch_job(job: JobSpec, request: LaunchRequest, job_dir: JobDir, job_id: str
     return batch, bundle
 
 
-def follow_lines(path: Path, finished: Callable[[], bool]) -> Iterator[str]:
-    """Lines appended to `path` until `finished()`, then what is left.
-
-    Split on newlines only: an event line starts with 0x1e, which str.splitlines splits on.
-    """
+def follow_bytes(path: Path, finished: Callable[[], bool]) -> Iterator[bytes]:
+    """Bytes appended to `path` as they come, until `finished()` and nothing more is there."""
     while not path.exists():
         if finished():
             return
         time.sleep(FOLLOW_POLL)
-    rest = b""
     with open(path, "rb") as fh:
         while True:
             chunk = fh.read(CHUNK)
             if chunk:
-                *lines, rest = (rest + chunk).split(b"\n")
+                yield chunk
             elif finished():
-                *lines, rest = (rest + fh.read()).split(b"\n")
-                yield from (line.decode("utf-8", "replace") for line in [*lines, rest] if line)
+                rest = fh.read()
+                if rest:
+                    yield rest
                 return
             else:
-                lines = []
                 time.sleep(FOLLOW_POLL)
-            yield from (line.decode("utf-8", "replace") for line in lines)
+
+
+def follow_lines(path: Path, finished: Callable[[], bool]) -> Iterator[str]:
+    """Lines appended to `path` until `finished()`, then what is left (an unfinished last line too)."""
+    rest = b""
+    for chunk in follow_bytes(path, finished):
+        *lines, rest = (rest + chunk).split(b"\n")
+        yield from (line.decode("utf-8", "replace") for line in lines)
+    if rest:
+        yield rest.decode("utf-8", "replace")
 
 
 # ---------------------------------------------------------------- launching
@@ -423,14 +429,12 @@ class SlurmBackend(Backend):
         return self._allocated(job, plan)
 
     def say(self, text: str) -> None:
-        """A line for the terminal (stderr when detached) and combined.log."""
+        """A line for the terminal (stderr when detached) and the job's lines (as a note of `slurm`)."""
         ctx, _ = self.launching
         out = ctx.terminal or sys.stderr
         out.write(f"[slurm] {text}\n")
         out.flush()
-        job_dir = ctx.store.job_dir(ctx.job_id)
-        with job_dir.open(job_dir.combined, "a", encoding="utf-8") as fh:
-            fh.write(f"[slurm] {text}\n")
+        append_note(ctx.store.job_dir(ctx.job_id), "slurm", text)
 
     def _await_allocation(self, ctx: LaunchContext) -> SlurmJob | None:
         """Poll until Slurm allocates nodes, ends the job, or distrun is interrupted; show each new pending reason."""
@@ -509,8 +513,9 @@ class SlurmBackend(Backend):
                 host.last_seen = time.monotonic()  # not started yet, which is not silence
             return host.exited.is_set() or self.done.is_set()
 
-        for line in follow_lines(path, finished):
-            host.on_stdout(line)
+        for chunk in follow_bytes(path, finished):
+            host.on_data(chunk)
+        host.on_end()
 
     def _follow_output(self, run: Launcher) -> None:
         """The batch script's own output (the master's address, srun's errors) as the batch host's lines."""

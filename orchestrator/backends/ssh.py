@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import sys
 import time
@@ -28,8 +27,8 @@ from orchestrator.facts import HostFacts
 from orchestrator.failures import Failure, FailureKind
 from orchestrator.group import Group, GroupError, GroupResult, parallel
 from orchestrator.launch import EXIT_WAIT, POLL, HostRun, Launcher
-from orchestrator.logs import LogSink
-from orchestrator.plan import DEFAULT_PORT, LaunchPlan, build_plan
+from orchestrator.logs.recover import HostCopy, rebuild
+from orchestrator.plan import DEFAULT_PORT, HostPlan, LaunchPlan, build_plan
 from orchestrator.spec import (
     Inventory,
     JobSpec,
@@ -40,7 +39,7 @@ from orchestrator.spec import (
     select_nodes,
 )
 from orchestrator.spec.model import DEFAULT_STOP_GRACE
-from orchestrator.store import JobDir, JobRecord, JobState, signal_controller
+from orchestrator.store import JobRecord, JobState, signal_controller
 from orchestrator.terminal import Progress
 from orchestrator.transport import REMOTE_TIMEOUT, CommandResult, Transport, run_remote
 
@@ -163,7 +162,7 @@ class SshBackend(Backend):
         config = {
             "job_id": plan.job_id, "node": host.node, "argv": host.plan.argv, "env": plan.host_env(host.plan),
             "cwd": host.plan.workdir, "heartbeat_timeout": plan.heartbeat_timeout, "stop_grace": plan.stop_grace,
-            "telemetry_interval": plan.telemetry_interval,
+            "telemetry_interval": plan.telemetry_interval, **output_config(plan, host.plan),
         }
         transport = self.group[host.node]
         host.link_up = transport.connected
@@ -229,10 +228,11 @@ class SshBackend(Backend):
         return int(ExitCode.INFRA) if results.failed else int(ExitCode.OK)
 
     def recover(self, record: JobRecord) -> dict[str, int]:
-        """Rebuild a job's log files and telemetry from the copies its hosts kept.
+        """Rebuild a job's lines, metrics and telemetry from the copies its hosts kept.
 
-        What the controller saw is replaced by what each host wrote: the whole story when the
-        controller died before the job ended. Lines are regrouped host by host.
+        What the controller saw of each host is replaced by what the host wrote: the whole story
+        when the controller died or lost the host before the job ended. Lines keep their order
+        across hosts, and distrun's own notes stay (logs/recover.py).
 
         Returns:
             {node: lines recovered}.
@@ -240,11 +240,8 @@ class SshBackend(Backend):
         Raises:
             GroupError: a host could not be reached or read (each one named).
         """
-        copies = on_record_hosts(record, lambda t: json.loads(
-            run_remote(t, "fetch", ["fetch"], b"", record.id, t.name).strip().splitlines()[-1])
-        ).check("cannot read its copies")
-        rebuild(self.store.job_dir(record.id), copies)
-        return {node: copy["log"].count("\n") for node, copy in copies.items()}
+        copies = on_record_hosts(record, lambda t: fetch_copy(t, record.id)).check("cannot read its copies")
+        return rebuild(self.store.job_dir(record.id), copies)
 
     def remove_copies(self, records: Sequence[JobRecord]) -> dict[str, str]:
         """Remove each host's ~/.distrun/jobs/<id> of these jobs: every host of an inventory at once,
@@ -320,24 +317,23 @@ def on_record_hosts(record: JobRecord, fn: Callable[[Transport], T], only: list[
         return group.run(fn, only=only)
 
 
-def rebuild(job_dir: JobDir, copies: dict[str, dict[str, str]]) -> None:
-    """Write combined/node/rank logs, metrics and telemetry afresh from the hosts' copies."""
-    for path in (job_dir.combined, job_dir.metrics, job_dir.telemetry):
-        path.unlink(missing_ok=True)
-    for folder in (job_dir.root / "nodes", job_dir.root / "ranks"):
-        shutil.rmtree(folder, ignore_errors=True)
-    job_dir.create()
-    sink = LogSink(job_dir)
-    try:
-        for node, copy in copies.items():
-            for line in copy["log"].splitlines():
-                sink.line(node, line)
-    finally:
-        sink.close()
-    with job_dir.open(job_dir.telemetry, "w", encoding="utf-8") as out:
-        for node, copy in copies.items():
-            for line in copy["telemetry"].splitlines():
-                out.write(json.dumps({**json.loads(line), "node": node}) + "\n")
+def output_config(plan: LaunchPlan, host: HostPlan) -> dict[str, Any]:
+    """What a supervisor needs to label and mask its host's lines: the secrets' names (their values
+    come with the environment), the host's first global rank, whether torchrun's ranks follow from
+    it (static rendezvous; c10d assigns them at rendezvous), and the attempt."""
+    return {"secret_names": host.secret_names, "first_rank": plan.first_rank(host.node),
+            "exact_ranks": "--node-rank" in host.argv, "attempt": 1}
+
+
+def fetch_copy(transport: Transport, job_id: str) -> HostCopy:
+    """A host's copy of a job's lines and telemetry (remote/fetch.py).
+
+    Raises:
+        InfraError: the host could not run the fetch.
+    """
+    answer = json.loads(run_remote(transport, "fetch", ["fetch"], b"", job_id, transport.name).strip().splitlines()[-1])
+    files = {path: text.encode("utf-8", "surrogateescape") for path, text in answer["files"].items()}
+    return HostCopy(files, answer["telemetry"])
 
 
 def _remove_copies(inventory_path: str, jobs: list[JobRecord]) -> dict[str, str]:

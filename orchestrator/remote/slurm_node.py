@@ -13,7 +13,7 @@ names of variables that this node fills into the torchrun arguments (`$SLURM_NOD
 per node, so the batch shell cannot), and expand_at: the positions of the arguments it fills
 them into (torchrun's own options). Nothing else is expanded: the job's arguments stay literal.
 
-The supervisor's output (torchrun's lines and `\\x1e{json}` events) is appended to
+The supervisor's output (batches of the ranks' lines and `\\x1e{json}` events, remote/stream.py) is appended to
 STREAM_DIR/<node>.stream, which the controller follows. Slurm owns the job's lifetime, so the
 supervisor watches no controller heartbeat; scancel and `srun --kill-on-bad-exit` reach it
 as SIGTERM. The task exits with torchrun's status, so that a failed node ends the step.
@@ -28,9 +28,9 @@ import socket
 import sys
 from typing import Any, BinaryIO
 
-from orchestrator.remote.output import Output
 from orchestrator.remote.private import open_private
 from orchestrator.remote.probe import first_free_port, port_free
+from orchestrator.remote.stream import StreamWriter
 from orchestrator.remote.supervisor import Supervisor
 
 
@@ -51,12 +51,22 @@ def read_secrets(cfg: dict[str, Any], stdin: BinaryIO) -> dict[str, str]:
 def supervisor_config(cfg: dict[str, Any], node: str, argv: list[str], env: dict[str, str],
                       secrets: dict[str, str]) -> dict[str, Any]:
     """The supervisor's configuration for this node."""
+    argv = expand(argv, cfg.get("expand", []), env, cfg.get("expand_at", []))
     return {
-        "job_id": cfg["job_id"], "node": node,
-        "argv": expand(argv, cfg.get("expand", []), env, cfg.get("expand_at", [])),
-        "env": secrets, "cwd": cfg.get("cwd"), "heartbeat_timeout": None,
-        "stop_grace": cfg.get("stop_grace", 5.0), "telemetry_interval": cfg.get("telemetry_interval"),
+        "job_id": cfg["job_id"], "node": node, "argv": argv, "env": secrets, "secret_names": sorted(secrets),
+        "cwd": cfg.get("cwd"), "heartbeat_timeout": None, "stop_grace": cfg.get("stop_grace", 5.0),
+        "telemetry_interval": cfg.get("telemetry_interval"), "first_rank": first_rank(argv),
     }
+
+
+def first_rank(argv: list[str]) -> int:
+    """This node's first global rank: its node rank times the processes per node (a Slurm job's
+    nodes all run the same number), read from torchrun's arguments; 0 when they do not say."""
+    def value(flag: str) -> str:
+        return argv[argv.index(flag) + 1] if flag in argv[:-1] else ""
+
+    node_rank, nproc = value("--node-rank"), value("--nproc-per-node")
+    return int(node_rank) * int(nproc) if node_rank.isdigit() and nproc.isdigit() else 0
 
 
 def exit_status(rc: int | None) -> int:
@@ -100,7 +110,7 @@ def main(argv: list[str]) -> None:
     with open_private(stream_path, "ab") as stream:
         # sys.stdin is the bundle file the bootstrap read from; srun's stdin is the process's own.
         config = supervisor_config(cfg, node, command, env, read_secrets(cfg, sys.__stdin__.buffer))
-        supervisor = Supervisor(config, Output(stream))
+        supervisor = Supervisor(config, StreamWriter(stream))
         supervisor.run(sys.stdin.buffer)
     rc = supervisor.child.returncode if supervisor.child is not None else None
     # The supervisor's threads may still sit in blocking calls; leave without joining them.

@@ -3,8 +3,11 @@
 Protocol (stdin, one JSON object per line): first `{"op": "config", ...}`, then `{"op": "hb"}`
 heartbeats and `{"op": "stop"}`. End of stdin means the controller is gone.
 
-Output (stdout): torchrun's output lines as they are, and events as lines that start with
-the byte 0x1e followed by JSON: `started`, `hb`, `tel`, `exit`, `note`.
+Output (stdout, remote/stream.py): batches of whole lines framed by rank and stream, and events
+(`started`, `hb`, `tel`, `exit`, `note`). remote/relay.py carries the job's lines from
+torchrun's per-rank files to the host-side copy and stdout. Events go out ahead of queued
+batches, so heartbeats and telemetry never wait behind a flood, and nothing that decides the
+job's fate (the watchdog, a stop) waits on stdout.
 
 The job's processes are found two ways: torchrun's process group, and every process whose
 environment carries `DISTRUN_JOB_ID=<id>` and `DISTRUN_NODE=<node>` (torchrun starts each
@@ -26,11 +29,11 @@ import time
 from typing import Any, BinaryIO
 
 from orchestrator.remote.leader import Leader
-from orchestrator.remote.output import Output
-from orchestrator.remote.private import make_private_dirs, open_private
+from orchestrator.remote.private import make_private_dirs
+from orchestrator.remote.relay import Relay
+from orchestrator.remote.stream import StreamWriter
 
 HEARTBEAT_EVERY = 1.0
-CHUNK = 65536
 
 
 def _markers(job_id: str, node: str | None) -> tuple[bytes, bytes]:
@@ -136,7 +139,7 @@ def end_job(job_id: str, node: str, leader: Leader | None, grace: float) -> int:
 
 
 class Supervisor:
-    def __init__(self, cfg: dict[str, Any], out: Output) -> None:
+    def __init__(self, cfg: dict[str, Any], out: StreamWriter) -> None:
         self.cfg = cfg
         self.out = out
         self.job_id: str = cfg["job_id"]
@@ -154,50 +157,13 @@ class Supervisor:
         self.leader: Leader | None = None
         self.ender: threading.Thread | None = None
         self.dir = os.path.expanduser(os.path.join(cfg.get("host_dir", "~/.distrun"), "jobs", self.job_id))
-        self.log: BinaryIO | None = self._open_copy()
-
-    # ---------------------------------------------------------------- the host-side copy
-
-    def _open_copy(self) -> BinaryIO | None:
-        """The host-side copy of the node's lines (private to its owner); None (and a warning) where it
-        cannot be written."""
-        path = os.path.join(self.dir, f"{self.node}.log")
-        try:
+        with contextlib.suppress(OSError):  # a full disk: the host-side copy warns and the job goes on
             make_private_dirs(self.dir)
-            return open_private(path, "ab")
-        except OSError as exc:
-            self._copy_failed(exc)
-            return None
+        self.relay = Relay(cfg, out, self.dir, self.warn)
 
-    def keep(self, data: bytes) -> None:
-        """Append to the host-side copy. A failure to write it (a full disk) is a warning and
-        ends the copy, never the job: the lines still go to the controller."""
-        if self.log is None:
-            return
-        try:
-            self.log.write(data)
-        except OSError as exc:
-            self._copy_failed(exc)
-
-    def _copy_failed(self, exc: OSError) -> None:
-        if self.log is not None:
-            with contextlib.suppress(OSError, ValueError):
-                self.log.close()
-        self.log = None
-        path = os.path.join(self.dir, f"{self.node}.log")
-        self.out.event("note", msg=f"warning: the host-side copy {path} stopped: {exc.strerror or exc}; "
-                                   "the job goes on (`distrun logs --recover` will lack what follows)")
-
-    def _close_copy(self) -> None:
-        if self.log is None:
-            return
-        try:
-            self.log.close()
-        except OSError as exc:
-            self._copy_failed(exc)
-        self.log = None
-
-    # ---------------------------------------------------------------- the job
+    def warn(self, message: str) -> None:
+        """A note for the controller (shown on the operator's screen and kept in the job's files)."""
+        self.out.event("note", msg=message)
 
     def start_child(self) -> None:
         """Start torchrun in a process group of its own, in the job's workdir (`~` is the host's home).
@@ -211,34 +177,16 @@ class Supervisor:
         env["DISTRUN_NODE"] = self.node
         cwd = self.cfg.get("cwd")
         self.child = subprocess.Popen(
-            self.cfg["argv"],
+            self.relay.argv(self.cfg["argv"]),
             env=env,
             cwd=os.path.expanduser(cwd) if cwd else None,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE,
             start_new_session=True,
         )
         self.leader = Leader(self.child)
         self.out.event("started", pid=self.child.pid, supervisor=os.getpid(), host=os.uname().nodename)
-
-    def relay(self) -> None:
-        """Copy torchrun's output to stdout and the host-side log, whole lines at a time."""
-        fd = self.child.stdout.fileno()  # type: ignore[union-attr]  # set in start_child
-        rest = b""
-        while True:
-            chunk = os.read(fd, CHUNK)
-            if not chunk:
-                break
-            data = rest + chunk
-            cut = data.rfind(b"\n") + 1
-            rest = data[cut:]
-            if cut:
-                self.keep(data[:cut])
-                self.out.raw(data[:cut])
-        if rest:
-            self.keep(rest + b"\n")
-            self.out.raw(rest + b"\n")
 
     def control(self, stdin: BinaryIO) -> None:
         """Read heartbeats and stop requests; end of stdin means the controller is gone."""
@@ -253,7 +201,8 @@ class Supervisor:
         self.stop("controller connection closed")
 
     def watchdog(self) -> None:
-        """Send our heartbeat; end the job when the controller's heartbeat stops."""
+        """Send our heartbeat; end the job when the controller's heartbeat stops. Neither waits on
+        stdout: the heartbeat is queued (StreamWriter), the decision reads only the clock."""
         while not self.done.wait(HEARTBEAT_EVERY):
             self.out.event("hb")
             if self.hb_timeout is not None and time.monotonic() - self.last_hb > self.hb_timeout:
@@ -287,15 +236,15 @@ class Supervisor:
                 threading.Thread(target=self.control, args=(stdin,), daemon=True).start()
             threading.Thread(target=self.watchdog, daemon=True).start()
             sampler = start_telemetry(self.cfg, self.out, self.done, self.dir)
-            self.relay()
+            self.relay.run(self.child)  # type: ignore[arg-type]  # set by start_child
             self.leader.wait()  # type: ignore[union-attr]  # set by start_child
         except Exception as exc:
             what = "supervisor failed" if self.leader is not None else f"cannot start {self.cfg['argv'][0]}"
             error = f"{what}: {type(exc).__name__}: {exc}" if self.leader else f"{what}: {exc}"
         finally:
             rc = self._finish(sampler)
-        self.out.event("exit", rc=rc, reason=self.stop_reason, oom_kills=self._oom_kills_since_start(),
-                       **({"error": error} if error else {}))
+        self.out.end("exit", self.last_words_wait(), rc=rc, reason=self.stop_reason,
+                     oom_kills=self._oom_kills_since_start(), **({"error": error} if error else {}))
         return 0
 
     def _oom_kills_since_start(self) -> int | None:
@@ -303,22 +252,28 @@ class Supervisor:
         return None if now is None or self.oom_at_start is None else now - self.oom_at_start
 
     def _finish(self, sampler: threading.Thread | None) -> int:
-        """End every process of the job still running, then release the rest; torchrun's status
-        (127 when it never started)."""
+        """End every process of the job still running, then read its last lines and release the
+        rest; torchrun's status (127 when it never started)."""
         if self.ender is not None:
             self.ender.join()
         if self.leader is not None:
             # Whatever the job left behind (a worker in its own session) goes with it.
             end_job(self.job_id, self.node, self.leader, min(self.grace, 2.0))
         rc = self.leader.wait() if self.leader is not None else 127
+        self.relay.finish()
         self.done.set()
         if sampler is not None:
             sampler.join(timeout=2)
-        self._close_copy()
         return rc
 
+    def last_words_wait(self) -> float:
+        """How long the last lines and the exit may wait for the controller to read them: a
+        controller silent for longer than its heartbeat timeout is gone."""
+        return self.hb_timeout if self.hb_timeout is not None else 60.0
 
-def start_telemetry(cfg: dict[str, Any], out: Output, done: threading.Event, keep_dir: str) -> threading.Thread | None:
+
+def start_telemetry(cfg: dict[str, Any], out: StreamWriter, done: threading.Event,
+                    keep_dir: str) -> threading.Thread | None:
     """Start the telemetry sampler when it was shipped and the job asks for it; it keeps a
     copy of its samples in keep_dir/<node>.telemetry.jsonl beside the host-side log."""
     interval = cfg.get("telemetry_interval")
@@ -338,12 +293,12 @@ def start_telemetry(cfg: dict[str, Any], out: Output, done: threading.Event, kee
 
 def main(argv: list[str]) -> None:
     stdin = sys.stdin.buffer
-    out = Output(sys.stdout.buffer)
+    out = StreamWriter(sys.stdout.buffer)
     first = stdin.readline()
     try:
         cfg = json.loads(first)
     except ValueError:
-        out.event("exit", rc=2, error="no configuration received")
+        out.end("exit", 10.0, rc=2, error="no configuration received")
         sys.exit(2)
     code = Supervisor(cfg, out).run(stdin)
     # The control thread may sit in a blocking read of stdin; leave without joining it.

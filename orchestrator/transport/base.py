@@ -19,6 +19,8 @@ from orchestrator.errors import InfraError
 from orchestrator.spec.model import NodeSpec
 
 LineCallback = Callable[[str], None]
+DataCallback = Callable[[bytes], None]
+CHUNK = 1 << 16
 
 
 class ConnectFailure(str, Enum):
@@ -87,6 +89,11 @@ class RemoteProcess(ABC):
     def terminate(self) -> None:
         """End the command without asking it (local: SIGTERM; SSH: close the channel)."""
 
+    def _read_stdout(self, size: int) -> bytes:
+        """Up to `size` bytes of stdout as soon as there are any; b"" at its end. The default reads
+        through `_stdout()`'s read1; a transport with a cheaper way overrides it."""
+        return self._stdout().read1(size)  # type: ignore[attr-defined]  # io.BufferedReader
+
     def write(self, data: bytes) -> None:
         """Send bytes to the command's stdin; several threads may call this."""
         with self._stdin_lock:
@@ -96,6 +103,15 @@ class RemoteProcess(ABC):
         """Start one thread per output stream calling back with each decoded line (no newline)."""
         for stream, callback in ((self._stdout(), on_stdout), (self._stderr(), on_stderr)):
             thread = threading.Thread(target=_pump, args=(stream, callback), daemon=True)
+            thread.start()
+            self._pumps.append(thread)
+
+    def stream_bytes(self, on_data: DataCallback, on_stderr: LineCallback,
+                     on_end: Callable[[], None] | None = None) -> None:
+        """Start one thread calling back with stdout's bytes as they come, in chunks of any size
+        (no per-line work: the caller frames them), then `on_end`; and one with each stderr line."""
+        for target, args in ((_pump_bytes, (self._read_stdout, on_data, on_end)), (_pump, (self._stderr(), on_stderr))):
+            thread = threading.Thread(target=target, args=args, daemon=True)
             thread.start()
             self._pumps.append(thread)
 
@@ -118,6 +134,20 @@ class RemoteProcess(ABC):
 def _pump(stream: BinaryIO, callback: LineCallback) -> None:
     for raw in iter(stream.readline, b""):
         callback(raw.decode("utf-8", "replace").rstrip("\r\n"))
+
+
+def _pump_bytes(read: Callable[[int], bytes], callback: DataCallback, on_end: Callable[[], None] | None) -> None:
+    try:
+        while True:
+            data = read(CHUNK)
+            if not data:
+                return
+            callback(data)
+    except (OSError, ValueError):
+        return  # the channel or pipe went away: its end is reported by the exit status
+    finally:
+        if on_end is not None:
+            on_end()
 
 
 class Transport(ABC):

@@ -546,6 +546,10 @@ class SSHProcess(RemoteProcess):
     def _stderr(self) -> BinaryIO:
         return self._err
 
+    def _read_stdout(self, size: int) -> bytes:
+        """Straight from the channel's buffer: what arrived, up to `size` bytes (b"" at the end)."""
+        return self._channel.recv(size)
+
     def _write(self, data: bytes) -> None:
         # After the command or the connection ended, input has nowhere to go.
         with contextlib.suppress(*_SSH_ERRORS):

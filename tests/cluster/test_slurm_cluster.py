@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, distrun
+from tests.helpers import REPO, distrun, job_lines
 
 from .fixtures import requires_cluster
 from .slurm import SlurmCluster
@@ -62,8 +62,9 @@ def slurm_state(slurm: SlurmCluster, slurm_id: str) -> str:
     return out.split("JobState=", 1)[1].split()[0]
 
 
-def combined(tmp_path: Path, job_id: str) -> Path:
-    return tmp_path / "home" / "jobs" / job_id / "combined.log"
+def combined(tmp_path: Path, job_id: str) -> str:
+    """The job's lines as `distrun logs` shows them."""
+    return job_lines(tmp_path / "home" / "jobs" / job_id)
 
 
 def test_two_nodes_of_two_processes_train_with_ddp_and_agree(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
@@ -81,8 +82,8 @@ def test_two_nodes_of_two_processes_train_with_ddp_and_agree(slurm_cluster: Slur
     assert rec["hosts"] == ["node0", "node1"] and rec["master_addr"] == "node0" and rec["master_port"] > 0
     assert slurm_state(slurm_cluster, rec["backend_ref"]) == "COMPLETED"
     job_dir = tmp_path / "home" / "jobs" / "ddp-1"
-    assert "[node1 r3] CHECKSUM" in combined(tmp_path, "ddp-1").read_text()
-    assert "CHECKSUM" in (job_dir / "ranks" / "2.log").read_text()
+    assert "[node1 r3] CHECKSUM" in combined(tmp_path, "ddp-1")
+    assert "CHECKSUM" in (job_dir / "ranks" / "2.out").read_text()
     assert (job_dir / "telemetry.jsonl").exists()
     ps = distrun("ps", home=tmp_path / "home", env=slurm_cluster.env).stdout
     assert f"slurm={rec['backend_ref']}" in ps
@@ -113,7 +114,7 @@ def test_stop_cancels_a_detached_running_job_in_slurm_and_leaves_no_process(
                        "--detach", timeout=60)
     assert submitted.returncode == 0, submitted.stderr
     assert submitted.stdout.strip() == "stop-1"
-    assert wait_for(lambda: "[node1 r3] step 3" in combined(tmp_path, "stop-1").read_text(), 120)
+    assert wait_for(lambda: "[node1 r3] step 3" in combined(tmp_path, "stop-1"), 120)
     follower = subprocess.Popen([sys.executable, "-m", "orchestrator", "logs", "-f", "stop-1"], cwd=REPO,
                                 env={**os.environ, "DISTRUN_HOME": str(home), **slurm_cluster.env},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -138,7 +139,7 @@ def test_a_job_whose_controller_died_shows_slurms_own_state_running_then_succeed
     submitted = launch(slurm_cluster, tmp_path, write_job(tmp_path, "orphan", ["--sleep", "10"]), "orphan-1",
                        "--detach", timeout=60)
     assert submitted.returncode == 0, submitted.stderr
-    assert wait_for(lambda: "[node1 r3] step 3" in combined(tmp_path, "orphan-1").read_text(), 120)
+    assert wait_for(lambda: "[node1 r3] step 3" in combined(tmp_path, "orphan-1"), 120)
     os.kill(record(slurm_cluster, tmp_path, "orphan-1")["controller_pid"], 9)
     time.sleep(0.5)
     assert record(slurm_cluster, tmp_path, "orphan-1")["state"] == "running"  # Slurm still runs it
@@ -156,7 +157,7 @@ def test_a_job_waiting_for_busy_nodes_shows_why_and_can_be_stopped_while_pending
     try:
         assert wait_for(lambda: record(slurm_cluster, tmp_path, "busy-1")["state"] == "running", 60)
         assert launch(slurm_cluster, tmp_path, waiting, "wait-1", "--detach", timeout=60).returncode == 0
-        assert wait_for(lambda: "pending (Resources)" in combined(tmp_path, "wait-1").read_text(), 30)
+        assert wait_for(lambda: "pending (Resources)" in combined(tmp_path, "wait-1"), 30)
         assert record(slurm_cluster, tmp_path, "wait-1")["state"] == "pending"
         assert distrun("stop", "wait-1", home=tmp_path / "home", env=slurm_cluster.env).returncode == 0
         assert wait_for(lambda: record(slurm_cluster, tmp_path, "wait-1")["state"] == "stopped", 30)

@@ -96,7 +96,7 @@ def describe(failure: dict) -> str:
 
 def lines_kept(cell: Cell, seen: Observed) -> list[str]:
     """d) Every line that reached the controller is in the job directory: each rank line the
-    terminal showed is in combined.log, and each rank's file holds its ticks 0..n without a gap."""
+    terminal showed is in the job's lines, and each rank's file holds its ticks 0..n without a gap."""
     if cell.phase is Phase.PREFLIGHT or not cell.lines_kept:
         return []
     combined = set(seen.files.get("combined", "").splitlines())
@@ -104,14 +104,14 @@ def lines_kept(cell: Cell, seen: Observed) -> list[str]:
     shown = [line for line in seen.terminal.splitlines() if TERMINAL_LINE.match(line)]
     missing = [line for line in shown if line not in combined]
     if missing:
-        problems.append(f"d) {len(missing)} line(s) shown but not in combined.log, e.g. {missing[:3]}")
+        problems.append(f"d) {len(missing)} line(s) shown but not in the job's lines, e.g. {missing[:3]}")
     for name, text in seen.files.items():
         if not name.startswith("rank"):
             continue
         ticks = [int(m.group(2)) for m in map(TICK.match, text.splitlines()) if m]
         if ticks != list(range(len(ticks))):
             gaps = sorted(set(range(max(ticks, default=0) + 1)) - set(ticks))[:5]
-            problems.append(f"d) {name}.log: ticks out of order or missing (e.g. {gaps})")
+            problems.append(f"d) {name}.out: ticks out of order or missing (e.g. {gaps})")
     return problems
 
 

@@ -134,7 +134,6 @@ SUPERVISOR_GONE = Cause(FAULTY_HOST, "lost", "its supervisor ended without repor
 FROZEN = Cause(None, "infra", "its supervisor ended the job: controller heartbeat silent for more than 4 s")
 RANK_FAILED = Cause(RANK_HOST, "exit", "exit code 1", rank=RANK)
 TORCHRUN_SIGKILL = Cause(FAULTY_HOST, "signal", "killed by SIGKILL (not the kernel's OOM killer", signal="SIGKILL")
-WAITS_ON_LOGS = "the log pipeline (liveness apart from terminal output; watchdog never waits on stdout)"
 
 # Silence: lost after HEARTBEAT, then the others stop within GRACE. A closed channel is seen at once.
 SILENT_BOUND = HEARTBEAT + GRACE + 4
@@ -178,11 +177,10 @@ CELLS: tuple[Cell, ...] = (
     Cell(Fault.CONTROLLER_KILLED, Phase.TRAINING, GRACE + 4, Outcome.LOST,
          waits_on="the log pipeline (a line reaches the terminal only after the job's files)"),
     Cell(Fault.CONTROLLER_FROZEN, Phase.TRAINING, FREEZE + 8, Outcome.FAILED, FROZEN),
-    Cell(Fault.CONTROLLER_FROZEN_CHATTY, Phase.TRAINING, FREEZE + 8, Outcome.FAILED, FROZEN, waits_on=WAITS_ON_LOGS),
-    Cell(Fault.STDOUT_STALLED, Phase.TRAINING, STALL + 15, Outcome.SUCCEEDED, waits_on=WAITS_ON_LOGS),
+    Cell(Fault.CONTROLLER_FROZEN_CHATTY, Phase.TRAINING, FREEZE + 8, Outcome.FAILED, FROZEN),
+    Cell(Fault.STDOUT_STALLED, Phase.TRAINING, STALL + 15, Outcome.SUCCEEDED),
     Cell(Fault.HOST_DISK_FULL, Phase.TRAINING, 30, Outcome.SUCCEEDED),
-    Cell(Fault.CONTROLLER_DISK_FULL, Phase.TRAINING, 30, Outcome.SUCCEEDED, lines_kept=False,
-         waits_on="the log pipeline (an error writing a line is reported and survived)"),
+    Cell(Fault.CONTROLLER_DISK_FULL, Phase.TRAINING, 30, Outcome.SUCCEEDED, lines_kept=False),
     # ---------------------------------------------------------------- stopping
     Cell(Fault.LINK_CUT, Phase.STOPPING, SILENT_BOUND, Outcome.FAILED, RANK_FAILED, bystander=False),
     Cell(Fault.SSHD_KILLED, Phase.STOPPING, CLOSED_BOUND, Outcome.FAILED, RANK_FAILED, bystander=False),

@@ -35,7 +35,7 @@ from tests.faults.matrix import (
     Fault,
     Phase,
 )
-from tests.helpers import REPO, distrun
+from tests.helpers import REPO, distrun, job_lines
 
 WORKER = Path(__file__).parent / "jobs" / "worker.py"
 POLL = 0.1
@@ -184,8 +184,11 @@ class Controller:
         return self.home / "jobs" / self.job_id
 
     def combined(self) -> str:
-        path = self.job_dir / "combined.log"
-        return path.read_text(errors="replace") if path.exists() else ""
+        """The job's lines as `distrun logs` shows them (`[node1 r3] text`), "" before there are any."""
+        try:
+            return job_lines(self.job_dir)
+        except OSError:
+            return ""
 
     def terminal(self) -> str:
         if self.pipe_reader is not None:
@@ -200,7 +203,7 @@ class Controller:
 
     def wait_line(self, text: str, timeout: float = PHASE_WAIT) -> None:
         assert wait_for(lambda: text in self.combined(), timeout) or self.proc.poll() is not None, \
-            f"{text!r} never appeared in the job's combined.log"
+            f"{text!r} never appeared in the job's lines"
         assert text in self.combined(), f"the controller ended before {text!r}: {self.terminal()[-2000:]}"
 
     def end(self) -> None:
@@ -292,7 +295,7 @@ class Observed:
     leftovers: dict[str, list[str]] = field(default_factory=dict)
     record: dict | None = None
     terminal: str = ""
-    files: dict[str, str] = field(default_factory=dict)  # combined.log and ranks/<r>.log
+    files: dict[str, str] = field(default_factory=dict)  # the lines as `distrun logs` shows them; ranks/<r>.out
     bystander_before: dict[int, set[int]] = field(default_factory=dict)
     bystander_after: dict[int, set[int]] = field(default_factory=dict)
     bystander_lines: tuple[int, int] = (0, 0)
@@ -434,7 +437,7 @@ class Scene:
         if not root.exists():
             return {}
         found = {"combined": self.controller.combined()}
-        for path in sorted((root / "ranks").glob("*.log")):
+        for path in sorted((root / "ranks").glob("*.out")):
             found[f"rank{path.stem}"] = path.read_text(errors="replace")
         return found
 

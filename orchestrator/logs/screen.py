@@ -1,0 +1,304 @@
+"""The operator's terminal: lines through a queue of their own, noise folded, identical lines collapsed.
+
+Nothing that decides a job's fate waits on the terminal. Lines are formatted where they arrive
+(per batch: one decode, one escape check, one replace) and handed to `TerminalWriter`, a bounded
+queue written by a thread of its own; when the terminal does not keep up (a paused pager, a slow
+link) lines it has no room for are counted, not waited for: the job's files still get every
+line, and the job's summary says how many the terminal missed.
+
+Noise (files keep everything):
+- after distrun began stopping a host, what the stop makes torchrun and the ranks say on stderr
+  (SignalException tracebacks, "Sending process ... closing signal") is folded into one line
+  for that host when it ended;
+- known-harmless warnings that repeat (`HARMLESS`) are shown once, then counted.
+
+`Collapser` folds identical lines printed by several ranks within a moment into one
+`[node0-2 r0-5] text` line (`launch --collapse`, `logs --collapse`).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from orchestrator.logs.format import COLOURS, group_label, label, paint, prefixed, shown
+
+QUEUE_BYTES = 16 << 20  # text waiting for the terminal before lines are left out
+TICK = 0.1
+COLLAPSE_WINDOW = 0.5  # seconds within which identical lines from several ranks are folded
+# Warnings known to be harmless and to repeat: shown once per job, then counted.
+HARMLESS = ("The hostname of the client socket cannot be retrieved",)
+
+
+class TerminalWriter:
+    """Writes text to a terminal from a thread of its own; `offer` never waits.
+
+    Args:
+        terminal: Where lines go.
+        limit: Characters queued before new lines are left out (and counted).
+        tick: Called about every TICK seconds from the writer's thread (to let held lines go).
+    """
+
+    def __init__(self, terminal: TextIO, limit: int = QUEUE_BYTES, tick: Callable[[], None] | None = None) -> None:
+        self.terminal = terminal
+        self.limit = limit
+        self.tick = tick
+        self.items: deque[tuple[str, int]] = deque()
+        self.size = 0
+        self.missed = 0
+        self.cond = threading.Condition()
+        self.closing = False
+        self.broken = False
+        self.thread = threading.Thread(target=self._run, name="distrun-terminal", daemon=True)
+        self.thread.start()
+
+    def offer(self, text: str, nlines: int) -> bool:
+        """Queue `text` (`nlines` lines) for the terminal; False when it had no room (counted)."""
+        with self.cond:
+            if self.broken or (self.items and self.size + len(text) > self.limit):
+                self.missed += nlines
+                return False
+            self.items.append((text, nlines))
+            self.size += len(text)
+            self.cond.notify()
+            return True
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Write what is queued (waiting at most `timeout` seconds), then stop; what could not be
+        written counts as missed."""
+        with self.cond:
+            self.closing = True
+            self.cond.notify()
+        self.thread.join(timeout)
+        with self.cond:
+            self.missed += sum(n for _, n in self.items)
+            self.items.clear()
+            self.broken = True
+
+    def _take(self) -> tuple[str, int] | None:
+        with self.cond:
+            if not self.items and not self.closing:
+                self.cond.wait(TICK)
+            if not self.items:
+                return None
+            text = "".join(t for t, _ in self.items)
+            count = sum(n for _, n in self.items)
+            self.items.clear()
+            self.size = 0
+            return text, count
+
+    def _run(self) -> None:
+        while True:
+            if self.tick is not None:
+                self.tick()
+            taken = self._take()
+            if taken is None:
+                if self.closing:
+                    return
+                continue
+            try:
+                self.terminal.write(taken[0])
+                if not self.items:
+                    self.terminal.flush()
+            except (OSError, ValueError):
+                with self.cond:
+                    self.broken = True
+                    self.missed += taken[1] + sum(n for _, n in self.items)
+                    self.items.clear()
+                return
+
+
+@dataclass
+class Group:
+    """Identical lines from one or more ranks, as `Collapser` folds them."""
+
+    first: float
+    stream: str
+    text: str
+    members: list[tuple[str, int | None]] = field(default_factory=list)
+
+    def render(self) -> str:
+        if len(self.members) == 1:
+            node, rank = self.members[0]
+            return f"{label(node, rank, self.stream)} {self.text}"
+        nodes = [n for n, _ in self.members]
+        return f"{group_label(nodes, [r for _, r in self.members], self.stream)} {self.text}"
+
+
+class Collapser:
+    """Folds identical lines that several ranks print within `window` seconds of each other.
+
+    Lines come out in the order their first copy came in, each once its window has passed.
+    """
+
+    def __init__(self, window: float = COLLAPSE_WINDOW) -> None:
+        self.window = window
+        self.open: dict[tuple[str, str], Group] = {}
+
+    def add(self, t: float, node: str, rank: int | None, stream: str, text: str) -> list[Group]:
+        """Take one line arriving at `t`; returns the groups it made due."""
+        ready = self.due(t)
+        key = (stream, text)
+        group = self.open.get(key)
+        if group is not None and (node, rank) in group.members:
+            ready += self._until(key)  # the same rank again: a new line, not a copy
+            group = None
+        if group is None:
+            group = self.open[key] = Group(t, stream, text)
+        group.members.append((node, rank))
+        return ready
+
+    def due(self, now: float) -> list[Group]:
+        """The groups whose window has passed by `now`, oldest first."""
+        ready = []
+        while self.open:
+            key, group = next(iter(self.open.items()))
+            if now - group.first < self.window:
+                break
+            ready.append(self.open.pop(key))
+        return ready
+
+    def drain(self) -> list[Group]:
+        ready = list(self.open.values())
+        self.open.clear()
+        return ready
+
+    def _until(self, key: tuple[str, str]) -> list[Group]:
+        """Close the groups up to and including `key`'s, keeping their order."""
+        ready = []
+        for other in list(self.open):
+            ready.append(self.open.pop(other))
+            if other == key:
+                break
+        return ready
+
+
+@dataclass
+class Folded:
+    """What was kept off the screen for one reason: how many lines, from which hosts."""
+
+    count: int = 0
+    nodes: dict[str, None] = field(default_factory=dict)
+
+
+class Screen:
+    """Formats a job's lines for the terminal and hands them to a TerminalWriter.
+
+    Args:
+        terminal: Where lines go.
+        colour: One colour per host in the labels.
+        collapse: Fold identical lines of several ranks (`launch --collapse`).
+        job_id: The job, named in the hints of folded lines.
+        clock: Seconds (time.time) for the collapse window.
+    """
+
+    def __init__(self, terminal: TextIO, colour: bool = False, collapse: bool = False, job_id: str = "",
+                 clock: Callable[[], float] | None = None, limit: int = QUEUE_BYTES) -> None:
+        self.colour = colour
+        self.job_id = job_id
+        self.clock = clock or time.time
+        self.colours: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.collapser = Collapser() if collapse else None
+        self.stopping_hosts: dict[str, int] = {}  # host being stopped by distrun -> lines folded so far
+        self.harmless: dict[str, Folded] = {}
+        self.writer = TerminalWriter(terminal, limit, tick=self._tick if collapse else None)
+
+    @property
+    def missed(self) -> int:
+        """Lines the terminal had no room for."""
+        return self.writer.missed
+
+    def batch(self, node: str, rank: int | None, stream: str, data: bytes, nlines: int, partial: bool = False) -> None:
+        """Show a batch of a host's `nlines` lines (each ending in a newline)."""
+        text = shown(data)
+        with self.lock:
+            if node in self.stopping_hosts and (rank is None or stream == "e"):
+                self.stopping_hosts[node] += nlines
+                return
+            if any(pattern in text for pattern in HARMLESS):
+                text = self._fold_harmless(node, text)
+                if not text:
+                    return
+                nlines = text.count("\n")
+            if self.collapser is not None and not partial:
+                self._collapse(self.collapser, node, rank, stream, text)
+                return
+            self.writer.offer(prefixed(text, self._label(node, rank, stream, partial) + " "), nlines)
+
+    def note(self, node: str, text: str) -> None:
+        """A line of distrun's own about a host."""
+        line = shown(f"distrun: {text}".encode())
+        with self.lock:
+            self.writer.offer(f"{self._label(node, None, 'o', False)} {line}\n", 1)
+
+    def stopping(self, node: str) -> None:
+        """distrun began stopping `node`: fold what the stop makes it print on stderr."""
+        with self.lock:
+            self.stopping_hosts.setdefault(node, 0)
+
+    def ended(self, node: str) -> None:
+        """`node` reported its exit: one line for what its stop printed, if anything was folded."""
+        with self.lock:
+            count = self.stopping_hosts.pop(node, 0)
+        if count:
+            self.note(node, f"stopped; {count} line(s) of shutdown output on stderr not shown: "
+                            f"distrun logs {self.job_id} --node {node}")
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Let held lines go, say what was folded, and write what is queued (at most `timeout` s)."""
+        for node in list(self.stopping_hosts):
+            self.ended(node)  # a host that never reported its exit (lost while stopping)
+        with self.lock:
+            if self.collapser is not None:
+                self._show_groups(self.collapser.drain())
+            for pattern, folded in self.harmless.items():
+                if folded.count:
+                    where = group_label(folded.nodes, [], "o")
+                    self.writer.offer(f"{where} distrun: {folded.count} more \"{pattern}\" warning(s) not shown "
+                                      f"(known to be harmless; they are in the job's files)\n", 1)
+        self.writer.close(timeout)
+
+    def _label(self, node: str, rank: int | None, stream: str, partial: bool) -> str:
+        text = label(node, rank, stream, partial)
+        if not self.colour:
+            return text
+        code = self.colours.setdefault(node, COLOURS[len(self.colours) % len(COLOURS)])
+        return paint(text, code)
+
+    def _fold_harmless(self, node: str, text: str) -> str:
+        """`text` without the repeats of known-harmless warnings (the first of each is kept)."""
+        kept = []
+        for line in [ln + "\n" for ln in text[:-1].split("\n")]:
+            pattern = next((p for p in HARMLESS if p in line), None)
+            if pattern is None:
+                kept.append(line)
+                continue
+            folded = self.harmless.get(pattern)
+            if folded is None:
+                self.harmless[pattern] = Folded()
+                kept.append(line)
+            else:
+                folded.count += 1
+                folded.nodes[node] = None
+        return "".join(kept)
+
+    def _collapse(self, collapser: Collapser, node: str, rank: int | None, stream: str, text: str) -> None:
+        now = self.clock()
+        ready = []
+        for line in text[:-1].split("\n"):
+            ready += collapser.add(now, node, rank, stream, line)
+        self._show_groups(ready)
+
+    def _tick(self) -> None:
+        with self.lock:
+            if self.collapser is not None:
+                self._show_groups(self.collapser.due(self.clock()))
+
+    def _show_groups(self, groups: list[Group]) -> None:
+        if groups:
+            self.writer.offer("".join(g.render() + "\n" for g in groups), len(groups))

@@ -1,0 +1,1 @@
+"""A stand-in `torch` package, only for `python -m torch.distributed.run` in fast tests (see run.py)."""

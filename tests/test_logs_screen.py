@@ -1,0 +1,185 @@
+"""The controller's side of a host's output: the reader never waits on the terminal, survives what
+goes wrong while handling a line, masks secrets, and folds noise on screen (files keep all)."""
+
+from __future__ import annotations
+
+import errno
+import io
+import threading
+import time
+from pathlib import Path
+
+from orchestrator.launch import HostRun
+from orchestrator.logs import LogSink
+from orchestrator.logs.query import Query, Style, read_lines
+from orchestrator.logs.screen import Screen
+from orchestrator.plan import HostPlan
+from orchestrator.remote.linestore import LineStore
+from orchestrator.remote.stream import Batch, encode
+from orchestrator.store import JobDir
+
+SECRET = "hunter2-secret"
+
+
+class StalledTerminal(io.StringIO):
+    """A terminal nobody reads (a paused pager): every write waits until `resume`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.resumed = threading.Event()
+
+    def write(self, text: str) -> int:
+        self.resumed.wait()
+        return super().write(text)
+
+    def isatty(self) -> bool:
+        return False
+
+
+def host(sink: LogSink, node: str = "node0") -> HostRun:
+    return HostRun(HostPlan(node, "10.0.0.1", 0, 2, "python3", "/w", [], {}, [], None), sink)
+
+
+def lines(count: int, rank: int = 0, start: int = 0) -> bytes:
+    return encode(Batch(rank, "o", count, b"".join(b"line %d %d\n" % (rank, i) for i in range(start, start + count))))
+
+
+def stored(job_dir: JobDir, **query: object) -> list[str]:
+    return "".join(read_lines(job_dir.root, Query(**query), Style(bare=True))).splitlines()  # type: ignore[arg-type]
+
+
+def test_a_stalled_terminal_never_holds_up_the_reader_and_the_summary_counts_what_it_missed(tmp_path: Path) -> None:
+    job_dir = JobDir(tmp_path / "j-1")
+    terminal = StalledTerminal()
+    sink = LogSink(job_dir, Screen(terminal, limit=50_000, job_id="j-1"))
+    run = host(sink)
+    began = time.monotonic()
+    for start in range(0, 20_000, 1000):
+        run.on_data(lines(1000, start=start))
+    assert time.monotonic() - began < 5, "the reader must not wait for the terminal"
+    assert time.monotonic() - run.last_seen < 5, "hearing the host keeps it alive whatever the terminal does"
+    sink.flush()
+    assert len(stored(job_dir)) == 20_000, "the files get every line while the terminal is stalled"
+    sink.close_screen(0.2)
+    terminal.resumed.set()
+    (shortfall,) = sink.shortfalls()
+    assert "were not shown on the terminal" in shortfall and "distrun logs j-1" in shortfall
+    assert int(shortfall.split()[0]) >= 20_000 - 50_000 // 10
+    sink.close()
+
+
+def test_an_error_while_handling_output_is_said_once_and_the_next_lines_are_still_handled(tmp_path: Path) -> None:
+    job_dir = JobDir(tmp_path)
+    terminal = io.StringIO()
+    sink = LogSink(job_dir, Screen(terminal))
+    run = host(sink)
+    real, calls = LogSink.batch, []
+
+    def fails_twice(self: LogSink, node: str, batch: Batch) -> None:
+        calls.append(1)
+        if len(calls) <= 2:
+            raise RuntimeError("database is locked")
+        real(self, node, batch)
+
+    sink.batch = fails_twice.__get__(sink)  # type: ignore[method-assign]
+    run.on_data(lines(1) + lines(1, start=1) + b'\x1e{"ev": "tel", bad json\n' + lines(1, start=2))
+    run.on_data(b'\x1e{"ev": "exit", "rc": 0}\n')
+    sink.close()
+
+    assert run.exited.is_set() and run.exit_rc == 0, "the reader lived on to see the exit"
+    assert run.handling_errors == 3
+    shown = terminal.getvalue()
+    assert shown.count("RuntimeError: database is locked") == 1 and "JSONDecodeError" in shown
+    assert "[node0 r0] line 0 2" in shown
+
+
+def test_a_full_disk_on_the_controller_is_said_once_counted_and_the_screen_still_shows_lines(
+        tmp_path: Path, monkeypatch) -> None:
+    job_dir = JobDir(tmp_path)
+    terminal = io.StringIO()
+    sink = LogSink(job_dir, Screen(terminal))
+
+    def no_space(self: LineStore, entry: object, data: bytes) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(LineStore, "append", no_space)
+    run = host(sink)
+    run.on_data(lines(5) + lines(5, start=5))
+    sink.close()
+
+    assert terminal.getvalue().count("No space left on device") == 1
+    assert terminal.getvalue().count("[node0 r0] line 0") == 10
+    assert sink.unstored == 10 and "10 line(s) could not be written" in sink.shortfalls()[0]
+
+
+def test_secret_values_are_masked_in_the_files_on_screen_and_in_the_summarys_lines(tmp_path: Path) -> None:
+    job_dir = JobDir(tmp_path)
+    terminal = io.StringIO()
+    sink = LogSink(job_dir, Screen(terminal), secrets=[SECRET])
+    run = host(sink)
+    run.on_data(encode(Batch(1, "e", 1, f"token={SECRET}!\n".encode())))
+    sink.note("node0", f"reason mentions {SECRET}")
+    sink.close()
+
+    everything = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
+    assert SECRET.encode() not in everything and SECRET not in terminal.getvalue()
+    assert "[node0 r1 err] token=***!" in terminal.getvalue()
+    assert sink.last_lines("node0", 1, 5) == ("token=***!",)
+
+
+def test_a_ranks_last_lines_keep_stdout_and_stderr_in_the_order_they_came(tmp_path: Path) -> None:
+    sink = LogSink(JobDir(tmp_path))
+    run = host(sink)
+    run.on_data(encode(Batch(3, "o", 2, b"step 9\nlast words\n")) + encode(Batch(3, "e", 2, b"Traceback\nError\n")))
+    sink.close()
+
+    assert run.last_lines(3) == ("step 9", "last words", "Traceback", "Error")
+    assert run.last_lines(None) == ("step 9", "last words", "Traceback", "Error")
+
+
+def test_what_a_stop_makes_a_host_print_on_stderr_is_folded_into_one_line_on_screen(tmp_path: Path) -> None:
+    job_dir = JobDir(tmp_path)
+    terminal = io.StringIO()
+    sink = LogSink(job_dir, Screen(terminal, job_id="j-2"))
+    run = host(sink, "node2")
+    run.on_data(encode(Batch(4, "o", 1, b"step 5\n")))
+    sink.stopping("node2")
+    noise = b"".join(b"  File \"run.py\", line %d\n" % i for i in range(40)) + b"SignalException: got signal 15\n"
+    run.on_data(encode(Batch(None, "e", 41, noise)) + encode(Batch(4, "o", 1, b"saved checkpoint\n")))
+    run.on_data(b'\x1e{"ev": "exit", "rc": -15}\n')
+    sink.close()
+
+    shown = terminal.getvalue().splitlines()
+    assert "SignalException: got signal 15" not in terminal.getvalue()
+    assert "[node2 r4] saved checkpoint" in shown, "a rank's own stdout still shows"
+    folded = [line for line in shown if "shutdown output" in line]
+    assert len(folded) == 1 and folded[0].startswith("[node2] distrun: stopped; 41 line(s) of shutdown output")
+    assert "distrun logs j-2 --node node2" in folded[0]
+    assert len(stored(job_dir, stderr=True)) == 41, "the files keep everything"
+
+
+def test_a_known_harmless_warning_shows_once_and_its_repeats_are_counted(tmp_path: Path) -> None:
+    terminal = io.StringIO()
+    sink = LogSink(JobDir(tmp_path), Screen(terminal))
+    warning = b"[W socket.cpp:767] [c10d] The hostname of the client socket cannot be retrieved. err=-3\n"
+    for node in ("node0", "node1", "node2"):
+        host(sink, node).on_data(encode(Batch(0, "e", 3, warning * 2 + b"real error\n")))
+    sink.close()
+
+    shown = terminal.getvalue()
+    assert shown.count("cannot be retrieved. err=-3") == 1 and shown.count("real error") == 3
+    assert "[node0-2] distrun: 5 more \"The hostname of the client socket cannot be retrieved\"" in shown
+
+
+def test_launch_collapse_folds_identical_lines_of_several_ranks_and_keeps_the_rest(tmp_path: Path) -> None:
+    terminal = io.StringIO()
+    sink = LogSink(JobDir(tmp_path), Screen(terminal, collapse=True))
+    for node, ranks in (("node0", (0, 1)), ("node1", (2, 3)), ("node2", (4, 5))):
+        run = host(sink, node)
+        for rank in ranks:
+            run.on_data(encode(Batch(rank, "o", 2, b"epoch 1 done\nrank %d only\n" % rank)))
+    sink.close()
+
+    shown = terminal.getvalue().splitlines()
+    assert shown[0] == "[node0-2 r0-5] epoch 1 done"
+    assert sorted(shown[1:]) == sorted(f"[node{r // 2} r{r}] rank {r} only" for r in range(6))
