@@ -18,7 +18,9 @@ from orchestrator.store import JobRecord, JobState, Store, process_start
 from tests.helpers import distrun
 
 # Options whose long name means something else on some commands, so their words differ there.
-MEANS_OTHER_THINGS = {"--all": {"ps"}, "--dry-run": {"prune"}, "--since": {"logs"}}  # logs: lines, not jobs
+# logs --since: lines, not jobs; stack --node/--rank: whose stacks to dump (one), not which lines to show
+MEANS_OTHER_THINGS = {"--all": {"ps"}, "--dry-run": {"prune"}, "--since": {"logs"}, "--node": {"stack"},
+                      "--rank": {"stack"}}
 CLOSED_PORT_INVENTORY = ("defaults: {user: root, port: 1, host_key_policy: strict}\n"
                          "nodes:\n  - {name: node0, host: 127.0.0.1}\n  - {name: node1, host: 127.0.0.1}\n")
 

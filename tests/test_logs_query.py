@@ -22,7 +22,7 @@ from orchestrator.logs.command import LogsRequest, show_logs
 from orchestrator.logs.query import parse_ranks, parse_since
 from orchestrator.logs.recover import HostCopy, rebuild
 from orchestrator.remote.linestore import INDEX, Entry, LineStore
-from orchestrator.store import JobRecord, JobState, Store
+from orchestrator.store import JobRecord, JobState, Store, process_start
 
 T0 = 1_800_000_000.0  # when the job's first line arrived
 JOB = "demo-1"
@@ -156,7 +156,7 @@ def test_follow_prints_lines_as_they_come_and_exits_with_the_jobs_exit_code(home
     store = Store()
     root = store.job_dir("run-2").root
     store.save(JobRecord(id="run-2", name="r", spec_path="", inventory="", hosts=["node0"], state=JobState.RUNNING,
-                         controller_pid=controller))
+                         controller_pid=controller, controller_start=process_start(controller)))
     put(root, time.time(), "node0", 0, "o", "before\n")
     out = io.StringIO()
     result: list[int] = []
@@ -245,7 +245,7 @@ def test_a_recover_that_cannot_write_leaves_the_jobs_files_as_they_were(
 def test_recover_refuses_a_running_job_and_touches_none_of_its_files(home: Path, controller: int) -> None:
     store = Store()
     store.save(JobRecord(id="run-3", name="r", spec_path="", inventory="", hosts=["node0"], state=JobState.RUNNING,
-                         controller_pid=controller))
+                         controller_pid=controller, controller_start=process_start(controller)))
     root = store.job_dir("run-3").root
     put(root, time.time(), "node0", 0, "o", "being written\n")
     before = job_files(root)
