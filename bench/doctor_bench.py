@@ -8,7 +8,17 @@ while the others connect, name resolution, the checks and the table. Alternating
 start-to-exit wall time of the whole command, medians and ratios, written to
 bench/results/doctor.md. Goals: doctor within 1.3x of pdsh, and under 3 s on 16 hosts.
 
-Needs root:  .venv/bin/python bench/doctor_bench.py [--rounds 7]
+`--scale` runs the other series instead: 64 and 244 hosts (the harness's largest
+cluster), pdsh with a fan-out of 256 so that both tools reach every host at once, with
+the controller's user and sys CPU and the hosts' sshd CPU (each session's processes:
+the probe). Goal: doctor within 5 s on 244 hosts. Hosts and controller share this
+machine's cores, so their CPU together, divided by the cores, is the least wall time
+any tool could take here; the table shows it. `--baseline REV` adds doctor as it was
+at commit REV to the alternation (its failures are counted, not fatal). It replaces
+the "At scale" section of doctor.md and keeps the rest (and the other series keeps it).
+
+Needs root, and the machine to itself (take the shared lock):
+    flock /work/locks/heavy.lock .venv/bin/python bench/doctor_bench.py [--rounds 7] [--scale [--baseline REV]]
 """
 
 from __future__ import annotations
@@ -17,7 +27,6 @@ import argparse
 import base64
 import json
 import os
-import resource
 import shlex
 import subprocess
 import sys
@@ -28,9 +37,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from common import REPO, alternate, median, write_results
+from common import (
+    REPO,
+    alternate,
+    checkout,
+    children_cpu,
+    median,
+    sshd_cpu,
+    sshd_listeners,
+    write_results,
+    write_section,
+)
+
+sys.path.insert(0, str(REPO))
+from tests.cluster.harness import Cluster
 
 SIZES = (2, 4, 8, 16)
+SCALE_SIZES = (64, 244)
+SCALE_FANOUT = 256
+SCALE_SECONDS_GOAL = 5.0
+SCALE_HEADING = "At scale: 64 and 244 hosts"
 TOOLS = ("pdsh", "doctor")
 RATIO_GOAL = 1.3
 SECONDS_GOAL = 3.0
@@ -43,12 +69,11 @@ class Cell:
 
     wall: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
+    user: list[float] = field(default_factory=list)
+    sys: list[float] = field(default_factory=list)
+    sshd: list[float] = field(default_factory=list)  # the hosts' sshd and sessions (scale series only)
+    failed: list[int] = field(default_factory=list)  # exit codes of runs allowed to fail (a baseline's)
     inside: list[float] = field(default_factory=list)  # doctor's own `seconds` (no interpreter start-up)
-
-
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def probe_command(python: str, workdir: Path) -> str:
@@ -60,26 +85,36 @@ def probe_command(python: str, workdir: Path) -> str:
     return shlex.join([python, "-c", f"import base64; exec(base64.b64decode('{encoded}'))"])
 
 
-def commands(addrs: list[str], inv: Path, ssh_config: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
-    """The exact command lines, with their extra environment, for each tool."""
-    pdsh = ["pdsh", "-R", "ssh", "-w", ",".join(addrs), probe_command(sys.executable, REPO)]
+def commands(addrs: list[str], inv: Path, ssh_config: Path,
+             fanout: int | None = None) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """The exact command lines, with their extra environment, for each tool (pdsh's fan-out: its default, 32)."""
+    pdsh = ["pdsh", "-R", "ssh", *(["-f", str(fanout)] if fanout else []), "-w", ",".join(addrs),
+            probe_command(sys.executable, REPO)]
     doctor = [sys.executable, "-m", "orchestrator", "doctor", "-i", str(inv), "--json"]
     return {"pdsh": (pdsh, {"PDSH_SSH_ARGS": f"-F {ssh_config} -x -l%u %h"}), "doctor": (doctor, {})}
 
 
-def measured(tool: str, argv: list[str], env: dict[str, str], cell: Cell) -> Callable[[], float]:
-    """A run of `argv` recording wall and client CPU time in `cell`; fails if the command fails."""
+def measured(tool: str, argv: list[str], env: dict[str, str], cell: Cell, listeners: list[int] | None = None,
+             cwd: Path | None = None, may_fail: bool = False) -> Callable[[], float]:
+    """A run of `argv` (in `cwd`) recording wall time, client CPU and (given the sshd listeners)
+    the hosts' sshd CPU in `cell`; fails if the command fails, unless `may_fail`."""
     def run() -> float:
-        cpu = children_cpu()
+        (user, system), server = children_cpu(), sshd_cpu(listeners or [])
         began = time.perf_counter()
-        done = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, check=False)
+        done = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, check=False, cwd=cwd)
         wall = time.perf_counter() - began
-        if done.returncode != 0:
+        if done.returncode != 0 and may_fail:
+            cell.failed.append(done.returncode)
+        elif done.returncode != 0:
             raise RuntimeError(f"{tool} exited {done.returncode}: {done.stderr[-2000:] or done.stdout[-2000:]}")
         time.sleep(SETTLE)
+        user_after, system_after = children_cpu()
         cell.wall.append(wall)
-        cell.cpu.append(children_cpu() - cpu)
-        if tool == "doctor":
+        cell.user.append(user_after - user)
+        cell.sys.append(system_after - system)
+        cell.cpu.append(cell.user[-1] + cell.sys[-1])
+        cell.sshd.append(sshd_cpu(listeners or []) - server)
+        if tool.startswith("doctor") and done.stdout.startswith("{"):
             cell.inside.append(float(json.loads(done.stdout)["seconds"]))
         return wall
     return run
@@ -141,16 +176,136 @@ def every_run(results: Results) -> list[str]:
     return rows
 
 
+ScaleResults = dict[int, dict[str, Cell]]
+
+
+def run_scale(cluster: object, tmp: Path, rounds: int, baseline: tuple[str, Path] | None) -> ScaleResults:
+    """Each scale size, pdsh at fan-out 256, the tools alternating within each round."""
+    base = cluster.write_inventory(tmp / "inventory.yaml")
+    listeners = sshd_listeners(cluster.state_dir)
+    results: ScaleResults = {}
+    for size in SCALE_SIZES:
+        lines = commands([cluster.addr(i) for i in range(size)], inventory(base, size, tmp), cluster.ssh_config,
+                         fanout=SCALE_FANOUT)
+        cells = {tool: Cell() for tool in TOOLS}
+        runs = {tool: measured(tool, *lines[tool], cells[tool], listeners) for tool in TOOLS}
+        if baseline is not None:
+            # `python -m` imports the package from the working directory: the old checkout's.
+            old = f"doctor {baseline[0]}"
+            cells[old] = Cell()
+            runs[old] = measured(old, *lines["doctor"], cells[old], listeners, cwd=baseline[1], may_fail=True)
+            measured(old, *lines["doctor"], Cell(), listeners, cwd=baseline[1], may_fail=True)()
+        for tool, (argv, env) in lines.items():
+            measured(tool, argv, env, Cell(), listeners)()
+        alternate(runs, rounds)
+        results[size] = cells
+        print(size, {tool: f"{median(cell.wall):.3f}" for tool, cell in cells.items()}, flush=True)
+    return results
+
+
+def floor(cell: Cell) -> float:
+    """The least wall time this run's work allows here: controller and hosts' CPU over the cores."""
+    return (median(cell.cpu) + median(cell.sshd)) / (os.cpu_count() or 1)
+
+
+def scale_table(results: ScaleResults) -> list[str]:
+    rows = [f"| hosts | tool | wall s | / pdsh | goal at {max(SCALE_SIZES)}: under {SCALE_SECONDS_GOAL:g} s "
+            "| doctor's own s | controller CPU s (user + sys) | hosts' sshd CPU s | CPU floor s | failed runs |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for size, cells in results.items():
+        pdsh = median(cells["pdsh"].wall)
+        for tool, cell in cells.items():
+            under = median(cell.wall) < SCALE_SECONDS_GOAL
+            goal = "" if tool == "pdsh" or size != max(SCALE_SIZES) else ("yes" if under else "NO")
+            own = f"{median(cell.inside):.2f}" if cell.inside else ""
+            failed = f"{len(cell.failed)} (exit {', '.join(map(str, cell.failed))})" if cell.failed else "0"
+            rows.append(f"| {size} | {tool} | {median(cell.wall):.2f} | {median(cell.wall) / pdsh:.2f} | {goal} | "
+                        f"{own} | {cpu_split(cell)} | {median(cell.sshd):.2f} | {floor(cell):.2f} | {failed} |")
+    return rows
+
+
+def cpu_split(cell: Cell) -> str:
+    return f"{median(cell.user):.2f} + {median(cell.sys):.2f} = {median(cell.cpu):.2f}"
+
+
+def scale_growth(results: ScaleResults) -> list[str]:
+    """How doctor's controller CPU and the hosts' CPU grew from the smallest to the largest size."""
+    small, large = SCALE_SIZES[0], SCALE_SIZES[-1]
+    hosts = large / small
+    lines = []
+    for tool in results[large]:
+        grew = median(results[large][tool].cpu) / median(results[small][tool].cpu)
+        lines.append(f"- {tool}: controller CPU x{grew:.2f} from {small} to {large} hosts (hosts x{hosts:.2f}): "
+                     f"{'no faster than' if grew <= hosts else 'FASTER than'} the number of hosts")
+    ours = results[large]["doctor"]
+    cores = os.cpu_count() or 1
+    lines += [
+        f"- the hosts' CPU for doctor at {large} hosts: {median(ours.sshd):.2f} s, "
+        f"{median(ours.sshd) / large * 1000:.0f} ms per host (sshd, the login shell and the python probe)",
+        f"- so at {large} hosts no tool can take less than {floor(ours):.2f} s on this machine's {cores} cores: "
+        f"{median(ours.sshd) / cores:.2f} s of it is the hosts' work, {median(ours.cpu) / cores:.2f} s the "
+        "controller's",
+    ]
+    return lines
+
+
+def scale_runs(results: ScaleResults) -> list[str]:
+    rows = ["| hosts | tool | wall s, in order | controller CPU s, in order | hosts' sshd CPU s, in order |",
+            "|---|---|---|---|---|"]
+    for size, cells in results.items():
+        rows += [f"| {size} | {tool} | {', '.join(f'{v:.2f}' for v in cell.wall)} | "
+                 f"{', '.join(f'{v:.2f}' for v in cell.cpu)} | {', '.join(f'{v:.2f}' for v in cell.sshd)} |"
+                 for tool, cell in cells.items()]
+    return rows
+
+
+def scale_main(rounds: int, tmp: Path, baseline_rev: str | None) -> None:
+    baseline = (baseline_rev, checkout(baseline_rev, tmp)) if baseline_rev else None
+    load_before = os.getloadavg()
+    with Cluster(max(SCALE_SIZES)) as cluster:
+        bringup = cluster.bringup_seconds
+        results = run_scale(cluster, tmp, rounds, baseline)
+    load_after = os.getloadavg()
+    body = [
+        f"{rounds} alternating rounds per size (after one untimed run of each tool); wall time from start to exit; "
+        "medians. Taken while holding the shared heavy lock (/work/locks/heavy.lock): no other benchmark or "
+        f"cluster test ran. The {max(SCALE_SIZES)}-host cluster came up in {bringup:.1f} s.",
+        "",
+        "- doctor: `python -m orchestrator doctor -i INVENTORY --json` (full probe on every host, the master "
+        "listening while the others connect, checks, output); the cluster's known_hosts lists all "
+        f"{max(SCALE_SIZES)} hosts at both sizes",
+        *([f"- doctor {baseline[0]}: the same command run from a checkout of commit {baseline[0]}, before this "
+           "series' changes"] if baseline else []),
+        f"- pdsh: `PDSH_SSH_ARGS='-F CLUSTER_SSH_CONFIG -x -l%u %h' pdsh -R ssh -f {SCALE_FANOUT} -w ADDR,... "
+        "\"PYTHON -c 'import base64; exec(base64.b64decode(PROBE))'\"` (the same probe, `{\"full\": true}`, "
+        "all hosts at once)",
+        "- controller CPU: user + sys of the tool and its children (pdsh's ssh clients); hosts' sshd CPU: the "
+        "hosts' sshd and everything their sessions ran (the probe's python); CPU floor: both together over this "
+        f"machine's {os.cpu_count()} cores, which hosts and controller share",
+        f"- load average (1, 5, 15 min) before: {', '.join(f'{v:.2f}' for v in load_before)}; after: "
+        f"{', '.join(f'{v:.2f}' for v in load_after)}",
+        "", "### doctor vs pdsh", "", *scale_table(results), "",
+        "### Where the time goes", "", *scale_growth(results), "",
+        "### Every run", "", *scale_runs(results),
+    ]
+    options = f"--scale --rounds {rounds}" + (f" --baseline {baseline_rev}" if baseline_rev else "")
+    command = f"flock /work/locks/heavy.lock .venv/bin/python bench/doctor_bench.py {options} (as root)"
+    path = write_section("doctor.md", SCALE_HEADING, command, body)
+    print(path.read_text())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--scale", action="store_true", help=f"the series on {SCALE_SIZES} hosts instead")
+    parser.add_argument("--baseline", metavar="REV", help="with --scale: also run doctor as of commit REV")
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
-    from tests.cluster.harness import Cluster
-
     os.environ["DISTRUN_SSH_CONFIG"] = os.devnull
     os.environ.pop("SSH_AUTH_SOCK", None)
     tmp = Path(tempfile.mkdtemp(prefix="distrun-doctor-bench-"))
+    if args.scale:
+        scale_main(args.rounds, tmp, args.baseline)
+        return
     load_before = os.getloadavg()
     with Cluster(max(SIZES)) as cluster:
         results = run_all(cluster, tmp, args.rounds)
@@ -181,7 +336,7 @@ def main() -> None:
         "## Every run", "", *every_run(results),
     ]
     path = write_results("doctor.md", "distrun doctor vs pdsh running the same probe",
-                         ".venv/bin/python bench/doctor_bench.py (as root)", body)
+                         ".venv/bin/python bench/doctor_bench.py (as root)", body, keep=[SCALE_HEADING])
     print(path.read_text())
 
 

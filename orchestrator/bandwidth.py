@@ -15,9 +15,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.backends.base import LaunchContext, LaunchRequest
+from orchestrator.backends.ssh import SshBackend
 from orchestrator.errors import InfraError
-from orchestrator.launch import Launcher, Prepared, close_all, connect_all, new_record, prepare, write_plan
-from orchestrator.parallel import failures, for_each
+from orchestrator.group import GroupError
+from orchestrator.launch import execute
+from orchestrator.plan import LaunchPlan
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec, Select, Telemetry
 from orchestrator.store import Store, new_job_id
 from orchestrator.transport import Transport
@@ -95,7 +98,7 @@ def bench_job(base: JobSpec | None, script: str, backend: str) -> JobSpec:
     job = base or JobSpec(path="<doctor --bandwidth>", name="doctor-bandwidth")
     return replace(job, name="doctor-bandwidth", script=script, module=None, args=args, nnodes=None,
                    nproc_per_node=None if gpu else 1, workdir="/tmp", max_restarts=0, select=Select(),
-                   telemetry=Telemetry(enabled=False), sync=False, backend="ssh")
+                   telemetry=Telemetry(enabled=False), sync=False, backend=SshBackend.NAME)
 
 
 def measure(base: JobSpec | None, inventory: Inventory, nodes: list[NodeSpec], backend: str,
@@ -113,26 +116,24 @@ def measure(base: JobSpec | None, inventory: Inventory, nodes: list[NodeSpec], b
         The report; its `error` says why there are no results when the job failed.
 
     Raises:
-        InfraError: a host could not be reached or its probe failed before the job started.
+        GroupError: a host could not be reached or its probe failed before the job started.
     """
     job_id = new_job_id("doctor-bandwidth")
     # Straight in /tmp, which every host has: hosts sharing a file system would race to create a directory.
     script = f"/tmp/distrun-{job_id}-{SCRIPT.name}"
     job = bench_job(base, script, backend)
-    prepared = prepare(job, inventory, nodes, job_id=job_id, extra_args=[])
-    try:
-        copied = for_each(prepared.transports.values(), lambda t: _ship(t, job.script or ""), key=lambda t: t.name)
-    except BaseException:
-        close_all(prepared.transports)
-        raise
     report = BandwidthReport(backend, len(nodes), job_id)
-    if failures(copied):
-        close_all(prepared.transports)
-        return replace(report, error="; ".join(str(e) for e in failures(copied).values()))
-    try:
-        return _run(prepared, store or Store(), report)
-    finally:
-        _remove(nodes, script)
+    store = store or Store()
+    with SshBackend(store) as ssh:
+        plan = ssh.plan_on(job, inventory, nodes, job_id)
+        copied = ssh.group.run(lambda t: _ship(t, script))
+        try:
+            if copied.failed:
+                return replace(report, error=GroupError(copied).render())
+            return _run(ssh, LaunchContext(LaunchRequest(job.path, live=False), job, job_id, store), plan, report)
+        finally:
+            # Best effort: the measurement is what was asked for; a host that is gone keeps the file.
+            ssh.group.run(lambda t: t.run(["rm", "-f", script], timeout=30), only=copied.succeeded)
 
 
 def _ship(transport: Transport, path: str) -> None:
@@ -149,28 +150,14 @@ def _ship(transport: Transport, path: str) -> None:
         raise InfraError(f"{transport.name}: cannot place {path}: {moved.stderr.strip()}")
 
 
-def _run(prepared: Prepared, store: Store, report: BandwidthReport) -> BandwidthReport:
-    write_plan(store.job_dir(report.job_id), prepared)
-    store.save(new_record(prepared.plan, "ssh"))
+def _run(ssh: SshBackend, ctx: LaunchContext, plan: LaunchPlan, report: BandwidthReport) -> BandwidthReport:
     captured = io.StringIO()
-    launcher = Launcher(prepared, store, store.get(report.job_id), captured)
-    launcher.run()
+    ctx.terminal = captured
+    finished = execute(ssh, ctx, plan)
     # Rank 0 prints only after every size was timed: with its line, the measurement is whole,
     # whatever became of the job's teardown.
-    ranks, results = parse_results(launcher.final_metrics)
+    ranks, results = parse_results(finished.final_metrics)
     if not results:
         tail = " | ".join(captured.getvalue().strip().splitlines()[-FAILURE_LINES:])
         return replace(report, error=f"all-reduce job {report.job_id} failed (distrun logs {report.job_id}): {tail}")
     return replace(report, world_size=ranks, results=results)
-
-
-def _remove(nodes: list[NodeSpec], path: str) -> None:
-    """Delete the copied script from every host; a host that is gone keeps it."""
-    try:
-        transports = connect_all(nodes)
-    except Exception:  # cleaning up is best effort: the measurement is what was asked for
-        return
-    try:
-        for_each(transports.values(), lambda t: t.run(["rm", "-f", path], timeout=30), key=lambda t: t.name)
-    finally:
-        close_all(transports)

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import click
 
+from orchestrator import backends
+from orchestrator.backends.base import LaunchRequest, for_record, refresh_lost
 from orchestrator.errors import DistrunError, ExitCode, UsageError
-from orchestrator.store import JobRecord, Store, new_job_id, refresh_lost
+from orchestrator.store import JobRecord, Store, new_job_id
 
 DETACH_WAIT = 120.0
 
@@ -39,31 +41,29 @@ def _split_names(value: str | None) -> list[str] | None:
 @click.option("--dry-run", is_flag=True, help="Print every host's argv and environment; start nothing.")
 @click.option("--detach", is_flag=True, help="Run the controller in the background; print the job id.")
 @click.option("--skip-preflight", is_flag=True, help="Do not check versions and the port before starting.")
-@click.option("--backend", type=click.Choice(["ssh", "local", "slurm"]), help="Where to run (default: the job's).")
+@click.option("--backend", type=click.Choice(backends.names()), help="Where to run (default: the job's).")
+@click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
+              help="A backend option, over the job file's section of that backend (repeatable; "
+                   "`distrun backends` lists them), e.g. -o partition=gpu.")
 @click.option("--no-live", is_flag=True, help="No live status area; plain log lines.")
-@click.option("--partition", help="Slurm partition.")
-@click.option("--time", "time_limit", help="Slurm time limit, e.g. 00:30:00.")
-@click.option("--account", help="Slurm account.")
 @click.option("--job-id", hidden=True)
 @click.option("--detached-child", is_flag=True, hidden=True)
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def launch(job_file: str, inventory: str | None, nodes: str | None, nnodes: int | None, dry_run: bool,
-           detach: bool, skip_preflight: bool, backend: str | None, no_live: bool, partition: str | None,
-           time_limit: str | None, account: str | None, job_id: str | None, detached_child: bool,
-           extra: tuple[str, ...]) -> None:
+           detach: bool, skip_preflight: bool, backend: str | None, options: tuple[str, ...], no_live: bool,
+           job_id: str | None, detached_child: bool, extra: tuple[str, ...]) -> None:
     """Start JOB_FILE on the inventory's hosts. Arguments after `--` go to the training script."""
-    from orchestrator import backends
+    from orchestrator.launch import launch as launch_job
 
     job_id = job_id or None
     if detach and not dry_run:
         sys.exit(_detach(job_file, job_id))
-    request = backends.LaunchRequest(
+    request = LaunchRequest(
         job_file=job_file, inventory=inventory, nodes=_split_names(nodes), nnodes=nnodes,
         dry_run=dry_run, skip_preflight=skip_preflight, backend=backend, live=not no_live,
-        job_id=job_id, quiet=detached_child, extra_args=list(extra),
-        slurm_overrides={"partition": partition, "time": time_limit, "account": account},
+        job_id=job_id, quiet=detached_child, extra_args=list(extra), options=list(options),
     )
-    sys.exit(backends.launch(request))
+    sys.exit(launch_job(request))
 
 
 def _detach(job_file: str, job_id: str | None) -> int:
@@ -129,7 +129,7 @@ def ps(as_json: bool, show_all: bool) -> None:
     for rec in records:
         exit_code = "" if rec.exit_code is None else str(rec.exit_code)
         extra = f"  restarts={rec.restarts}" if rec.restarts else ""
-        extra += f"  slurm={rec.slurm_id}" if rec.slurm_id else ""
+        extra += f"  {rec.backend}={rec.backend_ref}" if rec.backend_ref else ""
         alerts = f"  alerts={len(rec.alerts)}" if rec.alerts else ""
         click.echo(f"{rec.id:<36} {rec.state.value:<10} {_age(rec):>8} {exit_code:>4}  "
                    f"{','.join(rec.hosts)}{extra}{alerts}")
@@ -177,11 +177,7 @@ def logs(job_ref: str, follow: bool, node: str | None, rank: int | None, pattern
 
 
 def _recover(store: Store, rec: JobRecord) -> None:
-    from orchestrator.backends.ssh import recover
-
-    if rec.backend == "slurm":
-        raise UsageError(f"--recover: job {rec.id} ran on Slurm, whose nodes wrote into the job directory itself")
-    for name, count in recover(store, rec).items():
+    for name, count in for_record(store, rec).recover(rec).items():
         click.echo(f"[{name}] distrun: recovered {count} line(s) from the host's copy", err=True)
 
 
@@ -189,11 +185,9 @@ def _recover(store: Store, rec: JobRecord) -> None:
 @click.argument("job_ref")
 def stop(job_ref: str) -> None:
     """Stop a job: through its controller when alive, otherwise directly on its hosts."""
-    from orchestrator import backends
-
     store = Store()
     rec = store.get(job_ref)
-    sys.exit(backends.stop(store, rec))
+    sys.exit(for_record(store, rec).stop_job(rec))
 
 
 @cli.command()
@@ -284,6 +278,19 @@ def doctor(inventory: str | None, job_file: str | None, nodes: str | None, as_js
     request = DoctorRequest(inventory=inventory, job_file=job_file, nodes=_split_names(nodes), as_json=as_json,
                             strict=strict, bandwidth=bandwidth, min_busbw=min_busbw)
     sys.exit(run_doctor(request))
+
+
+@cli.command("backends")
+def list_backends() -> None:
+    """List the backends `--backend` takes, and the options (`-o KEY=VALUE`) each declares."""
+    from orchestrator.backends.options import describe
+
+    for name in backends.names():
+        cls = backends.get(name)
+        default = " (default)" if name == backends.DEFAULT else ""
+        click.echo(f"{name}{default}: {cls.DESCRIPTION}")
+        for line in describe(cls.OPTIONS) or ["no options"]:
+            click.echo(f"  {line}")
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.backends.base import LaunchRequest
 from orchestrator.errors import DistrunError, ExitCode, UsageError
 from orchestrator.report import JobData, write_report
 from orchestrator.store import JobRecord, JobState, Store, new_job_id
@@ -68,13 +69,13 @@ def run_job(item: BenchItem, inventory: str | None, store: Store, say: Callable[
     A launch that fails before the job is recorded (a host unreachable, a preflight check)
     gives a failed record that is not stored, so the report still shows the row.
     """
-    from orchestrator import backends
+    from orchestrator import launch
 
     job_id = new_job_id(item.job_name)
     say(f"bench: running {item.job_file} as {job_id}")
-    request = backends.LaunchRequest(job_file=item.job_file or "", inventory=inventory, live=False, job_id=job_id)
+    request = LaunchRequest(job_file=item.job_file or "", inventory=inventory, live=False, job_id=job_id)
     try:
-        backends.launch(request)
+        launch.launch(request)
     except DistrunError as exc:
         say(f"bench: {item.job_file} did not run: {exc}")
         try:

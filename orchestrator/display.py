@@ -128,3 +128,11 @@ def failure_summary(reasons: Mapping[str, str], total: int) -> str:
     parts = [f"{fold_hosts(hosts)} ({reason})" for reason, hosts in by_reason.items()]
     noun = "host" if total == 1 else "hosts"
     return f"{len(reasons)} of {total} {noun} failed: {', '.join(parts)}"
+
+
+def size_text(value: float) -> str:
+    """Bytes as people read them: `512 MiB`, `24 GiB`."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value >= scale:
+            return f"{value / scale:.0f} {unit}" if value / scale >= 10 else f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B"

@@ -48,3 +48,10 @@ class InfraError(DistrunError):
     """A host is unreachable, authentication failed, a port is busy: exit 3."""
 
     exit_code = ExitCode.INFRA
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type's name when the message is empty),
+    for summaries that give each host one line."""
+    text = str(exc)
+    return text.splitlines()[0] if text else type(exc).__name__

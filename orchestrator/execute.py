@@ -27,21 +27,20 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from types import FrameType
-from typing import Any, TextIO, TypeVar
+from typing import Any, TextIO
 
 from orchestrator.display import HostOutput, failure_summary, gather, render_blocks
-from orchestrator.errors import ExitCode, InfraError, UsageError
-from orchestrator.parallel import for_each
+from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
+from orchestrator.group import Group
+from orchestrator.interrupts import on_signals
 from orchestrator.spec.fields import suggestion
 from orchestrator.spec.model import Inventory, NodeSpec
-from orchestrator.transport import RemoteProcess, Transport, transport_for
+from orchestrator.transport import RemoteProcess, Transport
 from orchestrator.transport.base import ConnectError
 
 STOP_WAIT = 5.0  # after --timeout, how long a stopped command may take to report
-T = TypeVar("T", Transport, RemoteProcess)
 
 
 @dataclass(frozen=True)
@@ -81,7 +80,7 @@ class HostResult:
     @classmethod
     def failed(cls, node: NodeSpec, exc: Exception) -> HostResult:
         """The command could not run; a ConnectError means the host was not reached at all."""
-        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        message = one_line(exc)
         if isinstance(exc, ConnectError):
             return cls(node.name, node.host, error=message, failure=exc.failure.value, unreachable=True)
         return cls(node.name, node.host, error=message, failure="error")
@@ -144,80 +143,69 @@ def select(inventory: Inventory, names: Sequence[str], labels: Sequence[str]) ->
 def run_on_all(nodes: Sequence[NodeSpec], argv: Sequence[str], timeout: float | None) -> list[HostResult]:
     """Connect to every node and run `argv` there, all at once; one host's failure is its result.
 
+    SIGINT or SIGTERM ends every command, then stops as it would have (130 or 143).
+
     Returns:
         One result per node, in the nodes' order.
     """
-    live = _Live()
-    with live.stopped_on_signal():
-        results = for_each(nodes, lambda node: _run_on(node, argv, timeout, live), key=lambda node: node.name)
+    running = _Running()
+    with Group(nodes) as group, on_signals(running.interrupt):
+        results = group.run(lambda t: _run_on(t, argv, timeout, running))
     return [_as_result(node, results[node.name]) for node in nodes]
 
 
-def _run_on(node: NodeSpec, argv: Sequence[str], timeout: float | None, live: _Live) -> HostResult:
-    transport = live.add(transport_for(node))
-    try:
-        transport.connect()
-        proc = live.add(transport.start(argv))
-        out: list[str] = []
-        errs: list[str] = []
-        proc.stream(out.append, errs.append)
-        proc.close_stdin()
-        rc = proc.wait(timeout)
-        if rc is None:
-            proc.terminate()
-            proc.wait(STOP_WAIT)
-            return HostResult(node.name, node.host, None, "\n".join(out), "\n".join(errs),
-                              error=f"{node.name}: timed out after {timeout:g} s", failure="timed out")
-        return HostResult.finished(node, rc, "\n".join(out), "\n".join(errs))
-    finally:
-        transport.close()
+def _run_on(transport: Transport, argv: Sequence[str], timeout: float | None, running: _Running) -> HostResult:
+    node = transport.node
+    proc = running.add(transport.start(argv))
+    out: list[str] = []
+    errs: list[str] = []
+    proc.stream(out.append, errs.append)
+    proc.close_stdin()
+    rc = proc.wait(timeout)
+    if rc is None:
+        proc.terminate()
+        proc.wait(STOP_WAIT)
+        return HostResult(node.name, node.host, None, "\n".join(out), "\n".join(errs),
+                          error=f"{node.name}: timed out after {timeout:g} s", failure="timed out")
+    return HostResult.finished(node, rc, "\n".join(out), "\n".join(errs))
 
 
 def _as_result(node: NodeSpec, outcome: HostResult | Exception) -> HostResult:
     return outcome if isinstance(outcome, HostResult) else HostResult.failed(node, outcome)
 
 
-class _Live:
-    """The connections and commands under way, so that Ctrl-C or SIGTERM can end them all."""
+class _Running:
+    """The commands under way, so that Ctrl-C or SIGTERM can end them all."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._items: list[Transport | RemoteProcess] = []
+        self._procs: list[RemoteProcess] = []
+        self._stopped = False
 
-    def add(self, item: T) -> T:
-        with self._lock:
-            self._items.append(item)
-        return item
+    def add(self, proc: RemoteProcess) -> RemoteProcess:
+        """Track a command just started; one that starts after an interrupt is ended at once.
 
-    def stop_all(self) -> None:
+        Raises:
+            InfraError: the command started after the interrupt (a host that was still connecting).
+        """
         with self._lock:
-            items = list(self._items)
-        for item in items:
+            if not self._stopped:
+                self._procs.append(proc)
+                return proc
+        proc.terminate()
+        raise InfraError("interrupted before the command started")
+
+    def interrupt(self, signum: int) -> None:
+        """End every command, then unwind as the signal would have (130 on SIGINT, else 143)."""
+        with self._lock:
+            self._stopped = True
+            procs = list(self._procs)
+        for proc in procs:
             with contextlib.suppress(InfraError, OSError):
-                if isinstance(item, RemoteProcess):
-                    item.terminate()
-                else:
-                    item.close()
-
-    @contextlib.contextmanager
-    def stopped_on_signal(self) -> Iterator[None]:
-        """Within: SIGINT or SIGTERM ends every command, then stops as it would have."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def stop(signum: int, _frame: FrameType | None) -> None:
-            self.stop_all()
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            raise SystemExit(int(ExitCode.TERMINATED))
-
-        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+                proc.terminate()
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(int(ExitCode.TERMINATED))
 
 
 def report(results: Sequence[HostResult], out: TextIO, err: TextIO) -> None:

@@ -12,33 +12,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.errors import UsageError
-from orchestrator.spec.model import JobSpec, NodeSpec
+from orchestrator.facts import HostFacts
+from orchestrator.spec.model import DEFAULT_SYNC_MAX_SIZE, JobSpec, NodeSpec
 
 DEFAULT_PORT = 29500
 CPU_NPROC = 2
 LOG_PREFIX_TEMPLATE = "[r${rank}]"
 MASK = "***"
-
-
-@dataclass(frozen=True)
-class HostFacts:
-    """What the probe found on a host that planning needs."""
-
-    node: str
-    gpus: int = 0
-    interfaces: dict[str, list[str]] = field(default_factory=dict)
-    route_iface: str | None = None
-    home: str = "~"
-
-    @classmethod
-    def from_probe(cls, node: str, data: dict[str, Any]) -> HostFacts:
-        return cls(
-            node=node,
-            gpus=int(data.get("gpus") or 0),
-            interfaces={k: list(v) for k, v in (data.get("interfaces") or {}).items()},
-            route_iface=data.get("route_iface"),
-            home=data.get("home") or "~",
-        )
 
 
 @dataclass(frozen=True)
@@ -72,6 +52,7 @@ class LaunchPlan:
     stop_grace: float = 5.0
     telemetry_interval: float | None = 2.0
     sync: bool = False
+    sync_max_size: int = DEFAULT_SYNC_MAX_SIZE
 
     @property
     def world_size(self) -> int:
@@ -228,4 +209,5 @@ def build_plan(
         nnodes=len(ordered), hosts=hosts, secrets=resolve_secrets(job, controller_env),
         heartbeat_timeout=job.heartbeat_timeout, stop_grace=job.stop_grace,
         telemetry_interval=job.telemetry.interval if job.telemetry.enabled else None, sync=job.sync,
+        sync_max_size=job.sync_max_size,
     )

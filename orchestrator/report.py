@@ -12,7 +12,6 @@ import base64
 import html
 import io
 import json
-import re
 import shlex
 import time
 from collections.abc import Iterable
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.failures import Failure
 from orchestrator.plan import MASK
 from orchestrator.store import JobDir, JobRecord, JobState, Store
 
@@ -29,7 +29,6 @@ FACT_KEYS = ("hostname", "python", "torch", "cuda", "nccl", "gpus")
 JOB_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf")
 FIG_SIZE = (7.0, 3.4)
 NO_VALUE = "—"
-ROOT_CAUSE_FIELD = re.compile(r"^  (host|rank|exit|reason): (.*)$")
 Series = dict[str, list[tuple[float, float | None, float | None]]]  # label -> [(t, utilization, memory)]
 
 DEFINITIONS = (
@@ -215,7 +214,7 @@ def job_notes(data: JobData, strategy: str, device: str) -> list[str]:
     notes = []
     state = data.record.state
     if state is not JobState.SUCCEEDED:
-        reason = failure_reason(data.record.detail)
+        reason = failure_reason(data.record)
         notes.append(f"{state.value.upper()}" + (f": {reason}" if reason else ""))
     if strategy == "dp" and not device.startswith("cuda") and device != "":
         notes.append("DataParallel ran without GPUs: one process on the CPU, the same work as single")
@@ -227,11 +226,12 @@ def job_notes(data: JobData, strategy: str, device: str) -> list[str]:
     return notes
 
 
-def failure_reason(detail: str) -> str:
-    """The root cause's host, rank and exit from a launch summary, else the summary's first line."""
-    found = [f"{m.group(1)} {m.group(2)}" for line in detail.splitlines()
-             if (m := ROOT_CAUSE_FIELD.match(line))]
-    return ", ".join(found) or (detail.splitlines() or [""])[0]
+def failure_reason(record: JobRecord) -> str:
+    """The root cause in one line (`node1 (10.0.0.11) rank 3: exit code 1`) from the record's
+    failures, else the summary's first line (a job stopped, or recorded before failures were kept)."""
+    if record.failures:
+        return Failure.from_dict(record.failures[0]).brief()
+    return (record.detail.splitlines() or [""])[0]
 
 
 def gpu_peaks_note(telemetry: list[dict[str, Any]]) -> str:

@@ -1,4 +1,9 @@
-"""Job records (embedded SQLite) and the job-directory layout under DISTRUN_HOME."""
+"""Job records (embedded SQLite) and the job-directory layout under DISTRUN_HOME.
+
+The `jobs` table's schema is `_SCHEMA`; a database written by an older distrun is brought up
+to it when a Store opens it (`_migrate`): columns are added or renamed, never dropped, so an
+older distrun can still read what it knows.
+"""
 
 from __future__ import annotations
 
@@ -32,6 +37,16 @@ class JobState(str, Enum):
 
 @dataclass
 class JobRecord:
+    """One job as the database keeps it.
+
+    Attributes:
+        backend: The backend's NAME (ssh, local, slurm, ...).
+        backend_ref: The backend's own handle on the job (Slurm's job id), None when it has none.
+        detail: The summary people read (also in the job directory's summary.txt).
+        failures: `Failure.to_dict()` of each failure, the root cause first; [] when none.
+        alerts: Telemetry alerts raised while the job ran.
+    """
+
     id: str
     name: str
     spec_path: str
@@ -46,9 +61,10 @@ class JobRecord:
     exit_code: int | None = None
     controller_pid: int | None = None
     restarts: int = 0
-    slurm_id: str | None = None
+    backend_ref: str | None = None
     detail: str = ""
     alerts: list[str] = field(default_factory=list)
+    failures: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -56,23 +72,29 @@ class JobRecord:
             "hosts": self.hosts, "master_addr": self.master_addr, "master_port": self.master_port,
             "backend": self.backend, "state": self.state.value, "started": self.started,
             "ended": self.ended, "exit_code": self.exit_code, "controller_pid": self.controller_pid,
-            "restarts": self.restarts, "slurm_id": self.slurm_id, "detail": self.detail,
-            "alerts": self.alerts,
+            "restarts": self.restarts, "backend_ref": self.backend_ref, "detail": self.detail,
+            "alerts": self.alerts, "failures": self.failures,
         }
 
 
 _COLUMNS = ("id", "name", "spec_path", "inventory", "hosts", "master_addr", "master_port", "backend",
-            "state", "started", "ended", "exit_code", "controller_pid", "restarts", "slurm_id",
-            "detail", "alerts")
+            "state", "started", "ended", "exit_code", "controller_pid", "restarts", "backend_ref",
+            "detail", "alerts", "failures")
+_JSON_COLUMNS = ("hosts", "alerts", "failures")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, name TEXT NOT NULL, spec_path TEXT, inventory TEXT, hosts TEXT,
     master_addr TEXT, master_port INTEGER, backend TEXT, state TEXT NOT NULL,
     started REAL NOT NULL, ended REAL, exit_code INTEGER, controller_pid INTEGER,
-    restarts INTEGER DEFAULT 0, slurm_id TEXT, detail TEXT DEFAULT '', alerts TEXT DEFAULT '[]'
+    restarts INTEGER DEFAULT 0, backend_ref TEXT, detail TEXT DEFAULT '', alerts TEXT DEFAULT '[]',
+    failures TEXT DEFAULT '[]'
 )
 """
+# Columns renamed since a release wrote them: old name -> new name.
+_RENAMED = {"slurm_id": "backend_ref"}
+# Columns added since the first release: name -> its definition.
+_ADDED = {"failures": "TEXT DEFAULT '[]'"}
 
 
 def distrun_home() -> Path:
@@ -115,6 +137,17 @@ class JobDir:
     def controller_log(self) -> Path:
         return self.root / "controller.log"
 
+    @property
+    def summary(self) -> Path:
+        return self.root / "summary.txt"
+
+    def write_plan(self, plan: dict[str, Any], facts: dict[str, Any] | None = None) -> None:
+        """plan.json (the plan with its secrets masked) and, when given, facts.json (what each host's probe found)."""
+        self.create()
+        self.plan.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
+        if facts is not None:
+            self.facts.write_text(json.dumps(facts, indent=2) + "\n", encoding="utf-8")
+
     def node_log(self, node: str) -> Path:
         return self.root / "nodes" / f"{node}.log"
 
@@ -135,6 +168,7 @@ class Store:
         self.db_path = self.home / "distrun.db"
         with self._connect() as db:
             db.execute(_SCHEMA)
+        self._migrate()
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -145,13 +179,40 @@ class Store:
         finally:
             db.close()
 
+    def _migrate(self) -> None:
+        """Bring a database written by an older distrun up to `_SCHEMA`.
+
+        Two processes may open an old database at once: the first takes the write lock
+        (BEGIN IMMEDIATE) and migrates; the second then finds nothing left to do.
+        """
+        db = sqlite3.connect(self.db_path, timeout=30, isolation_level=None)
+        try:
+            if set(_RENAMED.values()) | set(_ADDED) <= self._columns(db):
+                return
+            db.execute("BEGIN IMMEDIATE")
+            columns = self._columns(db)
+            for old, new in _RENAMED.items():
+                if old in columns and new not in columns:
+                    db.execute(f"ALTER TABLE jobs RENAME COLUMN {old} TO {new}")
+            for name, definition in _ADDED.items():
+                if name not in columns:
+                    db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {definition}")
+            db.execute("COMMIT")
+        finally:
+            db.close()
+
+    @staticmethod
+    def _columns(db: sqlite3.Connection) -> set[str]:
+        return {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+
     def job_dir(self, job_id: str) -> JobDir:
         return JobDir(self.home / "jobs" / job_id)
 
     def save(self, rec: JobRecord) -> None:
         row = (rec.id, rec.name, rec.spec_path, rec.inventory, json.dumps(rec.hosts), rec.master_addr,
                rec.master_port, rec.backend, rec.state.value, rec.started, rec.ended, rec.exit_code,
-               rec.controller_pid, rec.restarts, rec.slurm_id, rec.detail, json.dumps(rec.alerts))
+               rec.controller_pid, rec.restarts, rec.backend_ref, rec.detail, json.dumps(rec.alerts),
+               json.dumps(rec.failures))
         marks = ",".join("?" * len(_COLUMNS))
         with self._connect() as db:
             db.execute(f"INSERT OR REPLACE INTO jobs ({','.join(_COLUMNS)}) VALUES ({marks})", row)
@@ -163,6 +224,21 @@ class Store:
         sets = ",".join(f"{k}=?" for k in fields)
         with self._connect() as db:
             db.execute(f"UPDATE jobs SET {sets} WHERE id=?", [*values, job_id])
+
+    def end(self, job_id: str, state: JobState, exit_code: int, detail: str, **fields: Any) -> None:
+        """Record how a job ended and write its summary.txt (the same `detail`).
+
+        Args:
+            job_id: The job.
+            state: Its final state.
+            exit_code: What its controller exits with.
+            detail: The summary people read.
+            fields: Other fields to set (e.g. failures, restarts).
+        """
+        self.update(job_id, state=state, exit_code=exit_code, ended=time.time(), detail=detail, **fields)
+        job_dir = self.job_dir(job_id)
+        job_dir.root.mkdir(parents=True, exist_ok=True)
+        job_dir.summary.write_text(detail + "\n", encoding="utf-8")
 
     def list(self, limit: int | None = None) -> list[JobRecord]:
         """Records, newest first."""
@@ -203,8 +279,8 @@ def _like_prefix(prefix: str) -> str:
 
 def _record(row: tuple[Any, ...]) -> JobRecord:
     data = dict(zip(_COLUMNS, row, strict=True))
-    data["hosts"] = json.loads(data["hosts"] or "[]")
-    data["alerts"] = json.loads(data["alerts"] or "[]")
+    for name in _JSON_COLUMNS:
+        data[name] = json.loads(data[name] or "[]")
     data["state"] = JobState(data["state"])
     data["restarts"] = data["restarts"] or 0
     data["detail"] = data["detail"] or ""
@@ -220,11 +296,3 @@ def controller_alive(rec: JobRecord) -> bool:
     except OSError:
         return False
     return b"orchestrator" in cmdline or b"distrun" in cmdline
-
-
-def refresh_lost(store: Store, records: list[JobRecord]) -> None:
-    """Mark SSH/local jobs whose controller died while they ran as `lost`."""
-    for rec in records:
-        if rec.backend != "slurm" and not rec.state.finished and not controller_alive(rec):
-            rec.state = JobState.LOST
-            store.update(rec.id, state=JobState.LOST)

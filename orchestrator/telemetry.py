@@ -519,13 +519,16 @@ def _nvml_source() -> str | None:
     return Path(spec.origin).read_text(encoding="utf-8")
 
 
-def shipped_modules(facts: dict[str, Any] | None) -> dict[str, str]:
+def shipped_modules(gpus: int) -> dict[str, str]:
     """Modules to ship with a host's supervisor: this controller's NVML bindings to a host with GPUs.
 
     The sampler prefers the host's own `pynvml`; the shipped copy (~330 KB, ~50 ms to compile
     on the host) is its fallback, and is not sent to hosts whose probe found no GPU.
+
+    Args:
+        gpus: The GPUs the host's probe found.
     """
-    source = _nvml_source() if facts and int(facts.get("gpus") or 0) > 0 else None
+    source = _nvml_source() if gpus > 0 else None
     return {SHIPPED_NVML: source} if source else {}
 
 

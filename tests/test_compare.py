@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import backends
+from orchestrator import launch
+from orchestrator.backends.base import LaunchRequest
 from orchestrator.compare import expand, run_bench
 from orchestrator.errors import InfraError, SpecError, UsageError
 from orchestrator.store import JobState, Store
@@ -44,14 +45,14 @@ def inventory(tmp_path: Path) -> str:
 
 
 class FakeLaunch:
-    """Stands in for `backends.launch`: records the request and the job as a real launch would."""
+    """Stands in for `launch.launch`: records the request and the job as a real launch would."""
 
     def __init__(self, store: Store, outcomes: dict[str, JobState | Exception] | None = None) -> None:
         self.store = store
         self.outcomes = outcomes or {}
-        self.requests: list[backends.LaunchRequest] = []
+        self.requests: list[LaunchRequest] = []
 
-    def __call__(self, request: backends.LaunchRequest) -> int:
+    def __call__(self, request: LaunchRequest) -> int:
         self.requests.append(request)
         name = Path(request.job_file).stem.split("-", 1)[1]
         outcome = self.outcomes.get(name, JobState.SUCCEEDED)
@@ -68,7 +69,7 @@ class FakeLaunch:
 def bench(store: Store, monkeypatch: pytest.MonkeyPatch, args: list[str], inventory: str | None, output: Path,
           outcomes: dict[str, JobState | Exception] | None = None) -> tuple[int, FakeLaunch, list[str]]:
     fake = FakeLaunch(store, outcomes)
-    monkeypatch.setattr(backends, "launch", fake)
+    monkeypatch.setattr(launch, "launch", fake)
     said: list[str] = []
     return run_bench(args, inventory, output, said.append), fake, said
 
@@ -143,7 +144,7 @@ def test_a_finished_failed_job_given_by_id_makes_the_exit_status_1(
 def test_every_argument_is_checked_before_any_job_runs(
         store: Store, monkeypatch: pytest.MonkeyPatch, job_files: list[str], inventory: str, tmp_path: Path) -> None:
     fake = FakeLaunch(store)
-    monkeypatch.setattr(backends, "launch", fake)
+    monkeypatch.setattr(launch, "launch", fake)
     broken = Path(job_files[2])
     broken.write_text(broken.read_text() + "nnodez: 2\n")
 

@@ -5,17 +5,25 @@ from __future__ import annotations
 import json
 import socket
 import sys
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator import doctor
+from orchestrator.backends.ssh import SshBackend
 from orchestrator.bandwidth import BandwidthReport, SizeResult, parse_results
-from orchestrator.doctor import Check, Context, HostResult, Status, run_checks
-from orchestrator.launch import Prepared
+from orchestrator.doctor.checks import Check, Context, Status, bandwidth_check, run_checks
+from orchestrator.doctor.command import exit_code
+from orchestrator.doctor.probe import HostResult, import_options, probe_round
+from orchestrator.doctor.render import render_table, to_json
+from orchestrator.facts import Connect, HostFacts, Listen
+from orchestrator.group import Group
 from orchestrator.plan import HostPlan, LaunchPlan
+from orchestrator.spec import job_from_text
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec, Rendezvous, TransportKind
-from orchestrator.transport import transport_for
+from orchestrator.store import Store
 
 GIB = 1 << 30
 MASTER_ADDR = "10.0.0.10"
@@ -68,7 +76,7 @@ def make(n: int = 3, gpus: int = 0, changes: dict[int, dict[str, Any]] | None = 
         facts = host_facts(i, gpus)
         for path, value in (changes or {}).get(i, {}).items():
             set_in(facts, path, value)
-        results[f"node{i}"] = HostResult(f"node{i}", facts=facts)
+        results[f"node{i}"] = HostResult(f"node{i}", facts=HostFacts.from_probe(f"node{i}", facts))
     nodes = tuple(NodeSpec(name=f"node{i}", host=f"10.0.0.{10 + i}", iface=iface, gpus=inventory_gpus)
                   for i in range(n))
     return results, Context(nodes, "node0", MASTER_ADDR, None, "node0", job)
@@ -242,8 +250,7 @@ def test_little_free_disk_warns_and_a_missing_job_workdir_is_an_error():
 
 
 def test_a_master_address_that_does_not_resolve_is_an_error():
-    results, ctx = make()
-    results["node2"].facts["resolved"] = {MASTER_ADDR: {"addrs": [], "error": "Name or service not known"}}
+    results, ctx = make(changes={2: {"resolved": {MASTER_ADDR: {"addrs": [], "error": "Name or service not known"}}}})
     found = check("master-resolves", results, ctx)
     assert found.status is Status.ERROR and found.hosts == ["node2"]
 
@@ -251,12 +258,11 @@ def test_a_master_address_that_does_not_resolve_is_an_error():
 def test_an_unresolvable_master_host_name_warns_and_is_an_error_for_c10d():
     unresolved = {MASTER_ADDR: {"addrs": [MASTER_ADDR], "error": None},
                   "node0": {"addrs": [], "error": "Name or service not known"}}
-    results, ctx = make()
-    results["node1"].facts["resolved"] = unresolved
+    results, ctx = make(changes={1: {"resolved": unresolved}})
     found = check("master-resolves", results, ctx)
     assert found.status is Status.WARN and found.detail == "node1: cannot resolve node0 (Name or service not known)"
-    results, ctx = make(job=JobSpec(path="job.yaml", name="j", rendezvous=Rendezvous(backend="c10d")))
-    results["node1"].facts["resolved"] = unresolved
+    results, ctx = make(job=JobSpec(path="job.yaml", name="j", rendezvous=Rendezvous(backend="c10d")),
+                        changes={1: {"resolved": unresolved}})
     assert check("master-resolves", results, ctx).status is Status.ERROR
 
 
@@ -301,20 +307,20 @@ def test_with_the_master_unreachable_the_port_and_name_checks_say_not_tested():
 def test_exit_status_is_3_when_a_host_is_unreachable_even_with_other_errors():
     results, ctx = make(changes={1: {"python": "3.10.0"}})
     results["node2"] = HostResult("node2", error="timed out", unreachable=True)
-    assert doctor.exit_code(run_checks(results, ctx), results, strict=False) == 3
+    assert exit_code(run_checks(results, ctx), results, strict=False) == 3
 
 
 def test_exit_status_is_1_on_an_error_and_on_a_warning_only_when_strict():
     results, ctx = make(changes={1: {"python": "3.10.0"}})
-    assert doctor.exit_code(run_checks(results, ctx), results, strict=False) == 1
+    assert exit_code(run_checks(results, ctx), results, strict=False) == 1
     results, ctx = make(changes={1: {"clock_skew": 30.0}})
-    assert doctor.exit_code(run_checks(results, ctx), results, strict=False) == 0
-    assert doctor.exit_code(run_checks(results, ctx), results, strict=True) == 1
+    assert exit_code(run_checks(results, ctx), results, strict=False) == 0
+    assert exit_code(run_checks(results, ctx), results, strict=True) == 1
 
 
 def test_the_table_marks_each_status_and_puts_the_fix_under_each_failure():
     results, ctx = make(changes={2: {"torch_info.version": "2.12.0", "clock_skew": 9.0}})
-    table = doctor.render_table(run_checks(results, ctx), ctx, 1.5)
+    table = render_table(run_checks(results, ctx), ctx, 1.5)
     lines = table.splitlines()
     torch = next(i for i, line in enumerate(lines) if "torch differs" in line)
     assert lines[torch].startswith("✗ torch")
@@ -323,13 +329,13 @@ def test_the_table_marks_each_status_and_puts_the_fix_under_each_failure():
     assert any(line.startswith("✓ python") and "node[0-2]: python 3.11.7" in line for line in lines)
     assert lines[-1] == "17 ok, 1 warning(s), 1 error(s) in 1.5 s"
     assert "\x1b[" not in table
-    assert "\x1b[31m✗\x1b[0m" in doctor.render_table(run_checks(results, ctx), ctx, 1.5, colour=True)
+    assert "\x1b[31m✗\x1b[0m" in render_table(run_checks(results, ctx), ctx, 1.5, colour=True)
 
 
 def test_json_has_the_documented_keys_and_the_same_statuses_as_the_checks():
     results, ctx = make(changes={2: {"torch_info.version": "2.12.0"}})
     checks = run_checks(results, ctx)
-    data = json.loads(json.dumps(doctor.to_json(results, checks, ctx, 1.25, 1, None)))
+    data = json.loads(json.dumps(to_json(results, checks, ctx, 1.25, 1, None)))
     assert set(data) == {"schema", "seconds", "master", "hosts", "checks", "bandwidth", "summary", "exit_code"}
     assert data["master"] == {"node": "node0", "addr": MASTER_ADDR, "port": PORT}
     assert {c["name"]: c["status"] for c in data["checks"]} == {c.name: c.status.value for c in checks}
@@ -356,11 +362,11 @@ def test_rank_zeros_metrics_line_becomes_per_size_results():
 
 def test_bandwidth_under_the_threshold_warns_and_a_failed_job_is_an_error():
     report = BandwidthReport("gloo", 3, "job", 3, [SizeResult(64 << 20, 1.0, 3)])
-    low = doctor.bandwidth_check(report, 0.1, ["node0", "node1", "node2"])
+    low = bandwidth_check(report, 0.1, ["node0", "node1", "node2"])
     assert low.status is Status.WARN and "under 0.1 GB/s" in low.detail
-    assert doctor.bandwidth_check(report, 0.01, ["node0"]).status is Status.OK
+    assert bandwidth_check(report, 0.01, ["node0"]).status is Status.OK
     failed = BandwidthReport("gloo", 3, "job", error="all-reduce job job failed")
-    assert doctor.bandwidth_check(failed, 0.1, ["node0"]).status is Status.ERROR
+    assert bandwidth_check(failed, 0.1, ["node0"]).status is Status.ERROR
 
 
 # ---------------------------------------------------------------- launch's preflight, on two local "hosts"
@@ -372,40 +378,110 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def prepared(port: int, torch_versions: tuple[str, str] = ("2.13.0", "2.13.0")) -> Prepared:
-    nodes = [NodeSpec(name=f"local{i}", host="localhost", python=sys.executable, transport=TransportKind.LOCAL)
-             for i in range(2)]
+def local_nodes() -> list[NodeSpec]:
+    return [NodeSpec(name=f"local{i}", host="localhost", python=sys.executable, transport=TransportKind.LOCAL)
+            for i in range(2)]
+
+
+def two_host_plan(port: int) -> LaunchPlan:
     hosts = [HostPlan(node=n.name, host=n.host, node_rank=i, nproc=1, python=n.python, workdir="/tmp", argv=[],
-                      env={}, secret_names=[], iface=None) for i, n in enumerate(nodes)]
-    plan = LaunchPlan(job_id="j", job_name="j", spec_path="j.yaml", inventory_path="inv.yaml", backend="ssh",
+                      env={}, secret_names=[], iface=None) for i, n in enumerate(local_nodes())]
+    return LaunchPlan(job_id="j", job_name="j", spec_path="j.yaml", inventory_path="inv.yaml", backend="ssh",
                       master_node="local0", master_addr="127.0.0.1", master_port=port, nnodes=2, hosts=hosts,
                       secrets={})
-    facts = {n.name: {"python": "3.11.7", "torch": v} for n, v in zip(nodes, torch_versions, strict=True)}
-    return Prepared(plan, {n.name: transport_for(n) for n in nodes}, facts)
 
 
-def test_preflight_passes_when_versions_agree_and_the_port_is_reachable():
-    doctor.launch_preflight(prepared(free_port()))
+def launch_round(port: int) -> dict[str, HostFacts]:
+    """The facts of the one probe round a launch runs: the master listens on `port`, the other connects."""
+    nodes = local_nodes()
+    with Group(nodes) as group:
+        return probe_round(group, nodes[0], {}, port, "127.0.0.1", resolve=False).check()
+
+
+def preflight(port: int, facts: dict[str, HostFacts]) -> None:
+    doctor.launch_preflight(two_host_plan(port), {n.name: n for n in local_nodes()}, facts)
+
+
+def test_preflight_passes_on_the_facts_of_a_launch_round_where_the_port_was_reachable():
+    port = free_port()
+    facts = launch_round(port)
+    assert facts["local0"].listen is not None and facts["local0"].listen.ok
+    assert facts["local1"].connect is not None and facts["local1"].connect.ok
+    assert facts["local1"].resolved == {}  # a launch looks no names up
+    preflight(port, facts)
 
 
 def test_preflight_refuses_with_doctors_message_when_torch_differs():
+    facts = {name: HostFacts(name, python="3.11.7", torch=version, listen=Listen(PORT, ok=True),
+                             connect=Connect(MASTER_ADDR, PORT, ok=True))
+             for name, version in (("local0", "2.13.0"), ("local1", "2.0.0"))}
     with pytest.raises(doctor.PreflightError) as caught:
-        doctor.launch_preflight(prepared(free_port(), ("2.13.0", "2.0.0")))
+        preflight(PORT, facts)
     message = str(caught.value)
     assert "nothing was started" in message
     assert "✗ torch  torch differs: local0: 2.13.0; local1: 2.0.0" in message
     assert caught.value.exit_code == 1
 
 
-def test_preflight_refuses_when_the_rendezvous_port_is_taken():
+def test_preflight_refuses_when_the_rendezvous_port_was_taken_during_the_launch_round():
     with socket.socket() as holder:
         holder.bind(("0.0.0.0", 0))
         holder.listen()
-        with pytest.raises(doctor.PreflightError, match=r"port .* is in use"):
-            doctor.launch_preflight(prepared(holder.getsockname()[1]))
+        port = holder.getsockname()[1]
+        facts = launch_round(port)
+    with pytest.raises(doctor.PreflightError, match=r"port .* is in use"):
+        preflight(port, facts)
 
 
-def test_master_of_is_the_inventorys_master_when_selected():
+STANDIN = "9.9.9+standin"
+
+
+def standin_torch(where: Path) -> Path:
+    """A torch with no version.py and no package metadata, as a source tree on PYTHONPATH has it."""
+    (where / "torch").mkdir(parents=True)
+    (where / "torch" / "__init__.py").write_text(f'__version__ = "{STANDIN}"\n')
+    return where
+
+
+def test_each_probe_imports_as_its_job_would_with_the_jobs_env_over_the_inventorys_and_no_secret():
+    nodes = [NodeSpec(name="a", host="a", python="/opt/py/bin/python", env={"PYTHONPATH": "/inv", "X": "1"}),
+             NodeSpec(name="b", host="b")]
+    job = job_from_text("name: t\nmodule: m\nenv: {PYTHONPATH: /job, TOKEN: '${env:TOKEN}'}\n", "j.yaml")
+    assert import_options(nodes, job, "/work") == {
+        "a": {"import_from": {"python": "/opt/py/bin/python", "cwd": "/work", "env": {"PYTHONPATH": "/job", "X": "1"}}},
+        "b": {"import_from": {"python": "python3", "cwd": "/work", "env": {"PYTHONPATH": "/job"}}},
+    }
+
+
+def launch_torch(node: NodeSpec, job_text: str) -> str | None:
+    """The torch version that a launch's one probe round found on `node` (a one-node job)."""
+    backend = SshBackend(Store.__new__(Store))
+    try:
+        backend.plan_on(job_from_text(job_text, "j.yaml"), Inventory("inv.yaml", (node,)), [node], "j")
+        return backend.facts[node.name].torch
+    finally:
+        backend.release()
+
+
+@pytest.mark.parametrize(("where", "expected"), [
+    ("the inventory's PYTHONPATH", STANDIN),
+    ("the job's workdir", STANDIN),
+    ("the inventory's PYTHONPATH, hidden by the job's", metadata.version("torch")),
+])
+def test_a_launchs_probe_reports_the_torch_the_job_will_import(tmp_path: Path, where: str, expected: str):
+    site = standin_torch(tmp_path / "site")
+    (tmp_path / "empty").mkdir()
+    env = {"PYTHONPATH": str(site)} if "inventory" in where else {}
+    node = NodeSpec(name="local0", host="localhost", python=sys.executable, transport=TransportKind.LOCAL, env=env)
+    job = "name: t\nmodule: m\n"
+    if "workdir" in where:
+        job += f"workdir: {site}\n"
+    if "hidden" in where:
+        job += f"env: {{PYTHONPATH: {tmp_path / 'empty'}}}\n"
+    assert launch_torch(node, job) == expected
+
+
+def test_the_master_is_the_inventorys_when_selected():
     nodes = [NodeSpec(name="a", host="a"), NodeSpec(name="b", host="b")]
-    assert doctor.master_of(Inventory("inv.yaml", tuple(nodes), master="b"), nodes).name == "b"
-    assert doctor.master_of(Inventory("inv.yaml", tuple(nodes), master="c"), nodes[:1]).name == "a"
+    assert Inventory("inv.yaml", tuple(nodes), master="b").master_of(nodes).name == "b"
+    assert Inventory("inv.yaml", tuple(nodes), master="c").master_of(nodes[:1]).name == "a"

@@ -91,6 +91,30 @@ def test_a_host_with_another_torch_is_named_with_both_versions(cluster3, tmp_pat
     assert "fix: install the same torch" in result.stdout
 
 
+STANDIN = "9.9.9+standin"
+
+
+def standin_torch(where: Path) -> Path:
+    """A torch with no version.py and no package metadata, as a source tree on PYTHONPATH has it."""
+    (where / "torch").mkdir(parents=True)
+    (where / "torch" / "__init__.py").write_text(f'__version__ = "{STANDIN}"\n')
+    return where
+
+
+def test_a_torch_on_a_nodes_pythonpath_is_the_one_reported_not_the_installed_one(cluster3, tmp_path, env):
+    site = standin_torch(tmp_path / "source-tree")
+    result = doctor(cluster3, tmp_path, env, nodes=nodes_with(cluster3, 2, env={"PYTHONPATH": str(site)}))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert rows(result.stdout)["torch"] == ("error", f"torch differs: node[0-1]: {TORCH}; node2: {STANDIN}")
+
+
+def test_with_a_job_the_torch_in_its_workdir_is_the_one_reported(cluster3, tmp_path, env):
+    workdir = standin_torch(tmp_path / "work")
+    job = job_file(tmp_path, f"workdir: {workdir}\n")
+    result = doctor(cluster3, tmp_path, env, "--job", str(job))
+    assert rows(result.stdout)["torch"] == ("ok", f"node[0-2]: torch {STANDIN}"), result.stdout + result.stderr
+
+
 def test_json_round_trips_with_the_tables_statuses(cluster3, tmp_path, env, other_torch):
     nodes = nodes_with(cluster3, 2, python=other_torch)
     table = rows(doctor(cluster3, tmp_path, env, nodes=nodes).stdout)
@@ -112,6 +136,19 @@ def test_launch_refuses_on_a_version_mismatch_and_starts_nothing(cluster3, tmp_p
     assert f"torch differs: node[0-1]: {TORCH}; node2: 2.0.0" in result.stderr
     assert "nothing was started" in result.stderr
     assert not (home / "jobs").exists() or not any((home / "jobs").iterdir())
+    for i in range(cluster3.n):
+        assert not [p for p in cluster3.processes(i) if "torch.distributed.run" in " ".join(p.cmdline)]
+
+
+def test_launch_refuses_when_a_nodes_pythonpath_puts_another_torch_first_and_starts_nothing(cluster3, tmp_path, env):
+    site = standin_torch(tmp_path / "source-tree")
+    nodes = nodes_with(cluster3, 2, env={"PYTHONPATH": str(site)})
+    inventory = cluster3.write_inventory(tmp_path / "inventory.yaml", nodes=nodes)
+    home = tmp_path / "home"
+    result = distrun("launch", str(job_file(tmp_path)), "-i", str(inventory), "--no-live", home=home, env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"torch differs: node[0-1]: {TORCH}; node2: {STANDIN}" in result.stderr
+    assert "nothing was started" in result.stderr
     for i in range(cluster3.n):
         assert not [p for p in cluster3.processes(i) if "torch.distributed.run" in " ".join(p.cmdline)]
 

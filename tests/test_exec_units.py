@@ -138,3 +138,24 @@ def test_interrupt_ends_the_commands_and_exits_at_once(signum: int, code: int) -
     assert proc.returncode == code
     assert time.monotonic() - began < 5
     assert "Traceback" not in stderr
+
+
+def test_a_command_that_starts_after_ctrl_c_is_ended_at_once():
+    from orchestrator.execute import _Running
+
+    ended: list[str] = []
+
+    class Proc:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def terminate(self) -> None:
+            ended.append(self.name)
+
+    running = _Running()
+    running.add(Proc("early"))  # type: ignore[arg-type]
+    with pytest.raises(KeyboardInterrupt):
+        running.interrupt(signal.SIGINT)
+    with pytest.raises(InfraError, match="interrupted before the command started"):
+        running.add(Proc("late"))  # type: ignore[arg-type]
+    assert ended == ["early", "late"]

@@ -107,6 +107,9 @@ def test_a_rank_that_raises_fails_the_job_with_exit_1_and_names_the_rank(tmp_pat
     assert "rank: 1" in result.stdout
     rec = json.loads(distrun("ps", "--json", home=home).stdout)[0]
     assert rec["state"] == "failed" and rec["exit_code"] == 1
+    root = rec["failures"][0]
+    assert (root["host"], root["rank"], root["kind"], root["exit_code"]) == ("localhost", 1, "exit", 1)
+    assert any("fail" in line.lower() for line in root["last_lines"])
 
 
 def test_dry_run_prints_argv_and_masked_env_and_starts_nothing(tmp_path):

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from orchestrator.errors import UsageError
-from orchestrator.plan import HostFacts, build_plan, choose_iface, choose_master_addr
+from orchestrator.facts import HostFacts
+from orchestrator.plan import build_plan, choose_iface, choose_master_addr
 from orchestrator.spec import inventory_from_text, job_from_text
 
 INVENTORY = """

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.doctor import ProbeRun
+from orchestrator.doctor.probe import ProbeRun
 from orchestrator.errors import InfraError
 from orchestrator.remote import probe
 from orchestrator.spec.model import NodeSpec, TransportKind
@@ -250,3 +250,55 @@ def test_first_free_port_skips_a_port_something_listens_on() -> None:
         taken = held.getsockname()[1]
         found = probe.first_free_port(taken)
     assert found is not None and found > taken
+
+
+STANDIN = "9.9.9+standin"
+
+
+def standin_torch(where: Path) -> Path:
+    """A torch package without version.py (as a source tree or a stand-in has it)."""
+    (where / "torch").mkdir(parents=True)
+    (where / "torch" / "__init__.py").write_text(f'__version__ = "{STANDIN}"\n')
+    return where
+
+
+def test_a_torch_without_version_py_reports_its_import_not_the_installed_metadata(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", str(standin_torch(tmp_path / "standin")))
+    run = ProbeRun(local_transport(), {})
+    run.start()
+    assert run.finish(30)["torch"] == STANDIN
+
+
+@pytest.mark.parametrize("where", ["pythonpath", "workdir"])
+def test_import_from_finds_the_torch_the_jobs_pythonpath_or_workdir_holds(tmp_path, where):
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    env = {"PYTHONPATH": str(standin_torch(tmp_path / "standin"))} if where == "pythonpath" else {}
+    if where == "workdir":
+        standin_torch(workdir)
+    run = ProbeRun(local_transport(), {"full": True, "import_from": {"python": PYTHON, "cwd": str(workdir),
+                                                                     "env": env}})
+    run.start()
+    facts = run.finish(60)
+    assert facts["torch"] == facts["torch_info"]["version"] == STANDIN
+
+
+def import_like(context: dict) -> list:
+    code = ("import json, sys; from orchestrator.remote import probe; "
+            f"probe.import_like_the_job({{'import_from': {context!r}}}); "
+            "print(json.dumps([probe.torch_version(), 'torch' in sys.modules]))")
+    return json.loads(subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, check=True).stdout)
+
+
+def test_the_installed_torch_is_read_from_its_files_and_not_imported_in_the_jobs_context(tmp_path):
+    import torch
+
+    assert import_like({"python": PYTHON, "cwd": str(tmp_path), "env": {}}) == [torch.__version__, False]
+
+
+def test_a_torch_in_the_workdir_is_the_jobs_unless_safe_path_keeps_the_workdir_off_sys_path(tmp_path):
+    import torch
+
+    workdir = standin_torch(tmp_path / "work")
+    assert import_like({"cwd": str(workdir), "env": {}}) == [STANDIN, True]
+    assert import_like({"cwd": str(workdir), "env": {"PYTHONSAFEPATH": "1"}}) == [torch.__version__, False]

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from orchestrator.errors import UsageError
+from orchestrator.failures import Failure, FailureKind
 from orchestrator.report import JobData, load_jobs, pick_baseline, render, summarize, write_report
 from orchestrator.store import JobRecord, JobState, Store
 from tests.helpers import distrun
@@ -67,12 +68,13 @@ def plan_doc(job_id: str, hosts: list[tuple[str, int]], secret: bool = False) ->
 def make_job(store: Store, job_id: str, hosts: list[tuple[str, int]], metrics: list[dict[str, Any]], *,
              telemetry: list[dict[str, Any]] | None = None, facts: dict[str, Any] | None = None,
              state: JobState = JobState.SUCCEEDED, detail: str = "", secret: bool = False,
-             raw_metrics: str = "") -> JobRecord:
+             raw_metrics: str = "", failures: list[dict[str, Any]] | None = None) -> JobRecord:
     """A recorded job with plan.json, metrics.jsonl and, when given, telemetry.jsonl and facts.json."""
     record = JobRecord(id=job_id, name=job_id.rsplit("-", 1)[0], spec_path=f"jobs/compare/{job_id}.yaml",
                        inventory="inventory/cluster.yaml", hosts=[h for h, _ in hosts], state=state,
                        started=T0 + len(store.list()), ended=T0 + 60,
-                       exit_code=0 if state is JobState.SUCCEEDED else 1, detail=detail)
+                       exit_code=0 if state is JobState.SUCCEEDED else 1, detail=detail,
+                       failures=failures or [])
     store.save(record)
     job_dir = store.job_dir(job_id)
     job_dir.create()
@@ -219,16 +221,25 @@ def test_damaged_lines_and_records_missing_keys_are_skipped(store: Store) -> Non
 
 
 def test_a_job_without_metrics_has_no_numbers_but_still_a_row(store: Store) -> None:
-    detail = ("job e-x FAILED\nRoot Cause (first observed failure):\n  host: node1 (10.0.0.11)\n  rank: 3\n"
-              "  exit: exit code 1\n  last 2 lines of rank 3:\n    x\n    exit: not this one")
-    record = make_job(store, "e-x", [("node0", 2)], [], state=JobState.FAILED, detail=detail)
+    root = Failure("node1", FailureKind.EXIT, rank=3, exit_code=1, address="10.0.0.11", last_lines=("x",))
+    detail = "job e-x FAILED (the summary is not read back: the record's failures are)"
+    record = make_job(store, "e-x", [("node0", 2)], [], state=JobState.FAILED, detail=detail,
+                      failures=[root.to_dict()])
 
     summary = summarize(JobData.load(record, store.job_dir("e-x")))
     row = table(render([JobData.load(record, store.job_dir("e-x"))]))["e-x"]
 
     assert summary.throughput is None and summary.steps is None and summary.world_size == 2
     assert row["Throughput (samples/s)"] == "—" and row["Hosts × processes"] == "1 × 2"
-    assert "FAILED: host node1 (10.0.0.11), rank 3, exit exit code 1\nno steady-state" in row["Notes"]
+    assert "FAILED: node1 (10.0.0.11) rank 3: exit code 1\nno steady-state" in row["Notes"]
+
+
+def test_a_job_recorded_without_failures_shows_its_summarys_first_line(store: Store) -> None:
+    record = make_job(store, "s-x", [("node0", 2)], [], state=JobState.STOPPED,
+                      detail="job s-x stopped (SIGINT); every host's processes ended\nmore")
+    row = table(render([JobData.load(record, store.job_dir("s-x"))]))["s-x"]
+
+    assert "STOPPED: job s-x stopped (SIGINT); every host's processes ended" in row["Notes"]
 
 
 def test_scaling_efficiency_divides_by_processes_times_the_single_process_baseline(store: Store) -> None:

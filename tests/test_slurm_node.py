@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends import LaunchRequest
+from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.slurm import batch_job, follow_lines, write_files
-from orchestrator.backends.slurm_script import BatchJob, SlurmFiles, render_script
+from orchestrator.backends.slurm_script import BatchJob, SlurmFiles, SlurmOptions, render_script
 from orchestrator.remote.slurm_node import exit_status, expand
 from orchestrator.spec import load_job
 from orchestrator.store import JobDir
@@ -31,7 +31,8 @@ def batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BatchJob:
                         "stop_grace: 1\ntelemetry: {enabled: false}\n")
     job = load_job(job_file)
     job_dir = JobDir(tmp_path / "job")
-    made, bundle = batch_job(job, LaunchRequest(job_file=str(job_file), backend="slurm"), job_dir, "n-1")
+    made, bundle = batch_job(job, LaunchRequest(job_file=str(job_file), backend="slurm"), job_dir, "n-1",
+                             SlurmOptions())
     write_files(job_dir, made, bundle, render_script(made))
     return made
 
@@ -54,19 +55,32 @@ def events(lines: list[str]) -> list[dict]:
     return [json.loads(line[1:]) for line in lines if line.startswith("\x1e")]
 
 
-def test_a_node_runs_the_command_with_its_rank_and_secrets_and_exits_with_its_status(batch: BatchJob) -> None:
+def test_a_node_runs_the_command_with_its_secrets_and_exits_with_its_status(batch: BatchJob) -> None:
     command = ("import os, sys, time; time.sleep(1.5); "
-               "print('rank', sys.argv[1], os.environ['TOKEN'], os.environ['DISTRUN_JOB_ID']); sys.exit(3)")
+               "print('args', *sys.argv[1:], os.environ['TOKEN'], os.environ['DISTRUN_JOB_ID']); sys.exit(3)")
     result = node_task(batch.files, batch.bundle_size, str(batch.files.node_config), "--",
-                       sys.executable, "-c", command, "$SLURM_NODEID")
+                       sys.executable, "-c", command, "$SLURM_NODEID", "$MASTER_ADDR")
 
     assert result.returncode == 3, result.stderr
     lines = stream_lines(batch.files)
-    assert f"rank 1 {SECRET} n-1" in lines
+    # The job's own arguments stay as written: only torchrun's per-node options are filled in.
+    assert f"args $SLURM_NODEID $MASTER_ADDR {SECRET} n-1" in lines
     kinds = [e["ev"] for e in events(lines)]
     assert kinds[0] == "started" and kinds[-1] == "exit"
     # stdin is closed under srun: that must not read as a controller gone away.
     assert events(lines)[-1]["rc"] == 3 and events(lines)[-1]["reason"] is None
+
+
+def test_a_node_fills_its_rank_and_the_master_into_the_positions_the_config_names(batch: BatchJob) -> None:
+    argv = [sys.executable, "-c", "import sys; print('args', *sys.argv[1:])", "$SLURM_NODEID", "$MASTER_ADDR"]
+    config = json.loads(batch.files.node_config.read_text())
+    config["expand_at"] = [3]
+    batch.files.node_config.write_text(json.dumps(config))
+    result = node_task(batch.files, batch.bundle_size, str(batch.files.node_config), "--", *argv,
+                       env={"MASTER_ADDR": "n0"})
+
+    assert result.returncode == 0, result.stderr
+    assert "args 1 $MASTER_ADDR" in stream_lines(batch.files)
 
 
 def test_a_node_killed_by_a_signal_exits_as_a_shell_reports_it(batch: BatchJob) -> None:
@@ -96,12 +110,12 @@ def test_a_busy_fixed_port_fails_the_master_with_a_message_naming_it(batch: Batc
     assert f"rendezvous port {port} is in use on n0" in result.stderr
 
 
-def test_only_the_named_variables_are_filled_into_arguments() -> None:
+def test_only_the_named_variables_are_filled_and_only_at_the_given_positions() -> None:
     env = {"SLURM_NODEID": "2", "MASTER_ADDR": "node0", "HOME": "/root"}
-    argv = ["--node-rank", "$SLURM_NODEID", "$MASTER_ADDR:$MASTER_PORT", "$HOME", "cost$5"]
+    argv = ["--node-rank", "$SLURM_NODEID", "$MASTER_ADDR:$MASTER_PORT", "$HOME", "cost$5", "$SLURM_NODEID"]
 
-    assert expand(argv, ["SLURM_NODEID", "MASTER_ADDR"], env) == ["--node-rank", "2", "node0:$MASTER_PORT",
-                                                                   "$HOME", "cost$5"]
+    assert expand(argv, ["SLURM_NODEID", "MASTER_ADDR"], env, [1, 2, 3, 4]) == [
+        "--node-rank", "2", "node0:$MASTER_PORT", "$HOME", "cost$5", "$SLURM_NODEID"]
 
 
 def test_exit_status_of_a_signal_is_128_plus_it() -> None:

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+import shlex
 import stat
 from pathlib import Path
 
 import pytest
 
-from orchestrator.backends import LaunchRequest
+from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.slurm import batch_job, write_files
-from orchestrator.backends.slurm_script import node_argv, render_script
+from orchestrator.backends.slurm_script import SlurmOptions, node_argv, render_script
 from orchestrator.spec import load_job
 from orchestrator.store import JobDir
 from tests.helpers import REPO, distrun
@@ -57,7 +58,7 @@ def dry_run(tmp_path: Path, inventory: str, job: str, *extra: str) -> str:
 def test_a_gpu_job_script_requests_gpus_per_node_and_sets_the_nccl_interface(tmp_path: Path) -> None:
     script = dry_run(tmp_path, GPU_INVENTORY, job_text("slurm: {partition: gpu, time: '01:00:00', "
                                                        "extra: [--exclusive, --constraint=h100]}\n"),
-                     "--partition", "h100", "--account", "proj")
+                     "-o", "partition=h100", "-o", "account=proj")
 
     assert script.startswith("#!/bin/bash\n")
     for directive in ("--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=8", "--partition=h100",
@@ -139,7 +140,7 @@ def written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> JobDir:
     job = load_job(write(tmp_path, "job.yaml", job_text()))
     request = LaunchRequest(job_file=job.path, inventory=str(inv), backend="slurm")
     job_dir = JobDir(tmp_path / "home" / "jobs" / "train-1")
-    batch, bundle = batch_job(job, request, job_dir, "train-1")
+    batch, bundle = batch_job(job, request, job_dir, "train-1", SlurmOptions())
     write_files(job_dir, batch, bundle, render_script(batch))
     return job_dir
 
@@ -156,3 +157,66 @@ def test_no_other_job_file_holds_a_secret_value(written: JobDir) -> None:
 
     assert {p.name for p in others} >= {"job.sbatch", "node.json", "bundle.json", "bootstrap.py", "plan.json"}
     assert all(SECRET not in p.read_text() for p in others)
+
+
+ONE_LINE_HINT = "(it is written into one line of the backend's script: remove the line break)"
+
+
+@pytest.mark.parametrize(("pair", "value"), [
+    ("partition=gpu\ntouch /tmp/owned", "'gpu\\ntouch /tmp/owned'"),
+    ("time=01:00:00\rx", "'01:00:00\\rx'"),
+    ("account=proj\x1b]0;title\x07", "'proj\\x1b]0;title\\x07'"),
+    ("extra=--exclusive '--constraint=h100\nrm -rf ~'", "'--constraint=h100\\nrm -rf ~'"),
+])
+def test_a_slurm_option_with_a_line_break_on_the_command_line_is_refused_in_one_line(
+        tmp_path: Path, pair: str, value: str) -> None:
+    inv = write(tmp_path, "inventory.yaml", CPU_INVENTORY)
+    result = distrun("launch", str(write(tmp_path, "job.yaml", job_text())), "--backend", "slurm", "-i", str(inv),
+                     "-o", pair, "--dry-run", home=tmp_path / "home", env={"WANDB_KEY": SECRET})
+
+    key = pair.partition("=")[0]
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (f"distrun: error: -o {pair!r}: {key}: must be one line of text, got {value} "
+                             f"{ONE_LINE_HINT}\n")
+    assert not (tmp_path / "home" / "jobs").exists()
+
+
+@pytest.mark.parametrize(
+    ("section", "where", "line"),
+    [
+        ('slurm: {partition: "gpu\\necho injected"}', "slurm.partition", 6),
+        ('slurm: {time: "01:00:00\\rx"}', "slurm.time", 6),
+        ("slurm:\n  account: |\n    proj\n    touch /tmp/owned", "slurm.account", 7),
+        ('slurm: {extra: [--exclusive, "--constraint=h100\\nrm -rf ~"]}', "slurm.extra[1]", 6),
+    ],
+)
+def test_a_slurm_option_with_a_line_break_in_the_job_file_is_refused_at_its_line(
+        tmp_path: Path, section: str, where: str, line: int) -> None:
+    inv = write(tmp_path, "inventory.yaml", CPU_INVENTORY)
+    job = write(tmp_path, "job.yaml", job_text(section + "\n"))
+    result = distrun("launch", str(job), "--backend", "slurm", "-i", str(inv), "--dry-run",
+                     home=tmp_path / "home", env={"WANDB_KEY": SECRET})
+
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith(f"distrun: error: {job}:{line}: {where}: must be one line of text, got '")
+    assert result.stderr.endswith(f" {ONE_LINE_HINT}\n") and result.stderr.count("\n") == 1
+
+
+def test_arguments_that_name_node_variables_stay_literal_in_the_script_and_the_node_config(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_KEY", SECRET)
+    args = ["$SLURM_NODEID", "--master-addr", "$MASTER_ADDR", "`hostname`", "$(id)"]
+    job = load_job(write(tmp_path, "job.yaml", job_text().replace("args: [--steps, '5']", f"args: {json.dumps(args)}")))
+    request = LaunchRequest(job_file=job.path, inventory=str(write(tmp_path, "inventory.yaml", CPU_INVENTORY)),
+                            backend="slurm")
+    job_dir = JobDir(tmp_path / "home" / "jobs" / "train-1")
+    batch, bundle = batch_job(job, request, job_dir, "train-1", SlurmOptions())
+    script = render_script(batch)
+    write_files(job_dir, batch, bundle, script)
+
+    argv = batch.plan.hosts[0].argv
+    assert argv[-len(args):] == args
+    assert shlex.join(args) in script
+    filled = json.loads(batch.files.node_config.read_text())["expand_at"]
+    assert [argv[i - 1] for i in filled] == ["--node-rank", "--master-addr", "--master-port"]
+    assert all(i < len(argv) - len(args) - 1 for i in filled)

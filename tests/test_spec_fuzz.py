@@ -39,7 +39,8 @@ LOADERS: list[Callable[[str, str], object]] = [job_from_text, inventory_from_tex
 
 KEYS = [
     *("name", "script", "module", "args", "nnodes", "nproc_per_node", "workdir", "env", "rendezvous"),
-    *("max_restarts", "select", "telemetry", "sync", "backend", "slurm", "heartbeat_timeout", "stop_grace"),
+    *("max_restarts", "select", "telemetry", "sync", "sync_max_size", "backend", "slurm", "heartbeat_timeout"),
+    *("stop_grace",),
     *("defaults", "master", "nodes", "host", "user", "port", "identity_file", "known_hosts", "host_key_policy"),
     *("python", "iface", "gpus", "labels", "proxy_jump", "transport", "names", "interval", "enabled", "extra"),
 ]

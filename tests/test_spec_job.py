@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import backends
 from orchestrator.errors import SpecError, UsageError
-from orchestrator.spec import Rendezvous, Select, SlurmOptions, Telemetry, job_from_text, load_job
+from orchestrator.spec import Rendezvous, Select, Telemetry, job_from_text, load_job
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_JOBS = sorted((REPO / "jobs").glob("*.yaml"))
@@ -90,15 +91,13 @@ stop_grace: 0
     assert job.select == Select(names=("node0", "node1"), labels=("h100",))
     assert job.telemetry == Telemetry(interval=0.5, enabled=False)
     assert (job.sync, job.backend) == (True, "slurm")
-    assert job.slurm == SlurmOptions(
-        partition="gpu", time="1:30:00", account="ml", gpus_per_node=8, extra=("--exclusive",)
-    )
+    assert list(job.backend_sections) == ["slurm"]  # its keys are the Slurm backend's to check
     assert (job.heartbeat_timeout, job.stop_grace) == (30.0, 0.0)
 
 
 def test_defaults_come_from_the_model_when_keys_are_absent() -> None:
     job = job_from_text("name: t\nmodule: m\n", "j.yaml")
-    assert (job.nnodes, job.nproc_per_node, job.workdir, job.backend, job.sync) == (None, None, None, "ssh", False)
+    assert (job.nnodes, job.nproc_per_node, job.workdir, job.backend, job.sync) == (None, None, None, None, False)
     assert (job.env, job.secrets, job.args) == ({}, {}, ())
 
 
@@ -126,8 +125,9 @@ def test_unknown_key_suggests_closest_valid_key() -> None:
 def test_unknown_key_with_nothing_close_lists_the_valid_keys() -> None:
     assert error(RESNET + "colour: blue\n") == (
         "jobs/x.yaml:12: colour: unknown key (valid keys: name, script, module, args, nnodes, nproc_per_node, "
-        "workdir, env, rendezvous, max_restarts, select, telemetry, sync, backend, slurm, heartbeat_timeout, "
-        "stop_grace)"
+        f"workdir, env, rendezvous, max_restarts, select, telemetry, sync, sync_max_size, backend, "
+        f"{', '.join(backends.names())}, "
+        "heartbeat_timeout, stop_grace)"
     )
 
 
@@ -265,13 +265,14 @@ def test_bad_value_is_reported_at_its_line_with_its_key_path(prefix: str, line: 
         ("sync: on", "jobs/x.yaml:12: sync: must be true or false, got 'on' (write true or false)"),
         (
             "backend: slrum",
-            "jobs/x.yaml:12: backend: must be one of ssh, local, slurm, got string 'slrum' (did you mean 'slurm'?)",
+            f"jobs/x.yaml:12: backend: must be one of {', '.join(backends.names())}, got string 'slrum' "
+            "(did you mean 'slurm'?)",
         ),
         ("heartbeat_timeout: 0", "jobs/x.yaml:12: heartbeat_timeout: must be a number > 0, got 0"),
         ("stop_grace: -1", "jobs/x.yaml:12: stop_grace: must be a number >= 0, got -1"),
         ("stop_grace: false", "jobs/x.yaml:12: stop_grace: must be a number, got boolean false"),
-        ("slurm: {gpus_per_node: 0}", "jobs/x.yaml:12: slurm.gpus_per_node: must be an integer >= 1, got 0"),
-        ("slurm: {extras: [--x]}", "jobs/x.yaml:12: slurm.extras: unknown key (did you mean 'extra'?)"),
+        ("slurm: [--exclusive]", "jobs/x.yaml:12: slurm: must be a mapping, got a list (the slurm backend's "
+                                 "options, e.g. slurm: {key: value})"),
         ("module: pkg.train", "jobs/x.yaml:12: module: set either 'script' or 'module', not both"),
     ],
 )
@@ -311,3 +312,4 @@ def test_empty_file_is_reported() -> None:
 def test_every_shipped_job_file_is_valid(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(REPO)
     assert load_job(path.relative_to(REPO)).name
+

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import tracemalloc
+from pathlib import Path
+
 import pytest
 
 from orchestrator.errors import SpecError
+from orchestrator.spec.inventory import inventory_from_text
 from orchestrator.spec.yamlsrc import Map, Scalar, Seq, collect_lines, load_yaml
+from tests.helpers import distrun
 
 
 def message(data: str | bytes) -> str:
@@ -112,3 +117,59 @@ def test_very_deep_nesting_is_a_spec_error() -> None:
         "f.yaml:1: invalid YAML: the document is nested too deeply "
         "(check the indentation, quotes and brackets on this line and the one before)"
     )
+
+
+def alias_bomb(labels: int = 5000, nodes: int = 400) -> str:
+    """The inventory of issue 14: one anchored list of labels that every other node aliases."""
+    names = ", ".join(f"l{i}" for i in range(labels))
+    lines = ["nodes:", f"  - {{name: n0, labels: &all [{names}]}}"]
+    lines += [f"  - {{name: n{i}, labels: *all}}" for i in range(1, nodes)]
+    return "\n".join(lines) + "\n"
+
+
+def test_an_alias_bomb_inventory_is_refused_at_its_alias_without_building_it() -> None:
+    text = alias_bomb()
+    assert 44_000 < len(text) < 50_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(SpecError) as caught:
+            inventory_from_text(text, "inv.yaml")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # 5,001 nodes an alias: the 20th alias, on line 22, passes 100,000.
+    assert str(caught.value) == (
+        "inv.yaml:22: invalid YAML: aliases repeat more than 100,000 values in all "
+        "(write large lists and mappings out once instead of repeating them through aliases)"
+    )
+    assert peak < 40 * 2**20  # built, it held 2 million label strings (320 MB)
+
+
+def test_nested_aliases_are_counted_as_what_they_expand_to() -> None:
+    laughs = "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+    for level in "bcdefgh":
+        previous = chr(ord(level) - 1)
+        laughs += f"{level}: &{level} [" + ", ".join([f"*{previous}"] * 10) + "]\n"
+    assert message(laughs).startswith("f.yaml:5: invalid YAML: aliases repeat more than 100,000 values in all")
+
+
+def test_an_inventory_of_256_nodes_built_from_anchors_and_merge_keys_loads() -> None:
+    first = ("  - &gpu {name: gpu000, host: 10.0.0.10, gpus: 8, python: /opt/venv/bin/python, iface: eth1,\n"
+             "          labels: [h100, rack1, ib, nvme, prod, team-a, eu, sxm, bf16, fp8],\n"
+             "          env: {NCCL_DEBUG: WARN, NCCL_IB_HCA: mlx5, NCCL_IB_GID_INDEX: '3'}}\n")
+    others = "".join(f"  - {{<<: *gpu, name: gpu{i:03d}, host: 10.0.{i // 200}.{i % 200 + 10}}}\n"
+                     for i in range(1, 256))
+    inventory = inventory_from_text("defaults: {user: ops}\nnodes:\n" + first + others, "inv.yaml")
+    assert len(inventory.nodes) == 256
+    last = inventory.nodes[-1]
+    assert (last.name, last.host, last.gpus, last.iface, last.user) == ("gpu255", "10.0.1.65", 8, "eth1", "ops")
+    assert last.labels[0] == "h100" and last.env["NCCL_IB_HCA"] == "mlx5"
+
+
+def test_doctor_given_an_alias_bomb_exits_2_with_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "inv.yaml"
+    path.write_text(alias_bomb())
+    result = distrun("doctor", "-i", str(path), home=tmp_path / "home")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith(f"distrun: error: {path}:22: invalid YAML: aliases repeat more than 100,000 values")
+    assert result.stderr.count("\n") == 1

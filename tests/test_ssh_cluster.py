@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import InfraError
-from orchestrator.launch import close_all, connect_all
+from orchestrator.group import Group, GroupError
 from orchestrator.spec import NodeSpec, load_inventory
 from orchestrator.transport import ssh
 from orchestrator.transport.base import ConnectError, ConnectFailure
 from orchestrator.transport.ssh import SSHTransport
 from tests.cluster.fixtures import MakeCluster
 from tests.cluster.harness import Cluster, skip_reason
+from tests.helpers import distrun
 
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))]
 
@@ -306,12 +306,10 @@ def test_proxy_jump_reaches_hosts_the_controller_cannot(make_cluster: MakeCluste
     direct = nodes(cluster, tmp_path, proxy_jump=None)[0]
     with pytest.raises(ConnectError):
         SSHTransport(direct).connect()
-    transports = connect_all(nodes(cluster, tmp_path))
-    try:
-        names = [t.run(["hostname"]).stdout for t in transports.values()]
-        peers = [t.peer_address() for t in transports.values()]
-    finally:
-        close_all(transports)
+    with Group(nodes(cluster, tmp_path)) as group:
+        group.connect()
+        names = [t.run(["hostname"]).stdout for t in group.transports.values()]
+        peers = [t.peer_address() for t in group.transports.values()]
     assert names == ["node0", "node1", "node2"]
     assert peers == [cluster.addr(i) for i in range(3)]
 
@@ -352,25 +350,25 @@ def test_unreachable_target_behind_the_jump_is_named(make_cluster: MakeCluster, 
 def test_sixteen_hosts_connect_in_parallel(make_cluster: MakeCluster, tmp_path: Path) -> None:
     cluster = make_cluster(16)
     began = time.monotonic()
-    transports = connect_all(nodes(cluster, tmp_path))
-    try:
-        names = {t.run(["hostname"], timeout=60).stdout for t in transports.values()}
-    finally:
-        close_all(transports)
+    with Group(nodes(cluster, tmp_path)) as group:
+        names = set(group.run(lambda t: t.run(["hostname"], timeout=60).stdout).check().values())
     assert names == {f"node{i}" for i in range(16)}
     assert time.monotonic() - began < 60
 
 
-def test_connect_all_names_every_unreachable_host(cluster3: Cluster, tmp_path: Path) -> None:
+def test_a_group_connect_names_every_unreachable_host_folded_into_one_range(cluster3: Cluster, tmp_path: Path) -> None:
     cluster3.stop_sshd(0)
     cluster3.stop_sshd(2)
     try:
-        with pytest.raises(InfraError) as failed:
-            connect_all(nodes(cluster3, tmp_path))
+        with pytest.raises(GroupError) as failed, Group(nodes(cluster3, tmp_path)) as group:
+            group.connect()
     finally:
         cluster3.start_sshd(0)
         cluster3.start_sshd(2)
-    assert "node0" in str(failed.value) and "node2" in str(failed.value) and "node1" not in str(failed.value)
+    assert set(failed.value.failed) == {"node0", "node2"}
+    assert all(isinstance(e, ConnectError) for e in failed.value.failed.values())
+    assert str(failed.value).startswith("node[0,2]: unreachable")
+    assert failed.value.exit_code == 3
 
 
 def test_host_keys_file_left_alone_by_strict(cluster3: Cluster, tmp_path: Path) -> None:
@@ -393,3 +391,45 @@ def test_jump_chain_passes_every_hop_in_order(make_cluster: MakeCluster, tmp_pat
         assert transport.run(["hostname"]).stdout == "node0"
     finally:
         transport.close()
+
+
+def exec_true(cluster: Cluster, tmp_path: Path, known: Path) -> subprocess.CompletedProcess[str]:
+    inventory = cluster.write_inventory(tmp_path / "inventory.yaml", known_hosts=str(known),
+                                        host_key_policy="accept-new")
+    env = {"DISTRUN_SSH_CONFIG": str(tmp_path / "no-ssh-config"), "SSH_AUTH_SOCK": ""}
+    return distrun("exec", "-i", str(inventory), "--", "true", home=tmp_path / "home", env=env, timeout=120)
+
+
+def host_key_line(cluster: Cluster, i: int) -> str:
+    return next(line for line in cluster.known_hosts.read_text().splitlines() if line.startswith(f"{cluster.addr(i)},"))
+
+
+def test_revoked_host_key_is_refused_with_exit_3_naming_host_and_file(cluster3: Cluster, tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    key = host_key_line(cluster3, 0).split(maxsplit=1)[1]
+    known.write_text(f"{cluster3.known_hosts.read_text()}@revoked {cluster3.addr(0)} {key}\n")
+    before = known.read_text()
+    result = exec_true(cluster3, tmp_path, known)
+    assert result.returncode == 3, result.stdout
+    fingerprint = host_key_fingerprint(cluster3, 0)
+    assert (f"node0 ({cluster3.addr(0)}:22): HOST KEY REVOKED: {known} line 4 marks ED25519 {fingerprint} "
+            f"@revoked for {cluster3.addr(0)}; refusing to connect") in result.stdout
+    assert result.stderr == "distrun: 1 of 3 hosts failed: node0 (host key revoked)\n"
+    assert "Traceback" not in result.stdout + result.stderr
+    assert known.read_text() == before
+
+
+def test_host_trusted_only_by_a_cert_authority_is_refused_with_exit_3(cluster3: Cluster, tmp_path: Path) -> None:
+    authority = tmp_path / "ca"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(authority)], check=True)
+    known = tmp_path / "known_hosts"
+    ca_line = f"@cert-authority 10.213.* {' '.join(Path(f'{authority}.pub').read_text().split()[:2])}\n"
+    known.write_text(ca_line + "".join(f"{host_key_line(cluster3, i)}\n" for i in (1, 2)))
+    before = known.read_text()
+    result = exec_true(cluster3, tmp_path, known)
+    assert result.returncode == 3, result.stdout
+    assert (f"node0 ({cluster3.addr(0)}:22): {known} line 1 trusts {cluster3.addr(0)} through @cert-authority, "
+            "and distrun does not check host certificates; refusing to connect") in result.stdout
+    assert result.stderr == "distrun: 1 of 3 hosts failed: node0 (unknown host key)\n"
+    assert "Traceback" not in result.stdout + result.stderr
+    assert known.read_text() == before

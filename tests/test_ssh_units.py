@@ -17,6 +17,7 @@ from orchestrator.transport.base import ConnectError, ConnectFailure
 from orchestrator.transport.ssh import (
     Endpoint,
     HostKeyChecker,
+    KnownHosts,
     SSHTransport,
     command_line,
     connect_timeout,
@@ -197,6 +198,187 @@ def test_accept_new_from_many_threads_writes_whole_lines(tmp_path: Path, host_ke
         thread.join()
     hosts = paramiko.HostKeys(str(path))
     assert all(hosts.lookup(f"10.0.1.{i}") for i in range(32))
+
+
+def line(names: str, key: paramiko.PKey, marker: str = "") -> str:
+    return f"{marker} {names} {key.get_name()} {key.get_base64()}\n".lstrip()
+
+
+def refusal(path: Path, key: paramiko.PKey, policy: HostKeyPolicy = HostKeyPolicy.STRICT,
+            server: Endpoint = SERVER) -> ConnectError:
+    with pytest.raises(ConnectError) as refused:
+        HostKeyChecker(str(path), policy).check("node1 (10.0.0.7:22)", server, key)
+    return refused.value
+
+
+@pytest.mark.parametrize("policy", list(HostKeyPolicy))
+def test_revoked_key_is_refused_naming_the_host_the_file_and_the_line(tmp_path: Path, host_keys, policy) -> None:
+    path = tmp_path / "known_hosts"
+    path.write_text(line("10.0.0.7", host_keys[0]) + line("10.0.0.7", host_keys[0], "@revoked"))
+    refused = refusal(path, host_keys[0], policy)
+    assert str(refused) == (f"node1 (10.0.0.7:22): HOST KEY REVOKED: {path} line 2 marks "
+                            f"{key_description(host_keys[0])} @revoked for 10.0.0.7; refusing to connect "
+                            "(the host must be given a new key)")
+    assert refused.failure is ConnectFailure.HOST_KEY_REVOKED
+    assert len(path.read_text().splitlines()) == 2
+
+
+def test_revoked_wildcard_refuses_the_key_on_every_host_but_not_other_keys(tmp_path: Path, host_keys) -> None:
+    path = tmp_path / "known_hosts"
+    path.write_text(line("*", host_keys[1], "@revoked") + line("10.0.0.7", host_keys[0]))
+    assert refusal(path, host_keys[1], HostKeyPolicy.ACCEPT_NEW,
+                   Endpoint("10.9.9.9", 22, "u", ())).failure is ConnectFailure.HOST_KEY_REVOKED
+    HostKeyChecker(str(path), HostKeyPolicy.STRICT).check("n", SERVER, host_keys[0])
+    assert len(path.read_text().splitlines()) == 2
+
+
+@pytest.mark.parametrize("policy", list(HostKeyPolicy))
+def test_a_host_trusted_only_through_a_cert_authority_is_refused_with_the_reason(
+        tmp_path: Path, host_keys, policy) -> None:
+    path = tmp_path / "known_hosts"
+    before = "# site CA\n" + line("*.example.com,10.0.0.*", host_keys[1], "@cert-authority")
+    path.write_text(before)
+    refused = refusal(path, host_keys[0], policy)
+    message = str(refused)
+    assert message.startswith(f"node1 (10.0.0.7:22): {path} line 2 trusts 10.0.0.7 through @cert-authority, "
+                              "and distrun does not check host certificates; refusing to connect")
+    assert f"ssh-keyscan -p 22 10.0.0.7 >> {path}" in message and "\n" not in message
+    assert refused.failure is ConnectFailure.UNKNOWN_HOST_KEY
+    assert path.read_text() == before
+
+
+def test_a_recorded_key_beside_a_cert_authority_is_checked_as_usual(tmp_path: Path, host_keys) -> None:
+    path = tmp_path / "known_hosts"
+    path.write_text(line("*", host_keys[1], "@cert-authority") + line("10.0.0.7", host_keys[0]))
+    HostKeyChecker(str(path), HostKeyPolicy.STRICT).check("n", SERVER, host_keys[0])
+    assert refusal(path, host_keys[1]).failure is ConnectFailure.HOST_KEY_CHANGED
+
+
+def test_a_cert_authority_for_other_hosts_leaves_this_host_unknown(tmp_path: Path, host_keys) -> None:
+    path = tmp_path / "known_hosts"
+    path.write_text(line("*.example.com", host_keys[1], "@cert-authority"))
+    assert refusal(path, host_keys[0]).failure is ConnectFailure.UNKNOWN_HOST_KEY
+    HostKeyChecker(str(path), HostKeyPolicy.ACCEPT_NEW).check("n", SERVER, host_keys[0])
+    assert path.read_text().splitlines()[1] == line("10.0.0.7", host_keys[0]).strip()
+
+
+def test_lines_that_cannot_be_read_are_skipped_like_ssh_does(tmp_path: Path, host_keys) -> None:
+    path = tmp_path / "known_hosts"
+    good = line("10.0.0.7", host_keys[0])
+    path.write_text(
+        "@cert-authority\n"                                    # marker and nothing else
+        "@unknown-marker 10.0.0.7 ssh-ed25519 AAAA\n"          # a marker OpenSSH does not know
+        f"10.0.0.7 {host_keys[1].get_name()} not*base64\n"      # bad base64
+        "10.0.0.7 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5\n"          # a key cut short
+        "10.0.0.7 ssh-unknown AAAA\n"                          # a key type paramiko lacks
+        "10.0.0.7\n"                                           # too few fields
+        f"   \t\n#{good}{good}"
+    )
+    HostKeyChecker(str(path), HostKeyPolicy.STRICT).check("n", SERVER, host_keys[0])
+    assert [entry.line for entry in KnownHosts.parse(path.read_text()).lookup("10.0.0.7")] == [9]
+
+
+@pytest.mark.parametrize(("patterns", "name", "found"), [
+    ("10.0.0.*", "10.0.0.7", True),
+    ("10.0.0.?", "10.0.0.17", False),
+    ("*.example.com,!bad.example.com", "bad.example.com", False),
+    ("*.example.com,!bad.example.com", "good.example.com", True),
+    ("[gpu*]:2222", "[gpu7]:2222", True),
+    ("[gpu*]:2222", "gpu7", False),
+    ("GPU7", "gpu7", True),
+])
+def test_host_patterns_match_as_openssh_matches_them(patterns: str, name: str, found: bool, host_keys) -> None:
+    known = KnownHosts.parse(line(patterns, host_keys[0]))
+    assert bool(known.lookup(name)) is found
+
+
+def test_hashed_host_names_are_found(tmp_path: Path, host_keys) -> None:
+    path = tmp_path / "known_hosts"
+    hashed = paramiko.HostKeys.hash_host("10.0.0.7")
+    path.write_text(line(paramiko.HostKeys.hash_host("10.0.0.8"), host_keys[1]) + line(hashed, host_keys[0]))
+    HostKeyChecker(str(path), HostKeyPolicy.STRICT).check("n", SERVER, host_keys[0])
+    assert refusal(path, host_keys[1]).failure is ConnectFailure.HOST_KEY_CHANGED
+
+
+def test_the_file_is_parsed_once_for_any_number_of_hosts(tmp_path: Path, host_keys, monkeypatch) -> None:
+    path = tmp_path / "known_hosts"
+    path.write_text("".join(line(f"10.0.2.{i}", host_keys[0]) for i in range(200)))
+    parses: list[int] = []
+    parse = KnownHosts.parse
+    monkeypatch.setattr(KnownHosts, "parse", lambda text: parses.append(1) or parse(text))
+    for i in range(200):
+        checker = HostKeyChecker(str(path), HostKeyPolicy.STRICT)
+        server = Endpoint(f"10.0.2.{i}", 22, "u", ())
+        assert checker.known_types("n", server) == [host_keys[0].get_name()]
+        checker.check("n", server, host_keys[0])
+    assert len(parses) == 1
+
+
+def test_a_key_recorded_by_another_process_is_seen(tmp_path: Path, host_keys) -> None:
+    path = tmp_path / "known_hosts"
+    path.write_text(line("10.0.0.1", host_keys[1]))
+    assert refusal(path, host_keys[0]).failure is ConnectFailure.UNKNOWN_HOST_KEY
+    with path.open("a") as out:
+        out.write(line("10.0.0.7", host_keys[0]))
+    HostKeyChecker(str(path), HostKeyPolicy.STRICT).check("n", SERVER, host_keys[0])
+
+
+def test_a_file_replaced_on_disk_is_read_again(tmp_path: Path, host_keys) -> None:
+    path = tmp_path / "known_hosts"
+    path.write_text(line("10.0.0.7", host_keys[0]))
+    HostKeyChecker(str(path), HostKeyPolicy.STRICT).check("n", SERVER, host_keys[0])
+    replacement = tmp_path / "known_hosts.new"  # as `ssh-keygen -R` does it: a new file renamed over the old
+    replacement.write_text(line("10.0.0.7", host_keys[1]))
+    replacement.rename(path)
+    assert refusal(path, host_keys[0]).failure is ConnectFailure.HOST_KEY_CHANGED
+
+
+def test_accept_new_does_not_read_the_file_again_after_its_own_appends(tmp_path: Path, host_keys, monkeypatch) -> None:
+    path = tmp_path / "known_hosts"
+    parses: list[int] = []
+    parse = KnownHosts.parse
+    monkeypatch.setattr(KnownHosts, "parse", lambda text: parses.append(1) or parse(text))
+    for i in range(50):
+        HostKeyChecker(str(path), HostKeyPolicy.ACCEPT_NEW).check("n", Endpoint(f"10.0.3.{i}", 22, "u", ()),
+                                                                  host_keys[0])
+    assert len(parses) == 2  # the missing file, then the file once created
+    assert len(path.read_text().splitlines()) == 50
+    assert [entry.line for entry in KnownHosts.parse(path.read_text()).lookup("10.0.3.49")] == [50]
+
+
+def test_accept_new_records_a_host_reached_by_many_threads_once(tmp_path: Path, host_keys) -> None:
+    path = tmp_path / "known_hosts"
+    checker = HostKeyChecker(str(path), HostKeyPolicy.ACCEPT_NEW)
+    threads = [threading.Thread(target=checker.check, args=("jump", SERVER, host_keys[0])) for _ in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert path.read_text() == line("10.0.0.7", host_keys[0])
+
+
+def test_accept_new_ends_an_unterminated_last_line_first(tmp_path: Path, host_keys) -> None:
+    path = tmp_path / "known_hosts"
+    path.write_text(line("10.0.0.1", host_keys[1]).rstrip("\n"))
+    HostKeyChecker(str(path), HostKeyPolicy.ACCEPT_NEW).check("n", SERVER, host_keys[0])
+    assert path.read_text() == line("10.0.0.1", host_keys[1]) + line("10.0.0.7", host_keys[0])
+
+
+def test_an_unreadable_known_hosts_refuses_the_host_in_one_line(tmp_path: Path, host_keys) -> None:
+    (tmp_path / "known_hosts").mkdir()
+    refused = refusal(tmp_path / "known_hosts", host_keys[0])
+    assert str(refused) == f"node1 (10.0.0.7:22): cannot check its host key: cannot read {tmp_path}/known_hosts: " \
+                           "is a directory"
+    assert refused.failure is ConnectFailure.UNKNOWN_HOST_KEY
+
+
+def test_known_types_name_recorded_keys_only(tmp_path: Path, host_keys) -> None:
+    path = tmp_path / "known_hosts"
+    # Any 32 bytes make an Ed25519 public key: a CA key of another type than the host's.
+    ed25519 = paramiko.PKey.from_type_string("ssh-ed25519", bytes.fromhex(
+        "0000000b7373682d65643235353139000000201d6b9b0a6e0a1b1c9f1f3d5d8e0a4b2c3d4e5f60718293a4b5c6d7e8f9a0b1c2"))
+    path.write_text(line("*", ed25519, "@cert-authority") + line("10.0.0.7", host_keys[0]))
+    assert HostKeyChecker(str(path), HostKeyPolicy.STRICT).known_types("n", SERVER) == [host_keys[0].get_name()]
 
 
 def test_importing_the_transport_leaves_invoke_unloaded_until_used() -> None:

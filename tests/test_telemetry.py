@@ -365,14 +365,13 @@ def test_top_once_prints_one_frame_of_a_running_job(tmp_path: Path) -> None:
 
 
 def test_nvml_bindings_are_shipped_only_to_hosts_with_gpus() -> None:
-    shipped = telemetry.shipped_modules({"gpus": 8})
+    shipped = telemetry.shipped_modules(8)
     assert list(shipped) == [SHIPPED_NVML] and "def nvmlInit" in shipped[SHIPPED_NVML]
-    assert telemetry.shipped_modules({"gpus": 0}) == {}
-    assert telemetry.shipped_modules(None) == {}
+    assert telemetry.shipped_modules(0) == {}
 
 
 def test_shipped_bindings_are_used_where_the_host_has_no_pynvml(monkeypatch: pytest.MonkeyPatch) -> None:
-    ((name, source),) = telemetry.shipped_modules({"gpus": 1}).items()
+    ((name, source),) = telemetry.shipped_modules(1).items()
     module = types.ModuleType(name)  # installed as the bootstrap installs a shipped module
     monkeypatch.setitem(sys.modules, name, module)
     exec(compile(source, f"<distrun:{name}>", "exec"), module.__dict__)

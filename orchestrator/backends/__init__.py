@@ -1,52 +1,40 @@
-"""Backends by name (ssh, local, slurm), imported lazily; what the CLI calls to launch and stop."""
+"""Backends by NAME, imported lazily (torchx's scheduler registry is the model).
+
+This module is the registry and nothing else: it imports no other part of distrun, so the job
+loader (spec/job.py) can read the names to accept `backend: NAME` and each backend's section of
+a job file, while the backends themselves are imported only when one is used. The contract a
+backend fulfils is `orchestrator.backends.base.Backend`; adding one is one module with one class
+and one line here.
+"""
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-from orchestrator.store import JobRecord, Store
+if TYPE_CHECKING:
+    from orchestrator.backends.base import Backend
 
-BACKENDS = {"ssh": "orchestrator.backends.ssh", "local": "orchestrator.backends.ssh",
-            "slurm": "orchestrator.backends.slurm"}
-
-
-@dataclass
-class LaunchRequest:
-    """Everything `distrun launch` was asked, before any file is read."""
-
-    job_file: str
-    inventory: str | None = None
-    nodes: list[str] | None = None
-    nnodes: int | None = None
-    dry_run: bool = False
-    skip_preflight: bool = False
-    backend: str | None = None
-    live: bool = True
-    job_id: str | None = None
-    quiet: bool = False
-    extra_args: list[str] = field(default_factory=list)
-    slurm_overrides: dict[str, str | None] = field(default_factory=dict)
+# NAME -> "module:Class". The first is the default.
+REGISTRY: dict[str, str] = {
+    "ssh": "orchestrator.backends.ssh:SshBackend",
+    "local": "orchestrator.backends.local:LocalBackend",
+    "slurm": "orchestrator.backends.slurm:SlurmBackend",
+}
+DEFAULT = next(iter(REGISTRY))
 
 
-class Backend(Protocol):
-    def launch(self, request: LaunchRequest, backend: str) -> int: ...
-
-    def stop(self, store: Store, record: JobRecord) -> int: ...
-
-
-def get(name: str) -> Backend:
-    return importlib.import_module(BACKENDS[name])  # type: ignore[return-value]
+def names() -> tuple[str, ...]:
+    """Every backend's NAME, the default first."""
+    return tuple(REGISTRY)
 
 
-def launch(request: LaunchRequest) -> int:
-    """Launch with the requested backend, or the job's own (`backend:` in the job file)."""
-    from orchestrator.spec import load_job
+def get(name: str) -> type[Backend]:
+    """The backend class registered under `name`, imported now.
 
-    name = request.backend or load_job(request.job_file).backend
-    return get(name).launch(request, name)
-
-
-def stop(store: Store, record: JobRecord) -> int:
-    return get(record.backend).stop(store, record)
+    Raises:
+        KeyError: no backend has that name (names come validated from the job file or the CLI).
+    """
+    module, _, cls = REGISTRY[name].partition(":")
+    backend: type[Backend] = getattr(importlib.import_module(module), cls)
+    return backend

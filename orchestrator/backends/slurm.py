@@ -21,24 +21,29 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from orchestrator import remote, telemetry
-from orchestrator.backends import LaunchRequest
+from orchestrator.backends.base import Backend, Ending, LaunchContext, LaunchRequest
+from orchestrator.backends.options import Option, OptionType
 from orchestrator.backends.slurm_script import (
     BOOTSTRAP,
     BatchJob,
     SlurmFiles,
+    SlurmOptions,
     node_argv,
     node_config,
     render_script,
-    resolve_options,
+    torchrun_options_end,
 )
+from orchestrator.backends.ssh import SUPERVISOR_MODULES
+from orchestrator.doctor.probe import PROBE_MODULES
 from orchestrator.errors import ExitCode, InfraError, UsageError
-from orchestrator.launch import EXIT_WAIT, SUPERVISOR_MODULES, Failure, HostRun, Launcher, Prepared
+from orchestrator.failures import Failure, FailureKind, root_cause
+from orchestrator.launch import EXIT_WAIT, HostRun, Launcher
 from orchestrator.plan import LaunchPlan, build_plan
-from orchestrator.spec import JobSpec, NodeSpec, load_job, resolve_inventory_path, select_nodes
-from orchestrator.store import JobDir, JobRecord, JobState, Store, controller_alive, new_job_id
+from orchestrator.spec import JobSpec, NodeSpec, resolve_inventory_path, select_nodes
+from orchestrator.store import JobDir, JobRecord, JobState, controller_alive
 
 SLURM_TIMEOUT = 30.0
 POLL = 0.5  # between two `scontrol show job` while pending or running
@@ -182,7 +187,7 @@ def partition_nodes(partition: str | None) -> tuple[str, list[str]]:
     return name, sorted({n for n, p in pairs if p.rstrip("*") == name})
 
 
-def submit(script: str) -> str:
+def sbatch(script: str) -> str:
     """sbatch the script; returns the Slurm job id.
 
     Raises:
@@ -213,7 +218,7 @@ class NodeTemplate:
     inventory_path: str
 
 
-def node_template(job: JobSpec, request: LaunchRequest) -> NodeTemplate:
+def node_template(job: JobSpec, request: LaunchRequest, options: SlurmOptions) -> NodeTemplate:
     """The inventory node (the master, else the first selected) whose settings every node gets.
 
     Raises:
@@ -224,9 +229,9 @@ def node_template(job: JobSpec, request: LaunchRequest) -> NodeTemplate:
                          "slurm.extra: ['--nodelist=a,b'] in the job)")
     inventory = resolve_inventory_path(request.inventory)
     selected = select_nodes(replace(job, nnodes=None), inventory)
-    node = next((n for n in selected if n.name == inventory.master), selected[0])
-    if job.slurm.gpus_per_node:
-        node = replace(node, gpus=job.slurm.gpus_per_node)
+    node = inventory.master_of(selected)
+    if options.gpus_per_node:
+        node = replace(node, gpus=options.gpus_per_node)
     return NodeTemplate(node, len(selected), inventory.path)
 
 
@@ -240,16 +245,16 @@ def slurm_plan(job: JobSpec, request: LaunchRequest, template: NodeTemplate, job
     nodes = [replace(template.node, name=f"rank{i}") for i in range(nnodes)]
     plan = build_plan(job, nodes, {}, job_id=job_id, inventory_path=template.inventory_path, master=nodes[0],
                       master_addr="$MASTER_ADDR", master_port=0, controller_cwd=os.getcwd(),
-                      controller_env=dict(os.environ), extra_args=request.extra_args, backend="slurm")
-    script_part = (2 if job.module else 1) + len(job.args) + len(request.extra_args)
-    hosts = [replace(h, argv=node_argv(h.argv, len(h.argv) - script_part)) for h in plan.hosts]
+                      controller_env=dict(os.environ), extra_args=request.extra_args, backend=SlurmBackend.NAME)
+    hosts = [replace(h, argv=node_argv(h.argv, torchrun_options_end(job, h.argv, request.extra_args)))
+             for h in plan.hosts]
     return replace(plan, hosts=hosts)
 
 
-def gpus_per_node(job: JobSpec, plan: LaunchPlan, template: NodeTemplate) -> int | None:
+def gpus_per_node(options: SlurmOptions, plan: LaunchPlan, template: NodeTemplate) -> int | None:
     """GPUs to ask per node: `slurm.gpus_per_node`, else one per process on GPU nodes."""
-    if job.slurm.gpus_per_node:
-        return job.slurm.gpus_per_node
+    if options.gpus_per_node:
+        return options.gpus_per_node
     return plan.hosts[0].nproc if template.node.gpus else None
 
 
@@ -259,15 +264,17 @@ def allocated_plan(plan: LaunchPlan, names: list[str], addrs: dict[str, str]) ->
     return replace(plan, hosts=hosts, master_node=names[0], master_addr=names[0])
 
 
-def batch_job(job: JobSpec, request: LaunchRequest, job_dir: JobDir, job_id: str) -> tuple[BatchJob, bytes]:
+def batch_job(job: JobSpec, request: LaunchRequest, job_dir: JobDir, job_id: str,
+              options: SlurmOptions) -> tuple[BatchJob, bytes]:
     """The batch job and the supervisor bundle its nodes run."""
-    template = node_template(job, request)
+    template = node_template(job, request, options)
     plan = slurm_plan(job, request, template, job_id)
-    gpus = gpus_per_node(job, plan, template)
-    modules = ["probe", *SUPERVISOR_MODULES, "slurm_node"]
-    bundle = remote.bundle("slurm_node", modules, telemetry.shipped_modules({"gpus": gpus or 0}))
-    batch = BatchJob(plan=plan, options=resolve_options(job, request.slurm_overrides), gpus_per_node=gpus,
-                     port=job.rendezvous.port, bundle_size=len(bundle), files=SlurmFiles(job_dir.root))
+    gpus = gpus_per_node(options, plan, template)
+    modules = [*dict.fromkeys([*PROBE_MODULES, *SUPERVISOR_MODULES]), "slurm_node"]
+    bundle = remote.bundle("slurm_node", modules, telemetry.shipped_modules(gpus or 0))
+    batch = BatchJob(plan=plan, options=options, gpus_per_node=gpus,
+                     port=job.rendezvous.port, bundle_size=len(bundle), files=SlurmFiles(job_dir.root),
+                     options_end=torchrun_options_end(job, plan.hosts[0].argv, request.extra_args))
     return batch, bundle
 
 
@@ -299,27 +306,6 @@ def follow_lines(path: Path, finished: Callable[[], bool]) -> Iterator[str]:
 # ---------------------------------------------------------------- launching
 
 
-def launch(request: LaunchRequest, backend: str) -> int:
-    """Submit the job to Slurm and follow it to its end (or print the script with --dry-run)."""
-    job = load_job(request.job_file)
-    job_id = request.job_id or new_job_id(job.name)
-    store = Store()
-    job_dir = store.job_dir(job_id)
-    batch, bundle = batch_job(job, request, job_dir, job_id)
-    script = render_script(batch)
-    if request.dry_run:
-        print(script, end="")
-        return int(ExitCode.OK)
-    check_node_count(batch.plan.nnodes, batch.options.partition)
-    write_files(job_dir, batch, bundle, script)
-    slurm_id = submit(str(batch.files.script))
-    store.save(JobRecord(id=job_id, name=job.name, spec_path=job.path, inventory=batch.plan.inventory_path,
-                         hosts=[], backend=backend, state=JobState.PENDING, controller_pid=os.getpid(),
-                         slurm_id=slurm_id))
-    terminal = None if request.quiet else sys.stdout
-    return Submission(store, job_dir, batch, slurm_id, terminal).follow(request.live)
-
-
 def check_node_count(nnodes: int, partition: str | None) -> None:
     """Refuse a job that asks for more nodes than its partition has: it would pend forever.
 
@@ -336,13 +322,12 @@ def check_node_count(nnodes: int, partition: str | None) -> None:
 
 def write_files(job_dir: JobDir, batch: BatchJob, bundle: bytes, script: str) -> None:
     """The job directory: plan.json (secrets masked) and what the nodes read from slurm/."""
-    job_dir.create()
+    job_dir.write_plan(batch.plan.to_dict())
     files = batch.files
     files.dir.mkdir(exist_ok=True)
-    job_dir.plan.write_text(json.dumps(batch.plan.to_dict(), indent=2) + "\n", encoding="utf-8")
     files.bundle.write_bytes(bundle)
     files.bootstrap.write_text(BOOTSTRAP, encoding="utf-8")
-    files.node_config.write_text(json.dumps(node_config(batch.plan, files), indent=2) + "\n", encoding="utf-8")
+    files.node_config.write_text(json.dumps(node_config(batch), indent=2) + "\n", encoding="utf-8")
     if batch.plan.secrets:
         write_private(files.secrets, json.dumps(batch.plan.secrets))
     files.script.write_text(script, encoding="utf-8")
@@ -356,58 +341,108 @@ def write_private(path: Path, text: str) -> None:
         fh.write(text)
 
 
-class Submission:
-    """A submitted job until Slurm allocates its nodes; then the SlurmLauncher follows it."""
+class SlurmBackend(Backend):
+    """Slurm places and runs the job; distrun follows each node's stream file in the shared job directory.
 
-    def __init__(self, store: Store, job_dir: JobDir, batch: BatchJob, slurm_id: str,
-                 terminal: TextIO | None) -> None:
-        self.store = store
-        self.job_dir = job_dir
-        self.batch = batch
-        self.slurm_id = slurm_id
-        self.job_id = batch.plan.job_id
-        self.terminal = terminal
-        self.interrupted: int | None = None
+    One object serves one launch: it keeps the Slurm job's id and the threads following it.
+    """
+
+    NAME = "slurm"
+    DESCRIPTION = "sbatch/srun: Slurm allocates, places and accounts; distrun follows the nodes' streams"
+    OPTIONS = (
+        # Each text becomes an #SBATCH line of the batch script: one line only (see options.py).
+        Option("partition", OptionType.TEXT, "the Slurm partition (default: Slurm's default partition)",
+               one_line=True),
+        Option("time", OptionType.TEXT, "the time limit, e.g. 01:00:00", one_line=True),
+        Option("account", OptionType.TEXT, "the account charged", one_line=True),
+        Option("gpus_per_node", OptionType.INTEGER, "GPUs per node (default: one per process on GPU nodes)",
+               minimum=1),
+        Option("extra", OptionType.STRINGS, "more sbatch options, e.g. [--exclusive, --qos=high]", one_line=True),
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.slurm_options = SlurmOptions(**self.options)  # type: ignore[arg-type]  # checked by OPTIONS
+        self.batch: BatchJob | None = None
+        self.bundle = b""
+        self.script = ""
+        self.slurm_id = ""
+        self.ctx: LaunchContext | None = None
+        self.batch_host = ""
+        self.latest: SlurmJob | None = None
+        self.ended_at: float | None = None
+        self.cancelled = False
+        self.done = threading.Event()
+        self.followers: list[threading.Thread] = []
+
+    # ---------------------------------------------------------------- before Slurm runs it
+
+    @property
+    def launching(self) -> tuple[LaunchContext, BatchJob]:
+        """The launch this backend serves and its batch job, once `prepare` made them."""
+        if self.ctx is None or self.batch is None:
+            raise RuntimeError("SlurmBackend: prepare() comes before the other launch hooks")
+        return self.ctx, self.batch
+
+    def prepare(self, ctx: LaunchContext) -> LaunchPlan:
+        """The sbatch script and the nodes' files, from the plan of nodes rank0.. (Slurm names them later)."""
+        self.ctx = ctx
+        self.batch, self.bundle = batch_job(ctx.job, ctx.request, ctx.store.job_dir(ctx.job_id), ctx.job_id,
+                                            self.slurm_options)
+        self.script = render_script(self.batch)
+        return self.batch.plan
+
+    def dry_run(self, plan: LaunchPlan) -> str:
+        return self.script.removesuffix("\n")
+
+    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan | None:
+        """sbatch the script, record the job, and wait (showing why) until Slurm allocates its nodes.
+
+        Returns:
+            The plan on the allocated nodes, or None when the job ended first (cancelled or
+            interrupted while pending, or lost).
+
+        Raises:
+            UsageError: Slurm refused the job, or can never run it as asked (then it is cancelled).
+        """
+        _, batch = self.launching
+        check_node_count(plan.nnodes, self.slurm_options.partition)
+        write_files(ctx.store.job_dir(ctx.job_id), batch, self.bundle, self.script)
+        self.slurm_id = sbatch(str(batch.files.script))
+        ctx.save_record(plan, backend_ref=self.slurm_id, hosts=[], master_addr="")
+        self.say(f"job {ctx.job_id} submitted as Slurm job {self.slurm_id}")
+        job = self._await_allocation(ctx)
+        if ctx.interrupted is not None:
+            cancel(self.slurm_id)
+            name = signal.Signals(ctx.interrupted).name
+            code = ExitCode.INTERRUPTED if ctx.interrupted == signal.SIGINT else ExitCode.TERMINATED
+            self._end(JobState.STOPPED, int(code), f"job {ctx.job_id} stopped ({name}) while pending; "
+                      f"Slurm job {self.slurm_id} cancelled")
+            return None
+        if job is None or not job.allocated:
+            self._ended_unallocated(job)
+            return None
+        return self._allocated(job, plan)
 
     def say(self, text: str) -> None:
         """A line for the terminal (stderr when detached) and combined.log."""
-        out = self.terminal or sys.stderr
+        ctx, _ = self.launching
+        out = ctx.terminal or sys.stderr
         out.write(f"[slurm] {text}\n")
         out.flush()
-        with open(self.job_dir.combined, "a", encoding="utf-8") as fh:
+        with open(ctx.store.job_dir(ctx.job_id).combined, "a", encoding="utf-8") as fh:
             fh.write(f"[slurm] {text}\n")
 
-    def follow(self, live: bool) -> int:
-        self.say(f"job {self.job_id} submitted as Slurm job {self.slurm_id}")
-        job = self._await_allocation()
-        if self.interrupted is not None:
-            cancel(self.slurm_id)
-            name = signal.Signals(self.interrupted).name
-            code = ExitCode.INTERRUPTED if self.interrupted == signal.SIGINT else ExitCode.TERMINATED
-            return self._end(JobState.STOPPED, int(code), f"job {self.job_id} stopped ({name}) while pending; "
-                             f"Slurm job {self.slurm_id} cancelled")
-        if job is None or not job.allocated:
-            return self._ended_unallocated(job)
-        return self._launcher(job, live).run()
-
-    def _await_allocation(self) -> SlurmJob | None:
-        """Poll until Slurm allocates nodes or ends the job, showing each new pending reason."""
-        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            shown = ""
-            while self.interrupted is None:
-                job = query_job(self.slurm_id)
-                if job is None or job.allocated or job.distrun_state.finished:
-                    return job
-                shown = self._show_pending(job, shown)
-                time.sleep(POLL)
-            return None
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def _on_signal(self, signum: int, _frame: Any) -> None:
-        self.interrupted = signum
+    def _await_allocation(self, ctx: LaunchContext) -> SlurmJob | None:
+        """Poll until Slurm allocates nodes, ends the job, or distrun is interrupted; show each new pending reason."""
+        shown = ""
+        while ctx.interrupted is None:
+            job = query_job(self.slurm_id)
+            if job is None or job.allocated or job.distrun_state.finished:
+                return job
+            shown = self._show_pending(job, shown)
+            time.sleep(POLL)
+        return None
 
     def _show_pending(self, job: SlurmJob, shown: str) -> str:
         """Say why the job waits when that changed; give up on a reason that never resolves.
@@ -424,66 +459,51 @@ class Submission:
             raise UsageError(detail)
         waiting = "waiting for the scheduler" if job.reason in ("None", "") else job.reason
         self.say(f"job {self.slurm_id} pending ({waiting})")
-        self.store.update(self.job_id, detail=f"pending in Slurm: {waiting}")
+        self.store.update(self.launching[0].job_id, detail=f"pending in Slurm: {waiting}")
         return job.reason
 
-    def _ended_unallocated(self, job: SlurmJob | None) -> int:
+    def _ended_unallocated(self, job: SlurmJob | None) -> None:
         """The job ended before Slurm gave it nodes (cancelled while pending, or lost)."""
+        job_id = self.launching[0].job_id
         if job is None:
-            return self._end(JobState.LOST, int(ExitCode.FAILED),
-                             f"job {self.job_id} lost: Slurm forgot job {self.slurm_id} before it started")
+            self._end(JobState.LOST, int(ExitCode.FAILED),
+                      f"job {job_id} lost: Slurm forgot job {self.slurm_id} before it started")
+            return
         state = job.distrun_state
         code = ExitCode.TERMINATED if state is JobState.STOPPED else ExitCode.FAILED
-        return self._end(state, int(code), f"job {self.job_id} {state.value}: Slurm job {self.slurm_id} ended "
-                         f"{job.state} while pending ({job.reason})")
+        self._end(state, int(code), f"job {job_id} {state.value}: Slurm job {self.slurm_id} ended "
+                  f"{job.state} while pending ({job.reason})")
 
-    def _end(self, state: JobState, code: int, detail: str, quiet: bool = False) -> int:
-        self.store.update(self.job_id, state=state, exit_code=code, ended=time.time(), detail=detail)
-        (self.job_dir.root / "summary.txt").write_text(detail + "\n", encoding="utf-8")
+    def _end(self, state: JobState, code: int, detail: str, quiet: bool = False) -> None:
+        self.store.end(self.launching[0].job_id, state, code, detail)
         if not quiet:
             self.say(detail)
-        return code
 
-    def _launcher(self, job: SlurmJob, live: bool) -> SlurmLauncher:
+    def _allocated(self, job: SlurmJob, plan: LaunchPlan) -> LaunchPlan:
+        """The plan on the nodes Slurm allocated, recorded."""
+        job_id = self.launching[0].job_id
         names = hostnames(job.nodelist)
-        plan = allocated_plan(self.batch.plan, names, node_addresses(names))
-        self.job_dir.plan.write_text(json.dumps(plan.to_dict(), indent=2) + "\n", encoding="utf-8")
-        self.store.update(self.job_id, hosts=names, master_addr=plan.master_addr, detail="")
+        allocated = allocated_plan(plan, names, node_addresses(names))
+        self.store.job_dir(job_id).write_plan(allocated.to_dict())
+        self.store.update(job_id, hosts=names, master_addr=allocated.master_addr, detail="")
         self.say(f"job {self.slurm_id} running on {', '.join(names)}")
-        record = self.store.get(self.job_id)
-        terminal = self.terminal
-        return SlurmLauncher(Prepared(plan, {}, {}), self.store, record, terminal,
-                             colour=terminal is not None and terminal.isatty(), live=live,
-                             slurm_id=self.slurm_id, files=self.batch.files, batch_host=job.batch_host or names[0])
+        self.batch_host = job.batch_host or names[0]
+        return allocated
 
+    # ---------------------------------------------------------------- following it
 
-class SlurmLauncher(Launcher):
-    """The Launcher fed by the nodes' stream files instead of SSH channels; Slurm starts and ends."""
-
-    def __init__(self, prepared: Prepared, store: Store, record: JobRecord, terminal: TextIO | None, *,
-                 colour: bool, live: bool, slurm_id: str, files: SlurmFiles, batch_host: str) -> None:
-        super().__init__(prepared, store, record, terminal, colour=colour, live=live)
-        self.slurm_id = slurm_id
-        self.files = files
-        self.batch_host = batch_host
-        self.latest: SlurmJob | None = None
-        self.ended_at: float | None = None
-        self.cancelled = False
-        self.done = threading.Event()
-        self.followers: list[threading.Thread] = []
-
-    # -- following
-
-    def _start_following(self) -> None:
-        targets: list[Callable[[], None]] = [self._poll_loop, self._follow_output]
-        targets += [lambda h=host: self._follow_node(h) for host in self.hosts]
+    def start(self, run: Launcher) -> list[Failure]:
+        """Follow each node's stream file, the batch script's output, and Slurm's view of the job."""
+        targets: list[Callable[[], None]] = [lambda: self._poll_loop(run), lambda: self._follow_output(run)]
+        targets += [lambda h=host: self._follow_node(h) for host in run.hosts]
         for target in targets:
             thread = threading.Thread(target=target, daemon=True)
             thread.start()
             self.followers.append(thread)
+        return []
 
     def _follow_node(self, host: HostRun) -> None:
-        path = self.files.stream(host.node)
+        path = self.launching[1].files.stream(host.node)
 
         def finished() -> bool:
             if not path.exists():
@@ -493,20 +513,20 @@ class SlurmLauncher(Launcher):
         for line in follow_lines(path, finished):
             host.on_stdout(line)
 
-    def _follow_output(self) -> None:
+    def _follow_output(self, run: Launcher) -> None:
         """The batch script's own output (the master's address, srun's errors) as the batch host's lines."""
-        for line in follow_lines(self.files.output(self.slurm_id), self.done.is_set):
-            self.sink.line(self.batch_host, f"slurm: {line}")
+        for line in follow_lines(self.launching[1].files.output(self.slurm_id), self.done.is_set):
+            run.sink.line(self.batch_host, f"slurm: {line}")
             match = MASTER_LINE.match(line)
             if match:
-                self.store.update(self.plan.job_id, master_addr=match.group(1), master_port=int(match.group(2)))
+                self.store.update(run.plan.job_id, master_addr=match.group(1), master_port=int(match.group(2)))
 
-    def _poll_loop(self) -> None:
+    def _poll_loop(self, run: Launcher) -> None:
         while not self.done.wait(POLL):
             try:
                 self._poll()
             except InfraError as exc:
-                self.sink.note(self.batch_host, f"slurm: {exc}")
+                run.sink.note(self.batch_host, f"slurm: {exc}")
 
     def _poll(self) -> SlurmJob | None:
         job = query_job(self.slurm_id)
@@ -516,28 +536,27 @@ class SlurmLauncher(Launcher):
             self.ended_at = time.monotonic()
         return job
 
-    def _stop_following(self) -> None:
-        self.done.set()
-        for thread in self.followers:
-            thread.join(timeout=5)
+    def failures(self, run: Launcher) -> list[Failure]:
+        """Every host's, and nodes whose supervisor never reported an exit from a job Slurm ended."""
+        found = super().failures(run)
+        if self.ended_at is not None and time.monotonic() - self.ended_at > DRAIN:
+            state = self.latest.state if self.latest is not None else "gone"
+            seen = {f.host for f in found}
+            found += [h.lost(f"Slurm job {self.slurm_id} ended ({state}) without an exit from this node's supervisor")
+                      for h in run.hosts if not h.exited.is_set() and h.node not in seen]
+        return found
 
-    # -- the Launcher's steps, Slurm's way
-
-    def _run(self) -> int:
-        self._start_following()
-        self.store.update(self.plan.job_id, state=JobState.RUNNING)
-        failure = self._monitor()
-        if self.interrupted is not None:
-            return self._finish_interrupted()
+    def conclude(self, run: Launcher, failures: list[Failure]) -> Ending:
+        """Slurm's final state decides: cancelled outside distrun is a stop; TIMEOUT, NODE_FAIL and the
+        like are failures of the job, named after the node that failed first (else the batch host)."""
         job = self._settled()
         if job is not None and job.state == "CANCELLED" and not self.cancelled:
-            return self._finish_cancelled()
+            return Ending(stopped=f"job {run.plan.job_id} stopped: Slurm job {self.slurm_id} was cancelled; "
+                          "every node's processes ended")
         if job is not None and job.state in ENDED_BY_SLURM:
-            node = failure.node if failure is not None else self.batch_host
-            failure = Failure(node, time.monotonic(), f"Slurm ended the job: {job.state} ({job.reason})", lost=True)
-        if failure is not None:
-            return self._finish_failed(failure)
-        return self._finish_succeeded()
+            node = root_cause(failures).host if failures else self.batch_host
+            return Ending([Failure(node, FailureKind.INFRA, reason=f"Slurm ended the job: {job.state} ({job.reason})")])
+        return Ending(failures)
 
     def _settled(self) -> SlurmJob | None:
         """Slurm's view once the job has ended there, waiting at most SETTLE seconds.
@@ -552,29 +571,15 @@ class SlurmLauncher(Launcher):
             job = self._poll() or job
         return job
 
-    def _failures(self, now: float, lost_after: float) -> list[Failure]:
-        """The Launcher's, and nodes whose supervisor never reported an exit from a job Slurm ended."""
-        found = super()._failures(now, lost_after)
-        if self.ended_at is not None and now - self.ended_at > DRAIN:
-            state = self.latest.state if self.latest is not None else "gone"
-            seen = {f.node for f in found}
-            found += [Failure(h.node, now, f"Slurm job {self.slurm_id} ended ({state}) without an exit "
-                              "from this node's supervisor", lost=True)
-                      for h in self.hosts if not h.exited.is_set() and h.node not in seen]
-        return found
-
-    def _stop_all(self, reason: str) -> None:
+    def stop(self, run: Launcher, hosts: list[HostRun]) -> None:
         """After a failure Slurm ends the other nodes itself (--kill-on-bad-exit); else scancel."""
-        live = [h for h in self.hosts if not h.exited.is_set()]
-        for host in live:
-            self.sink.note(host.node, f"stopping ({reason})")
-        if live and self.interrupted is None:
-            self._await_exits(live, self.plan.stop_grace)
-            live = [h for h in live if not h.exited.is_set()]
-        if live and self.ended_at is None:
+        if run.interrupted is None:
+            self._await_exits(hosts, run.plan.stop_grace)
+            hosts = [h for h in hosts if not h.exited.is_set()]
+        if hosts and self.ended_at is None:
             self.cancelled = True
             cancel(self.slurm_id)
-            self._await_exits(live, self.plan.stop_grace + EXIT_WAIT)
+            self._await_exits(hosts, run.plan.stop_grace + EXIT_WAIT)
 
     def _await_exits(self, hosts: list[HostRun], timeout: float) -> None:
         """Until each host reported its exit, Slurm ended the job (and DRAIN passed), or timeout."""
@@ -584,45 +589,56 @@ class SlurmLauncher(Launcher):
                 return
             time.sleep(0.05)
 
-    def _finish_cancelled(self) -> int:
-        self._stop_all("cancelled in Slurm")
-        return self._finish(JobState.STOPPED, int(ExitCode.TERMINATED),
-                            f"job {self.plan.job_id} stopped: Slurm job {self.slurm_id} was cancelled; "
-                            "every node's processes ended")
-
-    def _finish(self, state: JobState, code: int, detail: str) -> int:
-        """Wait for Slurm to release the nodes and the last lines to arrive, then the Launcher's finish."""
+    def finish(self, run: Launcher) -> list[str]:
+        """Wait for Slurm to release the nodes and the last lines to arrive; Slurm's final state."""
         deadline = time.monotonic() + RELEASE_WAIT
         while in_queue(self.slurm_id) and time.monotonic() < deadline:
             time.sleep(POLL)
-        self._stop_following()
+        self.done.set()
+        for thread in self.followers:
+            thread.join(timeout=5)
         job = query_job(self.slurm_id)
-        if job is not None:
-            detail += f"\nSlurm job {self.slurm_id}: {job.state}"
-        return super()._finish(state, code, detail)
+        return [f"Slurm job {self.slurm_id}: {job.state}"] if job is not None else []
 
+    def release(self) -> None:
+        self.done.set()
 
-def stop(store: Store, record: JobRecord) -> int:
-    """scancel the job; its controller, when alive, records the end, else this does."""
-    if record.state.finished:
-        print(f"job {record.id} already ended ({record.state.value})")
+    # ---------------------------------------------------------------- recorded jobs
+
+    def stop_job(self, record: JobRecord) -> int:
+        """scancel the job; its controller, when alive, records the end, else this does."""
+        if record.state.finished:
+            print(f"job {record.id} already ended ({record.state.value})")
+            return int(ExitCode.OK)
+        if record.backend_ref is None:
+            raise UsageError(f"job {record.id} has no Slurm job id yet (it is being submitted); try again")
+        cancel(record.backend_ref)
+        deadline = time.monotonic() + STOP_WAIT
+        alive = controller_alive(record)
+        while time.monotonic() < deadline and not self._stopped(record, alive):
+            time.sleep(0.2)
+        if not alive:
+            self.store.update(record.id, state=JobState.STOPPED, ended=time.time(),
+                              detail=f"Slurm job {record.backend_ref} cancelled by `distrun stop`")
+        print(f"job {record.id} stopped (Slurm job {record.backend_ref} cancelled)")
         return int(ExitCode.OK)
-    if record.slurm_id is None:
-        raise UsageError(f"job {record.id} has no Slurm job id yet (it is being submitted); try again")
-    cancel(record.slurm_id)
-    deadline = time.monotonic() + STOP_WAIT
-    alive = controller_alive(record)
-    while time.monotonic() < deadline and not _ended(store, record, alive):
-        time.sleep(0.2)
-    if not alive:
-        store.update(record.id, state=JobState.STOPPED, ended=time.time(),
-                     detail=f"Slurm job {record.slurm_id} cancelled by `distrun stop`")
-    print(f"job {record.id} stopped (Slurm job {record.slurm_id} cancelled)")
-    return int(ExitCode.OK)
 
+    def _stopped(self, record: JobRecord, controller: bool) -> bool:
+        """Whether the stop is complete: the controller recorded it, or (no controller) Slurm is done."""
+        if controller:
+            return self.store.get(record.id).state.finished
+        return not in_queue(record.backend_ref or "")
 
-def _ended(store: Store, record: JobRecord, controller: bool) -> bool:
-    """Whether the stop is complete: the controller recorded it, or (no controller) Slurm is done."""
-    if controller:
-        return store.get(record.id).state.finished
-    return not in_queue(record.slurm_id or "")
+    def job_alive(self, record: JobRecord) -> bool:
+        """Slurm owns the job: it runs on without its controller until Slurm ends or forgets it.
+        When Slurm cannot be asked, the job counts as alive."""
+        if controller_alive(record) or not record.backend_ref:
+            return True
+        try:
+            job = query_job(record.backend_ref)
+        except InfraError:
+            return True
+        return job is not None and not job.distrun_state.finished
+
+    def recover(self, record: JobRecord) -> dict[str, int]:
+        raise UsageError(f"--recover: job {record.id} ran on Slurm, whose nodes wrote into the job directory itself")

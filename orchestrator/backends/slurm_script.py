@@ -18,10 +18,11 @@ from typing import Any
 
 from orchestrator import remote
 from orchestrator.plan import DEFAULT_PORT, LaunchPlan
-from orchestrator.spec.model import JobSpec, SlurmOptions
+from orchestrator.spec.model import JobSpec
 
 # torchrun options whose values differ per node or are known only inside the allocation; the
-# node fills in `$NAME` from its environment (the batch script exports MASTER_ADDR/MASTER_PORT).
+# node fills in `$NAME` from its environment (the batch script exports MASTER_ADDR/MASTER_PORT),
+# in these options' values only: the job's own arguments reach the script as written.
 NODE_VALUES = {
     "--node-rank": "$SLURM_NODEID",
     "--master-addr": "$MASTER_ADDR",
@@ -76,6 +77,17 @@ class SlurmFiles:
 
 
 @dataclass(frozen=True)
+class SlurmOptions:
+    """The Slurm backend's options (declared in SlurmBackend.OPTIONS)."""
+
+    partition: str | None = None
+    time: str | None = None
+    account: str | None = None
+    gpus_per_node: int | None = None
+    extra: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class BatchJob:
     """Everything the sbatch script says."""
 
@@ -85,20 +97,32 @@ class BatchJob:
     port: int | None
     bundle_size: int
     files: SlurmFiles
+    options_end: int
 
     @property
     def python(self) -> str:
         return self.plan.hosts[0].python
 
+    @property
+    def filled(self) -> list[int]:
+        """Positions in the torchrun argv whose `$NAME`s each node fills in."""
+        return node_value_positions(self.plan.hosts[0].argv, self.options_end)
 
-def resolve_options(job: JobSpec, overrides: dict[str, str | None]) -> SlurmOptions:
-    """The job's `slurm:` section with --partition/--time/--account from the command line over it."""
-    given = {k: v for k, v in overrides.items() if v is not None}
-    return SlurmOptions(
-        partition=given.get("partition", job.slurm.partition), time=given.get("time", job.slurm.time),
-        account=given.get("account", job.slurm.account), gpus_per_node=job.slurm.gpus_per_node,
-        extra=job.slurm.extra,
-    )
+
+def torchrun_options_end(job: JobSpec, argv: list[str], extra_args: list[str]) -> int:
+    """How many leading items of a host's argv are torchrun and its options; the entry point
+    (`script`, or `-m module`) and the arguments follow."""
+    return len(argv) - (2 if job.module else 1) - len(job.args) - len(extra_args)
+
+
+def node_value_positions(argv: list[str], options_end: int) -> list[int]:
+    """Where in a torchrun argv the values of the per-node options (NODE_VALUES) are.
+
+    Args:
+        argv: a host's torchrun argv from the plan.
+        options_end: how many leading items are torchrun's own options (the script follows).
+    """
+    return [i + 1 for i in range(options_end - 1) if argv[i] in NODE_VALUES]
 
 
 def node_argv(argv: list[str], options_end: int) -> list[str]:
@@ -109,18 +133,18 @@ def node_argv(argv: list[str], options_end: int) -> list[str]:
         options_end: how many leading items are torchrun's own options (the script follows).
     """
     out = list(argv)
-    for i in range(options_end - 1):
-        if out[i] in NODE_VALUES:
-            out[i + 1] = NODE_VALUES[out[i]]
+    for i in node_value_positions(argv, options_end):
+        out[i] = NODE_VALUES[argv[i - 1]]
     return out
 
 
-def node_config(plan: LaunchPlan, files: SlurmFiles) -> dict[str, Any]:
+def node_config(batch: BatchJob) -> dict[str, Any]:
     """What each node's task reads from slurm/node.json (no secrets)."""
+    plan, files = batch.plan, batch.files
     return {
         "job_id": plan.job_id, "cwd": plan.hosts[0].workdir, "stop_grace": plan.stop_grace,
         "telemetry_interval": plan.telemetry_interval, "stream_dir": str(files.dir),
-        "secrets": str(files.secrets) if plan.secrets else None, "expand": EXPANDED,
+        "secrets": str(files.secrets) if plan.secrets else None, "expand": EXPANDED, "expand_at": batch.filled,
     }
 
 

@@ -1,150 +1,253 @@
-"""The default backend: hosts reached over SSH (or this machine through the local transport)."""
+"""The default backend: the inventory's hosts, reached over SSH (or this machine through the local transport).
+
+distrun does everything itself: it probes every host, picks the rendezvous address and port,
+ships the supervisor over each host's SSH channel (nothing is installed there), heartbeats it,
+and stops it through the same channel. A host keeps its own copy of its lines, from which
+`distrun logs --recover` rebuilds a job's files.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from orchestrator.backends import LaunchRequest
-from orchestrator.errors import ExitCode, InfraError
-from orchestrator.launch import Launcher, Prepared, close_all, connect_all, new_record, prepare, run_remote, write_plan
+from orchestrator import remote, telemetry
+from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest
+from orchestrator.doctor.probe import import_options, probe_round
+from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
+from orchestrator.facts import HostFacts
+from orchestrator.failures import Failure, FailureKind
+from orchestrator.group import Group, GroupResult, parallel
+from orchestrator.launch import EXIT_WAIT, HostRun, Launcher
 from orchestrator.logs import LogSink
-from orchestrator.parallel import failures, for_each
+from orchestrator.plan import DEFAULT_PORT, LaunchPlan, build_plan
 from orchestrator.spec import (
     Inventory,
+    JobSpec,
+    NodeSpec,
     default_inventory,
     load_inventory,
-    load_job,
     resolve_inventory_path,
     select_nodes,
 )
-from orchestrator.store import JobDir, JobRecord, JobState, Store, controller_alive, new_job_id
-from orchestrator.transport import Transport
+from orchestrator.store import JobDir, JobRecord, JobState, controller_alive
+from orchestrator.transport import CommandResult, Transport, run_remote
 
 STOP_WAIT = 30.0
+AUTO_PORT_WINDOW = 1000
+# What a host's supervisor runs, dependencies first: with the telemetry sampler, or without.
+SUPERVISOR_MODULES = ["output", "sampler", "supervisor"]
+SUPERVISOR_ONLY = ["output", "supervisor"]
 T = TypeVar("T")
 
 
-def inventory_for(request: LaunchRequest, backend: str) -> Inventory:
-    """`--backend local` always means this machine; otherwise -i, $DISTRUN_INVENTORY, built-in."""
-    return default_inventory() if backend == "local" else resolve_inventory_path(request.inventory)
+class SshBackend(Backend):
+    """Hosts of an inventory reached over SSH; distrun starts, watches and stops everything itself."""
 
+    NAME = "ssh"
+    DESCRIPTION = "the inventory's hosts over SSH: distrun probes, starts, watches and stops them itself"
 
-def launch(request: LaunchRequest, backend: str) -> int:
-    job = load_job(request.job_file)
-    inventory = inventory_for(request, backend)
-    nodes = select_nodes(job, inventory, request.nodes, request.nnodes)
-    job_id = request.job_id or new_job_id(job.name)
-    prepared = prepare(job, inventory, nodes, job_id=job_id, extra_args=request.extra_args, backend=backend)
-    if request.dry_run:
-        close_all(prepared.transports)
-        print(prepared.plan.render())
-        return int(ExitCode.OK)
-    if not request.skip_preflight:
-        preflight(prepared)
-    if prepared.plan.sync:
-        sync(prepared)
-    return run_prepared(prepared, request, backend)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.group = Group([])
+        self.facts: dict[str, HostFacts] = {}
 
+    def inventory(self, request: LaunchRequest) -> Inventory:
+        """-i, else $DISTRUN_INVENTORY, else the built-in one (this machine)."""
+        return resolve_inventory_path(request.inventory)
 
-def sync(prepared: Prepared) -> None:
-    from orchestrator.sync import sync_workdirs
+    def release(self) -> None:
+        self.group.close()
 
-    try:
-        sent = sync_workdirs(prepared, Path.cwd())
-    except BaseException:
-        close_all(prepared.transports)
-        raise
-    for node, count in sent.items():
-        print(f"[{node}] distrun: workdir synced ({count} file(s) sent)")
+    # ---------------------------------------------------------------- a launch
 
+    def prepare(self, ctx: LaunchContext) -> LaunchPlan:
+        inventory = self.inventory(ctx.request)
+        nodes = select_nodes(ctx.job, inventory, ctx.request.nodes, ctx.request.nnodes)
+        return self.plan_on(ctx.job, inventory, nodes, ctx.job_id, ctx.request.extra_args)
 
-def preflight(prepared: Prepared) -> None:
-    """The fast checks before anything starts (versions alike on every host, port reachable)."""
-    from orchestrator.doctor import launch_preflight
+    def plan_on(self, job: JobSpec, inventory: Inventory, nodes: list[NodeSpec], job_id: str,
+                extra_args: Sequence[str] = ()) -> LaunchPlan:
+        """Reach the nodes, probe each once, and build the plan; the connections stay open for the launch.
 
-    try:
-        launch_preflight(prepared)
-    except BaseException:
-        close_all(prepared.transports)
-        raise
+        The one probe round also tests what the preflight checks: the master listens on the
+        rendezvous port while every other host connects to it.
 
+        Raises:
+            GroupError: a host is unreachable or its probe failed (each one named).
+            InfraError: the rendezvous port is busy on the master.
+            UsageError: the plan cannot be built from these inputs (a master only reachable by loopback).
+        """
+        self.group.close()
+        self.group = Group(nodes)
+        master = inventory.master_of(nodes)
+        # torch as the job will import it (the node's python, in the workdir, with the job's env),
+        # so that the preflight compares the torch each host will really run.
+        probed = probe_round(self.group, master, {}, job.rendezvous.port, None, port_from=auto_port_start(),
+                             resolve=False, per_host=import_options(nodes, job, job.workdir or os.getcwd()))
+        self.facts = probed.check()
+        if probed.master_addr is None:
+            raise UsageError(probed.master_addr_error or f"{master.name}: no address for the master")
+        addr = probed.master_addr
+        port = master_port(master, self.facts[master.name], job.rendezvous.port, addr)
+        return build_plan(
+            job, nodes, self.facts, job_id=job_id, inventory_path=_absolute(inventory.path), master=master,
+            master_addr=addr, master_port=port, controller_cwd=os.getcwd(), controller_env=dict(os.environ),
+            extra_args=list(extra_args), backend=self.NAME,
+        )
 
-def run_prepared(prepared: Prepared, request: LaunchRequest, backend: str) -> int:
-    store = Store()
-    job_dir = store.job_dir(prepared.plan.job_id)
-    write_plan(job_dir, prepared)
-    store.save(new_record(prepared.plan, backend))
-    terminal = None if request.quiet else sys.stdout
-    launcher = Launcher(prepared, store, store.get(prepared.plan.job_id), terminal,
-                        colour=terminal is not None and sys.stdout.isatty(), live=request.live)
-    return launcher.run()
+    def preflight(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
+        """Python and torch alike on every host; the rendezvous port reachable from every other host
+        (from the facts of the probe round that planned the job: no second probe)."""
+        from orchestrator.doctor import launch_preflight
 
+        launch_preflight(plan, {name: t.node for name, t in self.group.transports.items()}, self.facts)
 
-def stop(store: Store, record: JobRecord) -> int:
-    """Stop through the live controller; when it is gone, end the job's processes on its hosts."""
-    if record.state.finished and record.state is not JobState.LOST:
-        print(f"job {record.id} already ended ({record.state.value})")
-        return int(ExitCode.OK)
-    if controller_alive(record) and record.controller_pid:
-        os.kill(record.controller_pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_WAIT
-        while time.monotonic() < deadline and not store.get(record.id).state.finished:
-            time.sleep(0.2)
-        if store.get(record.id).state.finished:
-            print(f"job {record.id} stopped")
+    def stage(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
+        """With `sync: true`, bring every host's workdir up to date with this directory."""
+        if plan.sync:
+            from orchestrator.sync import sync_workdirs
+
+            for node, count in sync_workdirs(plan, self.group, Path.cwd()).items():
+                print(f"[{node}] distrun: workdir synced ({count} file(s) sent)")
+
+    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan:
+        """Record the job (plan.json, facts.json, the record); the hosts start in `start`."""
+        ctx.store.job_dir(plan.job_id).write_plan(plan.to_dict(), {n: f.raw for n, f in self.facts.items()})
+        ctx.save_record(plan)
+        return plan
+
+    def start(self, run: Launcher) -> list[Failure]:
+        """Ship the supervisor to every host at once over its channel; a host that does not start fails."""
+        started = parallel(run.hosts, lambda host: self._start_host(run.plan, host), key=lambda host: host.node)
+        return [run.host(node).lost(one_line(exc), FailureKind.INFRA) for node, exc in started.failed.items()]
+
+    def _start_host(self, plan: LaunchPlan, host: HostRun) -> None:
+        modules = SUPERVISOR_MODULES if plan.telemetry_interval else SUPERVISOR_ONLY
+        facts = self.facts.get(host.node)
+        payload = remote.bundle("supervisor", modules, telemetry.shipped_modules(facts.gpus if facts else 0))
+        argv = remote.bootstrap_argv(host.plan.python, payload, "distrun-supervisor", plan.job_id, host.node)
+        config = {
+            "job_id": plan.job_id, "node": host.node, "argv": host.plan.argv, "env": plan.host_env(host.plan),
+            "cwd": host.plan.workdir, "heartbeat_timeout": plan.heartbeat_timeout, "stop_grace": plan.stop_grace,
+            "telemetry_interval": plan.telemetry_interval,
+        }
+        host.attach(self.group[host.node].start(argv))
+        host.send_raw(payload + json.dumps(config).encode() + b"\n")
+
+    def stop(self, run: Launcher, hosts: list[HostRun]) -> None:
+        """Tell each supervisor to stop; wait for their exits; close their stdin (a supervisor
+        that never heard the stop ends the job when its stdin closes)."""
+        for host in hosts:
+            host.send({"op": "stop"})
+        deadline = time.monotonic() + run.plan.stop_grace + EXIT_WAIT
+        for host in hosts:
+            host.exited.wait(max(0.0, deadline - time.monotonic()))
+        for host in hosts:
+            if host.proc is not None:
+                host.proc.close_stdin()
+
+    # ---------------------------------------------------------------- recorded jobs
+
+    def stop_job(self, record: JobRecord) -> int:
+        """Stop through the live controller; when it is gone, end the job's processes on its hosts."""
+        if record.state.finished and record.state is not JobState.LOST:
+            print(f"job {record.id} already ended ({record.state.value})")
             return int(ExitCode.OK)
-    return stop_on_hosts(store, record)
+        if controller_alive(record) and record.controller_pid:
+            os.kill(record.controller_pid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_WAIT
+            while time.monotonic() < deadline and not self.store.get(record.id).state.finished:
+                time.sleep(0.2)
+            if self.store.get(record.id).state.finished:
+                print(f"job {record.id} stopped")
+                return int(ExitCode.OK)
+        return self.stop_on_hosts(record)
+
+    def stop_on_hosts(self, record: JobRecord) -> int:
+        """End a job's processes on each of its hosts, found by the job id."""
+        results = on_record_hosts(record, lambda t: _cleanup(t, record.id))
+        for name, exc in results.failed.items():
+            print(f"{name}: {exc}", file=sys.stderr)
+        self.store.update(record.id, state=JobState.STOPPED, ended=time.time())
+        print(f"job {record.id} stopped on {len(results.succeeded)} of {len(results)} host(s)")
+        return int(ExitCode.INFRA) if results.failed else int(ExitCode.OK)
+
+    def recover(self, record: JobRecord) -> dict[str, int]:
+        """Rebuild a job's log files and telemetry from the copies its hosts kept.
+
+        What the controller saw is replaced by what each host wrote: the whole story when the
+        controller died before the job ended. Lines are regrouped host by host.
+
+        Returns:
+            {node: lines recovered}.
+
+        Raises:
+            GroupError: a host could not be reached or read (each one named).
+        """
+        copies = on_record_hosts(record, lambda t: json.loads(
+            run_remote(t, "fetch", ["fetch"], b"", record.id, t.name).strip().splitlines()[-1])
+        ).check("cannot read its copies")
+        rebuild(self.store.job_dir(record.id), copies)
+        return {node: copy["log"].count("\n") for node, copy in copies.items()}
+
+    def run_near(self, record: JobRecord, node: str, argv: Sequence[str],
+                 timeout: float | None = None) -> CommandResult:
+        """Run `argv` on the host of `node` (as the job's recorded inventory reaches it).
+
+        Raises:
+            UsageError: the job did not run on `node`.
+            InfraError: the host could not be reached, or the command did not finish in `timeout`.
+        """
+        if node not in record.hosts:
+            raise UsageError(f"{node}: job {record.id} ran on {', '.join(record.hosts)}")
+        return on_record_hosts(record, lambda t: t.run(argv, timeout=timeout), only=[node]).check()[node]
 
 
-def _on_record_hosts(record: JobRecord, fn: Callable[[Transport], T]) -> dict[str, T | Exception]:
-    """Connect to the hosts a job ran on (from its recorded inventory) and call fn on each."""
-    inventory = default_inventory() if record.inventory == "<built-in>" else load_inventory(record.inventory)
-    transports = connect_all([inventory.node(name) for name in record.hosts])
-    try:
-        return for_each(transports.values(), fn, key=lambda t: t.name)
-    finally:
-        close_all(transports)
+def _absolute(path: str) -> str:
+    """A file path made absolute so the record reloads it from anywhere; `<built-in>` as is."""
+    return path if path.startswith("<") else os.path.abspath(path)
 
 
-def stop_on_hosts(store: Store, record: JobRecord) -> int:
-    """End a job's processes on each of its hosts, found by the job id."""
-    results = _on_record_hosts(record, lambda t: _cleanup(t, record.id))
-    failed = failures(results)
-    for name, exc in failed.items():
-        print(f"{name}: {exc}", file=sys.stderr)
-    store.update(record.id, state=JobState.STOPPED, ended=time.time())
-    print(f"job {record.id} stopped on {len(results) - len(failed)} of {len(results)} host(s)")
-    return int(ExitCode.INFRA) if failed else int(ExitCode.OK)
+def auto_port_start() -> int:
+    """Where the search for a free port starts: a random point of a window above 29500, so
+    two jobs launched at the same moment on the same master do not both pick 29500."""
+    return DEFAULT_PORT + random.randrange(AUTO_PORT_WINDOW)
 
 
-def recover(store: Store, record: JobRecord) -> dict[str, int]:
-    """Rebuild a job's log files and telemetry from the copies its hosts kept.
-
-    What the controller saw is replaced by what each host wrote: the whole story when the
-    controller died before the job ended. Lines are regrouped host by host.
-
-    Returns:
-        {node: lines recovered}.
+def master_port(master: NodeSpec, facts: HostFacts, port: int | None, addr: str) -> int:
+    """The rendezvous port: the job's, found free, or the free one the master's probe listened on.
 
     Raises:
-        InfraError: a host could not be reached or read (each one named).
+        InfraError: the job's port is busy on the master, or no port near 29500 is free.
     """
-    results = _on_record_hosts(record, lambda t: json.loads(
-        run_remote(t, "fetch", ["fetch"], b"", record.id, t.name).strip().splitlines()[-1]))
-    failed = failures(results)
-    if failed:
-        raise InfraError("; ".join(f"{node}: cannot read its copies: {exc}" for node, exc in failed.items()))
-    job_dir = store.job_dir(record.id)
-    rebuild(job_dir, {node: copy for node, copy in results.items() if not isinstance(copy, Exception)})
-    return {node: copy["log"].count("\n") for node, copy in results.items() if not isinstance(copy, Exception)}
+    listening = facts.listen is not None and facts.listen.ok
+    if port is not None:
+        if not listening:
+            raise InfraError(
+                f"{master.name}: rendezvous port {port} is already in use on the master ({addr}) "
+                "(stop what holds it, or set `rendezvous.port: auto`)"
+            )
+        return port
+    if not listening or facts.listen is None or not facts.listen.port:
+        raise InfraError(f"{master.name}: no free TCP port from {DEFAULT_PORT} on the master ({addr})")
+    return facts.listen.port
+
+
+def on_record_hosts(record: JobRecord, fn: Callable[[Transport], T], only: list[str] | None = None) -> GroupResult[T]:
+    """Connect to the hosts a job ran on (from its recorded inventory) and call fn on each;
+    a host that cannot be reached has its connection error as its result."""
+    inventory = default_inventory() if record.inventory == "<built-in>" else load_inventory(record.inventory)
+    with Group([inventory.node(name) for name in record.hosts]) as group:
+        return group.run(fn, only=only)
 
 
 def rebuild(job_dir: JobDir, copies: dict[str, dict[str, str]]) -> None:
@@ -168,4 +271,4 @@ def rebuild(job_dir: JobDir, copies: dict[str, dict[str, str]]) -> None:
 
 
 def _cleanup(transport: Transport, job_id: str) -> str:
-    return run_remote(transport, "cleanup", ["supervisor", "cleanup"], {}, job_id, transport.name)
+    return run_remote(transport, "cleanup", [*SUPERVISOR_ONLY, "cleanup"], {}, job_id, transport.name)

@@ -13,6 +13,10 @@ Reads one JSON line of options on stdin:
     connect_to: [addr, port]: try a TCP connection (CONNECT_TIMEOUT) and report how it went
     connect_later: read `{"connect_to": [addr, port] | null, "resolve": [...], "route_to": addr}`
         from stdin after gathering the facts, then connect, resolve and find the route as above
+    import_from: {"python": PYTHON, "cwd": DIR, "env": {...}}: find torch as the job's python
+        would: PYTHON (the inventory's, a wrapper script included) started in DIR (torchrun's
+        `python -m` puts it first on sys.path) with ENV over this environment (its PYTHONPATH,
+        PYTHONSAFEPATH, ...); without it, as this python finds it
 
 Later stdin lines are control messages: `{"stop": true}`, the `connect_to` message above, and
 `{"module": "pynvml", "source": TEXT | null}`, the reply to a `need` event.
@@ -20,10 +24,11 @@ Later stdin lines are control messages: `{"stop": true}`, the `connect_to` messa
 Output: event lines (the byte 0x1e, then JSON with "ev": `listening` {port, ok, error,
 interfaces, hostname} or `need` {module}), then one line with the facts as JSON.
 
-Fast without `full`: nothing is imported that takes long (torch's version comes from its
-version.py, else its package metadata). With `full`, torch is imported only on hosts with an
-NVIDIA GPU, where the NCCL and cuDNN it loads matter; elsewhere its version.py is read (what
-`torch.version` holds, without the import's ~1.5 s of CPU).
+torch's version is that of the torch `import torch` finds, which is not always the installed
+distribution's (a source tree or a stand-in on PYTHONPATH, a torch/ in the workdir). It is
+found without importing it (importlib's find_spec) and read from its version.py; only a torch
+without one is imported. With `full`, torch is also imported on hosts with an NVIDIA GPU,
+where the NCCL and cuDNN it loads matter; elsewhere the import's ~1.5 s of CPU is saved.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import fcntl
+import importlib
 import json
 import os
 import platform
@@ -48,13 +54,15 @@ from collections.abc import Callable
 from importlib import util
 from typing import Any, BinaryIO
 
+from orchestrator.remote.output import Output
+
 PORT_SPAN = 200
 CONNECT_TIMEOUT = 2.0
 CONTROL_WAIT = 30.0
 MODULE_WAIT = 10.0
+SUBPROCESS_WAIT = 10.0
 DRAIN_TIMEOUT = 1.0
 MIB = 1 << 20
-EVENT = b"\x1e"
 SIOCGIFADDR = 0x8915
 SIOCGIFNETMASK = 0x891B
 SMI_GPU_FIELDS = (
@@ -104,22 +112,6 @@ class Inbox:
                 if self._closed or left <= 0:
                     return None
                 self._cond.wait(left)
-
-
-class Output:
-    """Whole lines to stdout from several threads."""
-
-    def __init__(self, stream: BinaryIO) -> None:
-        self.stream = stream
-        self.lock = threading.Lock()
-
-    def line(self, data: bytes) -> None:
-        with self.lock:
-            self.stream.write(data + b"\n")
-            self.stream.flush()
-
-    def event(self, kind: str, fields: dict[str, Any]) -> None:
-        self.line(EVENT + json.dumps({"ev": kind, **fields}).encode())
 
 
 # ---------------------------------------------------------------- network
@@ -281,15 +273,6 @@ def _drain(conn: socket.socket) -> None:
 # ---------------------------------------------------------------- torch
 
 
-def package_version(name: str) -> str | None:
-    from importlib import metadata  # ~60 ms to import: only for a torch without version.py
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 TORCH_UNKNOWN = {"cuda": None, "cuda_available": None, "nccl": None, "cudnn": None, "gloo": None,
                  "nccl_available": None, "error": None}
 
@@ -308,20 +291,59 @@ def torch_version_py() -> dict[str, Any] | None:
 
 
 def torch_version() -> str | None:
-    """The installed torch's version without importing it: torch/version.py, else its metadata."""
+    """The version of the torch `import torch` finds: its version.py, else what the import says."""
     values = torch_version_py()
     if values is None:
         return None
-    return values.get("__version__") or package_version("torch")
+    return values.get("__version__") or imported_version()
+
+
+def imported_version() -> str | None:
+    """`torch.__version__` of an imported torch (one without version.py); None when it fails."""
+    try:
+        import torch
+    except Exception:  # a broken torch fails in many ways; torch_imported reports how
+        return None
+    version = getattr(torch, "__version__", None)
+    return str(version) if version is not None else None
 
 
 def torch_from_files() -> dict[str, Any]:
-    """torch's version and CUDA version, as `torch.version` has them, without importing torch."""
+    """torch's version and CUDA version, as `torch.version` has them, importing torch only when
+    it has no version.py."""
     values = torch_version_py()
     if values is None:
         return {**TORCH_UNKNOWN, "imported": False, "version": None, "error": "torch is not installed"}
-    return {**TORCH_UNKNOWN, "imported": False, "version": values.get("__version__") or package_version("torch"),
+    return {**TORCH_UNKNOWN, "imported": False, "version": values.get("__version__") or imported_version(),
             "cuda": values.get("cuda")}
+
+
+def job_sys_path(python: str, cwd: str | None, env: dict[str, str]) -> list[str] | None:
+    """sys.path of `python` started in `cwd` with `env` over this environment, the directory
+    written out as `python -m` has it; None when that python cannot tell."""
+    where = os.path.expanduser(cwd) if cwd else None
+    if where is not None and not os.path.isdir(where):
+        where = None  # not made yet (sync makes it): nothing can be imported from it
+    try:
+        result = subprocess.run([python, "-c", "import json, sys; print(json.dumps(sys.path))"],
+                                env={**os.environ, **env}, cwd=where, capture_output=True, timeout=SUBPROCESS_WAIT,
+                                check=True)
+        found = json.loads(result.stdout.decode().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+    return [entry or where for entry in found if entry or where]
+
+
+def import_like_the_job(options: dict[str, Any]) -> None:
+    """Look up modules (torch) from here on as the job's python would (`import_from`)."""
+    context = options.get("import_from")
+    if not context:
+        return
+    python = context.get("python") or sys.executable
+    path = job_sys_path(os.path.expanduser(python), context.get("cwd"), dict(context.get("env") or {}))
+    if path is not None:
+        sys.path[:] = path
+        importlib.invalidate_caches()
 
 
 def _assignments(path: str) -> dict[str, Any]:
@@ -348,7 +370,8 @@ def torch_imported() -> dict[str, Any]:
         import torch
         import torch.distributed as dist
     except Exception as exc:  # a broken install fails in many ways; all are reported
-        return {**TORCH_UNKNOWN, "imported": False, "version": torch_version(), "error": _one_line(exc)}
+        version = (torch_version_py() or {}).get("__version__")
+        return {**TORCH_UNKNOWN, "imported": False, "version": version, "error": _one_line(exc)}
     cuda_ok = bool(torch.cuda.is_available())
     return {
         "imported": True,
@@ -638,6 +661,7 @@ def connect_and_resolve(options: dict[str, Any], inbox: Inbox) -> dict[str, Any]
 
 def run() -> None:
     options = json.loads(sys.stdin.buffer.readline() or b"{}")
+    import_like_the_job(options)
     inbox = Inbox(sys.stdin.buffer)
     out = Output(sys.stdout.buffer)
     listener = start_listener(options, out) if options.get("listen_seconds") else None

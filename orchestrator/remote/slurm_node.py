@@ -7,9 +7,10 @@ argv `port FROM` prints `NODE PORT`, the node's Slurm name and the first free po
 
 NODE_CONFIG is a JSON file the controller wrote into the job directory, which every node sees
 (a shared filesystem): job_id, cwd, stop_grace, telemetry_interval, stream_dir, secrets (the
-path of a mode-0600 JSON file of secret variables, kept out of the batch script), and expand:
+path of a mode-0600 JSON file of secret variables, kept out of the batch script), expand:
 names of variables that this node fills into the torchrun arguments (`$SLURM_NODEID` differs
-per node, so the batch shell cannot). Nothing else in the arguments is expanded.
+per node, so the batch shell cannot), and expand_at: the positions of the arguments it fills
+them into (torchrun's own options). Nothing else is expanded: the job's arguments stay literal.
 
 The supervisor's output (torchrun's lines and `\\x1e{json}` events) is appended to
 STREAM_DIR/<node>.stream, which the controller follows. Slurm owns the job's lifetime, so the
@@ -26,16 +27,18 @@ import socket
 import sys
 from typing import Any
 
+from orchestrator.remote.output import Output
 from orchestrator.remote.probe import first_free_port, port_free
-from orchestrator.remote.supervisor import Output, Supervisor
+from orchestrator.remote.supervisor import Supervisor
 
 
-def expand(argv: list[str], names: list[str], env: dict[str, str]) -> list[str]:
-    """Replace `$NAME` in each argument for the given names only, from `env`."""
+def expand(argv: list[str], names: list[str], env: dict[str, str], at: list[int]) -> list[str]:
+    """Replace `$NAME` for the given names, from `env`, in the arguments at positions `at` only."""
     if not names:
         return list(argv)
     pattern = re.compile(r"\$(" + "|".join(re.escape(n) for n in names) + r")\b")
-    return [pattern.sub(lambda m: env.get(m.group(1), m.group(0)), arg) for arg in argv]
+    return [pattern.sub(lambda m: env.get(m.group(1), m.group(0)), arg) if i in at else arg
+            for i, arg in enumerate(argv)]
 
 
 def supervisor_config(cfg: dict[str, Any], node: str, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
@@ -45,7 +48,8 @@ def supervisor_config(cfg: dict[str, Any], node: str, argv: list[str], env: dict
         with open(cfg["secrets"], encoding="utf-8") as fh:
             secrets = json.load(fh)
     return {
-        "job_id": cfg["job_id"], "node": node, "argv": expand(argv, cfg.get("expand", []), env),
+        "job_id": cfg["job_id"], "node": node,
+        "argv": expand(argv, cfg.get("expand", []), env, cfg.get("expand_at", [])),
         "env": secrets, "cwd": cfg.get("cwd"), "heartbeat_timeout": None,
         "stop_grace": cfg.get("stop_grace", 5.0), "telemetry_interval": cfg.get("telemetry_interval"),
     }

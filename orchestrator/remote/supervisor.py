@@ -25,28 +25,10 @@ import threading
 import time
 from typing import Any, BinaryIO
 
-EVENT = b"\x1e"
+from orchestrator.remote.output import Output
+
 HEARTBEAT_EVERY = 1.0
 CHUNK = 65536
-
-
-class Output:
-    """Writes whole lines to stdout from several threads without splicing them."""
-
-    def __init__(self, stream: BinaryIO) -> None:
-        self.stream = stream
-        self.lock = threading.Lock()
-
-    def raw(self, data: bytes) -> None:
-        with self.lock:
-            try:
-                self.stream.write(data)
-                self.stream.flush()
-            except (BrokenPipeError, OSError, ValueError):
-                pass
-
-    def event(self, kind: str, /, **fields: Any) -> None:
-        self.raw(EVENT + json.dumps({"ev": kind, **fields}).encode() + b"\n")
 
 
 def job_processes(job_id: str, exclude: int, node: str | None = None) -> list[int]:

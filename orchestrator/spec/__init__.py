@@ -9,7 +9,6 @@ from orchestrator.spec.model import (
     NodeSpec,
     Rendezvous,
     Select,
-    SlurmOptions,
     Telemetry,
     TransportKind,
 )
@@ -22,7 +21,6 @@ __all__ = [
     "NodeSpec",
     "Rendezvous",
     "Select",
-    "SlurmOptions",
     "Telemetry",
     "TransportKind",
     "default_inventory",

@@ -14,9 +14,10 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
+from orchestrator import backends
 from orchestrator.errors import UsageError
-from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT, Reader, Source
-from orchestrator.spec.model import JobSpec, Rendezvous, Select, SlurmOptions, Telemetry
+from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT, Reader, Source, describe
+from orchestrator.spec.model import JobSpec, Rendezvous, Select, Telemetry
 from orchestrator.spec.yamlsrc import Map, Node, collect_lines, join_path, load_yaml, shown
 
 T = TypeVar("T")
@@ -24,8 +25,9 @@ T = TypeVar("T")
 JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 SECRET_REF = re.compile(r"\$\{env:([^}]*)\}")
-BACKENDS = ("ssh", "local", "slurm")
 RENDEZVOUS_BACKENDS = ("static", "c10d")
+SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 MIN_TELEMETRY_INTERVAL = 0.25
 _NEEDS = "a job needs at least 'name' and 'script' or 'module'"
 _ENTRY_KEYS = ("script", "module")
@@ -75,7 +77,8 @@ def _job(root: Node | None, file: str) -> JobSpec:
     values = src.fields(top, "", readers)
     if "env" in values:
         values["env"], values["secrets"] = values["env"]
-    return JobSpec(path=file, **values, lines=collect_lines(top))
+    sections = {name: values.pop(name) for name in backends.names() if name in values}
+    return JobSpec(path=file, **values, backend_sections=sections, lines=collect_lines(top))
 
 
 def _job_readers(src: Source) -> dict[str, Reader]:
@@ -93,8 +96,9 @@ def _job_readers(src: Source) -> dict[str, Reader]:
         "select": lambda node, path: _section(src, node, path, Select, {"names": src.strings, "labels": src.strings}),
         "telemetry": lambda node, path: _section(src, node, path, Telemetry, _telemetry_readers(src)),
         "sync": src.boolean,
-        "backend": lambda node, path: src.choice(node, path, BACKENDS),
-        "slurm": lambda node, path: _section(src, node, path, SlurmOptions, _slurm_readers(src)),
+        "sync_max_size": lambda node, path: _size(src, node, path),
+        "backend": lambda node, path: src.choice(node, path, backends.names()),
+        **{name: lambda node, path: _backend_section(src, node, path) for name in backends.names()},
         "heartbeat_timeout": lambda node, path: src.number(node, path, 0, inclusive=False),
         "stop_grace": lambda node, path: src.number(node, path, 0),
     }
@@ -111,14 +115,23 @@ def _telemetry_readers(src: Source) -> dict[str, Reader]:
     return {"interval": lambda node, path: src.number(node, path, MIN_TELEMETRY_INTERVAL), "enabled": src.boolean}
 
 
-def _slurm_readers(src: Source) -> dict[str, Reader]:
-    return {
-        "partition": src.text,
-        "time": src.text,
-        "account": src.text,
-        "gpus_per_node": lambda node, path: src.integer(node, path, 1),
-        "extra": src.strings,
-    }
+def _backend_section(src: Source, node: Node, path: str) -> Map:
+    """A backend's section: a mapping, whose keys and values that backend checks when it is used."""
+    if not isinstance(node, Map):
+        raise src.error(node.line, path, f"must be a mapping, got {describe(node)}",
+                        f"the {path} backend's options, e.g. {path}: {{key: value}}")
+    return node
+
+
+def _size(src: Source, node: Node, path: str) -> int:
+    """A size in bytes: an integer, or a number with K, M, G or T (powers of 1024; `512MiB`, `2G`)."""
+    text = src.string(node, path).strip()
+    match = SIZE.fullmatch(text)
+    size = int(float(match.group(1)) * SIZE_UNITS[match.group(2).upper()]) if match else 0
+    if size < 1:
+        hint = "write bytes, or a number with K, M, G or T, powers of 1024: 512MiB, 2G"
+        raise src.error(node.line, path, f"must be a size of at least 1 byte, got {describe(node)}", hint)
+    return size
 
 
 def _section(src: Source, node: Node, path: str, kind: Callable[..., T], readers: dict[str, Reader]) -> T:

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+
+from orchestrator.spec.yamlsrc import Map
+
+# `sync_max_size`: more than a project's code and configuration, less than a dataset or a
+# checkpoint sent by mistake to every host.
+DEFAULT_SYNC_MAX_SIZE = 512 << 20
 
 
 class HostKeyPolicy(str, Enum):
@@ -51,6 +58,10 @@ class Inventory:
                 return node
         raise KeyError(name)
 
+    def master_of(self, selected: Sequence[NodeSpec]) -> NodeSpec:
+        """The rendezvous host of a selection: the inventory's `master` when selected, else the first."""
+        return next((n for n in selected if n.name == self.master), selected[0])
+
 
 @dataclass(frozen=True)
 class Rendezvous:
@@ -68,15 +79,6 @@ class Select:
 class Telemetry:
     interval: float = 2.0
     enabled: bool = True
-
-
-@dataclass(frozen=True)
-class SlurmOptions:
-    partition: str | None = None
-    time: str | None = None
-    account: str | None = None
-    gpus_per_node: int | None = None
-    extra: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,11 @@ class JobSpec:
     select: Select = field(default_factory=Select)
     telemetry: Telemetry = field(default_factory=Telemetry)
     sync: bool = False
-    backend: str = "ssh"
-    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+    sync_max_size: int = DEFAULT_SYNC_MAX_SIZE
+    backend: str | None = None  # None = the default backend
+    # The job file's section for each backend that has one (`slurm: {...}`), as read: each
+    # backend checks its own section against the options it declares (backends/options.py).
+    backend_sections: dict[str, Map] = field(default_factory=dict, compare=False, repr=False)
     heartbeat_timeout: float = 15.0
     stop_grace: float = 5.0
     # Key path -> line in the file ("nnodes", "select.names[0]"), for errors found later.

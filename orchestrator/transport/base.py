@@ -29,6 +29,7 @@ class ConnectFailure(str, Enum):
     AUTH = "auth failed"
     UNKNOWN_HOST_KEY = "unknown host key"
     HOST_KEY_CHANGED = "host key changed"
+    HOST_KEY_REVOKED = "host key revoked"
 
 
 class ConnectError(InfraError):

@@ -156,7 +156,11 @@ def test_a_rank_raising_on_one_host_stops_all_hosts_and_names_host_and_rank(clus
     summary = result.stdout[result.stdout.index("Root Cause") :]
     assert "host: node1" in summary and "rank: 3" in summary
     assert "deliberate failure on rank 3" in summary
-    assert record(home, "fail-1")["state"] == "failed"
+    assert "Other hosts: node[0,2]: stopped by distrun" in summary
+    rec = record(home, "fail-1")
+    assert rec["state"] == "failed"
+    root = rec["failures"][0]
+    assert (root["host"], root["rank"], root["kind"], root["exit_code"]) == ("node1", 3, "exit", 1)
     assert all(not procs for procs in job_procs(cluster3, "fail-1").values())
 
 

@@ -78,13 +78,13 @@ def test_two_nodes_of_two_processes_train_with_ddp_and_agree(slurm_cluster: Slur
     rec = record(slurm_cluster, tmp_path, "ddp-1")
     assert rec["state"] == "succeeded" and rec["exit_code"] == 0 and rec["backend"] == "slurm"
     assert rec["hosts"] == ["node0", "node1"] and rec["master_addr"] == "node0" and rec["master_port"] > 0
-    assert slurm_state(slurm_cluster, rec["slurm_id"]) == "COMPLETED"
+    assert slurm_state(slurm_cluster, rec["backend_ref"]) == "COMPLETED"
     job_dir = tmp_path / "home" / "jobs" / "ddp-1"
     assert "[node1 r3] CHECKSUM" in combined(tmp_path, "ddp-1").read_text()
     assert "CHECKSUM" in (job_dir / "ranks" / "2.log").read_text()
     assert (job_dir / "telemetry.jsonl").exists()
     ps = distrun("ps", home=tmp_path / "home", env=slurm_cluster.env).stdout
-    assert f"slurm={rec['slurm_id']}" in ps
+    assert f"slurm={rec['backend_ref']}" in ps
     assert slurm_cluster.queue() == [] and job_processes(slurm_cluster, "ddp-1") == []
 
 
@@ -127,7 +127,7 @@ def test_stop_cancels_a_detached_running_job_in_slurm_and_leaves_no_process(
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     rec = record(slurm_cluster, tmp_path, "stop-1")
     assert rec["state"] == "stopped"
-    assert slurm_state(slurm_cluster, rec["slurm_id"]) == "CANCELLED"
+    assert slurm_state(slurm_cluster, rec["backend_ref"]) == "CANCELLED"
     assert "[node0 r0] step 0" in followed and "CANCELLED" in followed
     assert slurm_cluster.queue() == [] and job_processes(slurm_cluster, "stop-1") == []
 
@@ -182,3 +182,22 @@ def test_a_batch_script_that_fails_before_torchrun_shows_slurms_error_in_the_sum
     assert "host: node0" in summary and "/nonexistent/python3" in summary
     assert record(slurm_cluster, tmp_path, "nopy-1")["state"] == "failed"
     assert slurm_cluster.queue() == []
+
+
+LITERAL_ARGS = ["$SLURM_NODEID", "--master-addr", "$MASTER_ADDR", "${MASTER_PORT}", "`hostname`", "$(id -u)", "a b"]
+
+
+def test_arguments_naming_node_variables_reach_the_script_literally_on_slurm_as_over_ssh(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    script = tmp_path / "show_args.py"
+    script.write_text("import json, sys\nsys.stdout.write('ARGS ' + json.dumps(sys.argv[1:]) + '\\n')\n")
+    job = tmp_path / "args.yaml"
+    job.write_text(f"name: args\nscript: {script}\nargs: {json.dumps(LITERAL_ARGS)}\nnproc_per_node: 1\n")
+    inventory = slurm_cluster.cluster.write_inventory(tmp_path / "inventory.yaml")
+    for backend in ("slurm", "ssh"):
+        result = distrun("launch", str(job), "--backend", backend, "-i", str(inventory), "--job-id", f"args-{backend}",
+                         home=tmp_path / "home", env=slurm_cluster.env, timeout=120)
+
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+        shown = [json.loads(line.split("ARGS ", 1)[1]) for line in result.stdout.splitlines() if "ARGS " in line]
+        assert shown == [LITERAL_ARGS, LITERAL_ARGS], backend

@@ -1,0 +1,299 @@
+"""The contract of a backend: the public hooks the launcher's run loop calls, and per-job operations.
+
+invoke's `Runner` is the model: the run loop (`orchestrator.launch`) is written once; a backend
+fills in hooks. A backend object serves one command: one launch, or operations on recorded jobs.
+
+A launch calls, in this order (`launch.launch` and `launch.Launcher`):
+
+    prepare(ctx) -> plan                  reach hosts / render the scheduler's request; nothing starts
+    dry_run(plan) -> text                 with --dry-run: what would run; then release()
+    preflight(ctx, plan)                  unless --skip-preflight: refuse hosts that would hang a job
+    stage(ctx, plan)                      put what the job needs on its hosts (`sync: true`)
+    submit(ctx, plan) -> plan | None      make the job exist (record it, hand it to a scheduler and wait
+                                          for its hosts); None: it ended before it started
+    start(run) -> [Failure]               start every host's supervisor, or follow what a scheduler
+                                          started; each host's lines reach run.hosts[...].on_stdout
+    failures(run) -> [Failure]            polled: every host's failure as seen now
+    conclude(run, failures) -> Ending     the backend's last word: a scheduler may have ended the job
+    stop(run, hosts)                      end what still runs on those hosts (after a failure or Ctrl-C)
+    finish(run) -> [lines]                release what the job held; extra lines for its summary
+    release()                             always, when the backend is left (it is a context manager)
+
+Per-job operations, for jobs recorded earlier (their controller may be gone):
+
+    stop_job(record) -> exit code         `distrun stop`
+    job_alive(record) -> bool             whether the job still runs; `ps` marks dead ones lost
+    recover(record) -> {node: lines}      `distrun logs --recover`
+    run_near(record, node, argv)          a command next to the job's ranks (py-spy for `distrun stack`)
+
+Options: a backend declares OPTIONS; `resolve_options` reads them from the job file's section
+named after the backend and from `-o KEY=VALUE` (see backends/options.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ClassVar, TextIO
+
+from orchestrator.backends import options as backend_options
+from orchestrator.backends.options import Option
+from orchestrator.errors import UsageError
+from orchestrator.failures import Failure
+from orchestrator.plan import LaunchPlan
+from orchestrator.spec.model import JobSpec
+from orchestrator.store import JobRecord, JobState, Store, controller_alive
+from orchestrator.transport.base import CommandResult
+
+if TYPE_CHECKING:
+    from orchestrator.launch import HostRun, Launcher
+
+
+@dataclass
+class LaunchRequest:
+    """Everything `distrun launch` was asked, before any file is read."""
+
+    job_file: str
+    inventory: str | None = None
+    nodes: list[str] | None = None
+    nnodes: int | None = None
+    dry_run: bool = False
+    skip_preflight: bool = False
+    backend: str | None = None
+    live: bool = True
+    job_id: str | None = None
+    quiet: bool = False
+    extra_args: list[str] = field(default_factory=list)
+    options: list[str] = field(default_factory=list)  # `-o KEY=VALUE` pairs, as given
+
+
+@dataclass
+class LaunchContext:
+    """One launch as its hooks see it: what was asked, the job, where it is recorded.
+
+    `interrupted` is the signal (SIGINT, SIGTERM) that asked distrun to stop while the job was
+    submitted or running; hooks that wait (a scheduler's queue) return when it is set.
+    """
+
+    request: LaunchRequest
+    job: JobSpec
+    job_id: str
+    store: Store
+    terminal: TextIO | None = None  # None: detached or quiet (lines go to the job's files only)
+    interrupted: int | None = None
+
+    def interrupt(self, signum: int) -> None:
+        self.interrupted = signum
+
+    def save_record(self, plan: LaunchPlan, backend_ref: str | None = None, **fields: Any) -> JobRecord:
+        """Record the job as pending (from its plan) and return the record.
+
+        Args:
+            plan: The job's plan.
+            backend_ref: The backend's own id for the job (Slurm's job id).
+            fields: Record fields to set otherwise than from the plan (e.g. hosts=[] before a
+                scheduler chose them).
+        """
+        values: dict[str, Any] = {
+            "hosts": [h.node for h in plan.hosts], "master_addr": plan.master_addr, "master_port": plan.master_port,
+            **fields,
+        }
+        record = JobRecord(id=plan.job_id, name=plan.job_name, spec_path=plan.spec_path,
+                           inventory=plan.inventory_path, backend=plan.backend, state=JobState.PENDING,
+                           controller_pid=os.getpid(), backend_ref=backend_ref, **values)
+        self.store.save(record)
+        return record
+
+    def colour(self) -> bool:
+        """Whether lines may be coloured: a terminal that is a tty."""
+        return self.terminal is not None and self.terminal.isatty()
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a job that distrun did not interrupt ended, as its backend concludes.
+
+    Attributes:
+        failures: What failed ([] = the job succeeded, unless `stopped`).
+        stopped: Set when something outside distrun stopped the job (e.g. `scancel`): the
+            summary's first line; the job is recorded as stopped.
+    """
+
+    failures: list[Failure] = field(default_factory=list)
+    stopped: str | None = None
+
+
+class Backend(ABC):
+    """Where jobs run. Subclasses set NAME (their registry key) and fill in the hooks.
+
+    Args:
+        store: Where jobs are recorded.
+        options: This backend's options, resolved (`resolve_options`).
+    """
+
+    NAME: ClassVar[str]
+    OPTIONS: ClassVar[tuple[Option, ...]] = ()
+    DESCRIPTION: ClassVar[str] = ""
+
+    def __init__(self, store: Store, options: Mapping[str, object] | None = None) -> None:
+        self.store = store
+        self.options: dict[str, object] = dict(options or {})
+
+    @classmethod
+    def resolve_options(cls, job: JobSpec, pairs: Sequence[str] = ()) -> dict[str, object]:
+        """This backend's options: the job file's section named NAME, `-o KEY=VALUE` pairs over it.
+
+        Raises:
+            SpecError: the job file's section is wrong (at its line).
+            UsageError: a `-o` pair is wrong.
+        """
+        return backend_options.resolve(job, pairs, cls.NAME, cls.OPTIONS)
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()
+
+    def release(self) -> None:  # noqa: B027 - a hook: a backend that holds nothing has nothing to release
+        """Let go of what the backend holds (connections); called once, whatever happened."""
+
+    # ---------------------------------------------------------------- a launch, in order
+
+    @abstractmethod
+    def prepare(self, ctx: LaunchContext) -> LaunchPlan:
+        """Build the plan: every host's argv and environment. Nothing of the job starts.
+
+        Raises:
+            UsageError: the request cannot be planned (bad selection, bad options).
+            InfraError: a host or the scheduler could not be reached.
+        """
+
+    def dry_run(self, plan: LaunchPlan) -> str:
+        """What `--dry-run` prints: by default every host's environment and argv."""
+        return plan.render()
+
+    def preflight(self, ctx: LaunchContext, plan: LaunchPlan) -> None:  # noqa: B027 - optional hook
+        """Refuse to start on hosts that would make the job hang (skipped by --skip-preflight).
+
+        Raises:
+            DistrunError: a check failed; nothing was started.
+        """
+
+    def stage(self, ctx: LaunchContext, plan: LaunchPlan) -> None:  # noqa: B027 - optional hook
+        """Put what the job needs on its hosts (the workdir, with `sync: true`). Nothing is recorded
+        yet: Ctrl-C here ends the command as anywhere before the job exists.
+
+        Raises:
+            DistrunError: the hosts could not be staged; nothing was started.
+        """
+
+    @abstractmethod
+    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan | None:
+        """Make the job exist and record it (`ctx.save_record`). From here on SIGINT and SIGTERM
+        are caught: they set `ctx.interrupted`, and the job is stopped on every host.
+
+        Returns:
+            The plan of the hosts the job runs on (a scheduler fills them in), or None when the
+            job ended before it started: its record then says how (`Store.end`).
+        """
+
+    @abstractmethod
+    def start(self, run: Launcher) -> list[Failure]:
+        """Start (or begin following) every host; each host's lines go to `run.hosts`' HostRun.
+
+        Returns:
+            The failures of hosts that could not be started ([] when all started).
+        """
+
+    def failures(self, run: Launcher) -> list[Failure]:
+        """Every host's failure as seen now (exit, closed channel, silence), in host order."""
+        found = (host.failure(run.plan.heartbeat_timeout) for host in run.hosts)
+        return [failure for failure in found if failure is not None]
+
+    def conclude(self, run: Launcher, failures: list[Failure]) -> Ending:
+        """The backend's verdict once every host ended or one failed; by default the failures seen."""
+        return Ending(failures)
+
+    @abstractmethod
+    def stop(self, run: Launcher, hosts: list[HostRun]) -> None:
+        """End the job on `hosts` (those not yet ended) and wait, within the job's stop grace, for
+        each to report its exit."""
+
+    def finish(self, run: Launcher) -> list[str]:
+        """Release what the job held once it ended.
+
+        Returns:
+            Extra lines for the job's summary.
+        """
+        return []
+
+    # ---------------------------------------------------------------- recorded jobs
+
+    @abstractmethod
+    def stop_job(self, record: JobRecord) -> int:
+        """Stop a recorded job: through its controller when alive, else directly. Returns the exit code."""
+
+    def job_alive(self, record: JobRecord) -> bool:
+        """Whether an unfinished job still runs. By default a job lives with its controller."""
+        return controller_alive(record)
+
+    def recover(self, record: JobRecord) -> dict[str, int]:
+        """Rebuild a job's log files from the copies its hosts kept.
+
+        Returns:
+            {node: lines recovered}.
+
+        Raises:
+            UsageError: this backend keeps no copies to recover from.
+        """
+        raise UsageError(f"--recover: job {record.id} ran on the {self.NAME} backend, which keeps no host copies")
+
+    def run_near(self, record: JobRecord, node: str, argv: Sequence[str],
+                 timeout: float | None = None) -> CommandResult:
+        """Run a command on the host of a job's node, beside its ranks (e.g. py-spy dump).
+
+        Raises:
+            UsageError: this backend cannot run commands beside a job's ranks, or `node` is not the job's.
+            InfraError: the host could not be reached.
+        """
+        raise UsageError(f"job {record.id} ran on the {self.NAME} backend, which cannot run commands beside "
+                         "its ranks")
+
+
+def terminal_for(request: LaunchRequest) -> TextIO | None:
+    """Where a launch's lines are shown: stdout, or nowhere for a detached controller."""
+    return None if request.quiet else sys.stdout
+
+
+def for_record(store: Store, record: JobRecord) -> Backend:
+    """The backend a recorded job ran on, ready for per-job operations.
+
+    Raises:
+        UsageError: the record names a backend this distrun does not have.
+    """
+    from orchestrator import backends
+
+    if record.backend not in backends.REGISTRY:
+        raise UsageError(f"job {record.id} ran on backend {record.backend!r}, which this distrun does not have "
+                         f"(it has {', '.join(backends.names())})")
+    return backends.get(record.backend)(store)
+
+
+def refresh_lost(store: Store, records: list[JobRecord]) -> None:
+    """Mark unfinished jobs that no longer run (their backend says so: `job_alive`) as `lost`."""
+    for record in records:
+        if record.state.finished:
+            continue
+        try:
+            alive = for_record(store, record).job_alive(record)
+        except UsageError:
+            continue  # a backend this distrun does not know: leave its record as it is
+        if not alive:
+            record.state = JobState.LOST
+            store.update(record.id, state=JobState.LOST)

@@ -1,0 +1,17 @@
+"""The local backend: this machine only, through the local transport, whatever inventory is set."""
+
+from __future__ import annotations
+
+from orchestrator.backends.base import LaunchRequest
+from orchestrator.backends.ssh import SshBackend
+from orchestrator.spec import Inventory, default_inventory
+
+
+class LocalBackend(SshBackend):
+    """The SSH backend's machinery on the built-in inventory: one host, `localhost`, no SSH."""
+
+    NAME = "local"
+    DESCRIPTION = "this machine only (the built-in inventory), whatever -i or $DISTRUN_INVENTORY say"
+
+    def inventory(self, request: LaunchRequest) -> Inventory:
+        return default_inventory()

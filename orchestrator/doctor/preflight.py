@@ -1,0 +1,51 @@
+"""The checks `distrun launch` runs before anything starts, on the facts its one probe round found."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from orchestrator.doctor.checks import (
+    Context,
+    Status,
+    check_port_free,
+    check_port_reachable,
+    check_python,
+    check_torch,
+)
+from orchestrator.doctor.render import render_check
+from orchestrator.errors import DistrunError, ExitCode
+from orchestrator.facts import HostFacts
+from orchestrator.plan import LaunchPlan
+from orchestrator.spec.model import NodeSpec
+
+
+class PreflightError(DistrunError):
+    """A check failed before anything started: exit 1, nothing was launched."""
+
+    exit_code = ExitCode.FAILED
+
+
+def launch_preflight(plan: LaunchPlan, nodes: Mapping[str, NodeSpec], facts: Mapping[str, HostFacts],
+                     master_addr_error: str | None = None) -> None:
+    """Python and torch alike on every host; on several hosts, the rendezvous port was free on the
+    master and every other host connected to it (the launch's probe round tested both).
+
+    Args:
+        plan: The job's plan (its hosts, master and address).
+        nodes: The plan's hosts' inventory entries, by name.
+        facts: What the launch's probe round found on each host.
+        master_addr_error: Why no address of the master could be chosen, if so.
+
+    Raises:
+        PreflightError: listing every failed check as doctor shows it.
+    """
+    ctx = Context(tuple(nodes[h.node] for h in plan.hosts), plan.master_node, plan.master_addr, master_addr_error)
+    checks = [check_python(facts, ctx), check_torch(facts, ctx)]
+    if len(plan.hosts) > 1:
+        checks += [check_port_free(facts, ctx), check_port_reachable(facts, ctx)]
+    failed = [c for c in checks if c.status is Status.ERROR]
+    if failed:
+        width = max(len(c.name) for c in failed)
+        rows = [line for c in failed for line in render_check(c, width)]
+        raise PreflightError("preflight failed; nothing was started (--skip-preflight starts anyway):\n"
+                             + "\n".join(rows))

@@ -1,0 +1,271 @@
+"""Driving the shipped probe (`orchestrator.remote.probe`) on many hosts at once.
+
+A probe round runs the probe on every host of a group: the master's probe listens on the
+rendezvous port and reports its interfaces at once; the controller then chooses the master's
+address and tells every other host's probe to connect to it, resolve its names and find the
+interface whose route reaches it. Doctor runs a `full` round; a launch runs a fast one, once,
+and plans and preflights from its facts. In both, each host's probe finds torch as the job
+would import it (`import_options`): the torch a check or the preflight names is the job's.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib import util
+from typing import Any
+
+from orchestrator import remote
+from orchestrator.errors import InfraError, UsageError, one_line
+from orchestrator.facts import HostFacts
+from orchestrator.group import Group, GroupResult, parallel
+from orchestrator.plan import DEFAULT_PORT, choose_master_addr
+from orchestrator.spec.model import JobSpec, NodeSpec
+from orchestrator.transport import RemoteProcess, Transport
+
+PROBE_MODULES = ["output", "probe"]  # what the probe runs, dependencies first
+PROBE_TIMEOUT = 60.0
+LISTEN_SECONDS = 60.0
+POLL = 0.01
+EXIT_GRACE = 5.0
+EVENT = "\x1e"
+
+
+@dataclass
+class HostResult:
+    """What became of one host: its facts, or why there are none."""
+
+    node: str
+    facts: HostFacts | None = None
+    error: str | None = None
+    unreachable: bool = False  # SSH connection or authentication failed (else: the probe failed)
+    exception: Exception | None = field(default=None, repr=False, compare=False)
+
+
+def _line(message: dict[str, Any]) -> bytes:
+    return json.dumps(message).encode() + b"\n"
+
+
+def pynvml_source() -> str | None:
+    """The source of this controller's nvidia-ml-py `pynvml` module, to ship to hosts without it."""
+    spec = util.find_spec("pynvml")
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    with open(spec.origin, encoding="utf-8") as fh:
+        return fh.read()
+
+
+class ProbeRun:
+    """One host's probe as the controller runs it: started, talked to, its facts collected."""
+
+    def __init__(self, transport: Transport, options: dict[str, Any]) -> None:
+        self.transport = transport
+        self.options = options
+        self.proc: RemoteProcess | None = None
+        self.listening: dict[str, Any] | None = None
+        self.facts: dict[str, Any] | None = None
+        self.stderr: list[str] = []
+        self._heard = threading.Event()
+
+    @property
+    def name(self) -> str:
+        return self.transport.name
+
+    def start(self) -> None:
+        """Start the probe on the (connected) host and send it its options.
+
+        Raises:
+            InfraError: the command could not be started.
+        """
+        payload = remote.bundle("probe", PROBE_MODULES)
+        self.proc = self.transport.start(remote.bootstrap_argv(self.transport.node.python, payload, "distrun-probe"))
+        self.proc.stream(self._on_stdout, self.stderr.append)
+        self.proc.write(payload + _line(self.options))
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self.proc is not None:
+            self.proc.write(_line(message))
+
+    def _on_stdout(self, line: str) -> None:
+        try:
+            data = json.loads(line.removeprefix(EVENT))
+        except ValueError:
+            return  # a login script's chatter, not the probe
+        if not isinstance(data, dict):
+            return
+        if line.startswith(EVENT):
+            self._on_event(data)
+            return
+        if isinstance(data.get("clock"), (int, float)):
+            data["clock_skew"] = data["clock"] - time.time()
+        self.facts = data
+        self._heard.set()
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        if event.get("ev") == "listening":
+            self.listening = event
+            self._heard.set()
+        elif event.get("ev") == "need":
+            self.send({"module": event.get("module"), "source": pynvml_source()})
+
+    def _wait_heard(self, timeout: float) -> None:
+        """Until a line the controller waits for arrives, the probe exits, or `timeout` passes."""
+        deadline = time.monotonic() + timeout
+        while not self._heard.wait(POLL) and time.monotonic() < deadline:
+            if self.proc is None or self.proc.wait(0) is not None:
+                return
+
+    def wait_listening(self, timeout: float) -> dict[str, Any] | None:
+        """The master's `listening` event, or None when the probe ended or timed out first."""
+        self._wait_heard(timeout)
+        self._heard.clear()
+        return self.listening
+
+    def wait_facts(self, timeout: float) -> None:
+        """Until the facts arrive, the probe exits, or `timeout` passes."""
+        if self.facts is None:
+            self._wait_heard(timeout)
+
+    def finish(self, timeout: float) -> dict[str, Any]:
+        """Wait for the facts, then for the probe to exit.
+
+        Raises:
+            InfraError: no facts came: the probe failed or timed out.
+        """
+        if self.proc is None:
+            raise InfraError(f"{self.name}: probe not started")
+        self.wait_facts(timeout)
+        self.proc.close_stdin()
+        rc = self.proc.wait(EXIT_GRACE)
+        if rc is None:
+            self.proc.terminate()
+        if self.facts is not None:
+            return self.facts
+        last = (self.stderr or [f"no output (exit code {rc})" if rc is not None else "timed out"])[-1]
+        raise InfraError(f"{self.name}: probe failed using python '{self.transport.node.python}': {last}")
+
+
+@dataclass
+class Round:
+    """A probe on every host, the master listening while the others connect."""
+
+    results: dict[str, HostResult]
+    master_addr: str | None = None
+    master_addr_error: str | None = None
+    master_hostname: str | None = None
+
+    def facts(self) -> dict[str, HostFacts]:
+        """The facts of every host that has them, in host order."""
+        return {name: r.facts for name, r in self.results.items() if r.facts is not None}
+
+    def check(self) -> dict[str, HostFacts]:
+        """Every host's facts, when every host gave them.
+
+        Raises:
+            GroupError: some host could not be reached or probed (each one named).
+        """
+        failed: GroupResult[HostFacts] = GroupResult(
+            {name: r.facts if r.facts is not None else r.exception or InfraError(f"{name}: {r.error}")
+             for name, r in self.results.items()})
+        failed.unreached = frozenset(name for name, r in self.results.items() if r.unreachable)
+        return failed.check()
+
+
+def import_options(nodes: Sequence[NodeSpec], job: JobSpec | None, workdir: str) -> dict[str, dict[str, Any]]:
+    """Each node's probe option `import_from`: find torch as the job would import it.
+
+    That is the node's python, started in the job's workdir, with the inventory's env and the
+    job's over it (as the plan sets them; secrets stay out: they do not move an import).
+
+    Args:
+        nodes: The nodes probed.
+        job: The job, if any (doctor may run without one).
+        workdir: The directory the job runs in on every host.
+
+    Returns:
+        {node name: {"import_from": {...}}}, as `probe_round` takes per host.
+    """
+    job_env = job.env if job else {}
+    return {n.name: {"import_from": {"python": n.python, "cwd": workdir, "env": {**n.env, **job_env}}}
+            for n in nodes}
+
+
+def probe_round(group: Group, master: NodeSpec, base: dict[str, Any], port: int | None,
+                master_addr: str | None, port_from: int = DEFAULT_PORT, resolve: bool = True,
+                per_host: Mapping[str, dict[str, Any]] | None = None) -> Round:
+    """Run the probe on every host at once; the master listens, the others connect to it.
+
+    Args:
+        group: Every selected node; each host is connected first where it is not yet.
+        master: The rendezvous host, one of the group's.
+        base: Options for every host's probe (e.g. {"full": True}).
+        port: The rendezvous port to listen on; None = the first free one from `port_from`.
+        master_addr: The address the others connect to; None = chosen as launch would.
+        port_from: Where the search for a free port starts when `port` is None.
+        resolve: Have the other hosts look up the master's address and host name (doctor's
+            master-resolves check; a launch skips it, as a slow DNS would slow every launch).
+        per_host: More options for some hosts' probes, by node name (`import_options`).
+
+    Returns:
+        Every host's result (facts or error), in the group's order, and the master's address as used.
+    """
+    own = per_host or {}
+    runs = {name: ProbeRun(t, _options(name == master.name, {**base, **own.get(name, {})}, port, port_from))
+            for name, t in group.transports.items()}
+    started = group.run(lambda t: runs[t.name].start())
+    results = {name: HostResult(name, error=one_line(exc), unreachable=name in started.unreached, exception=exc)
+               for name, exc in started.failed.items()}
+    live = {name: run for name, run in runs.items() if name not in results}
+    master_run = live.pop(master.name, None)
+    listening = master_run.wait_listening(PROBE_TIMEOUT) if master_run else None
+    outcome = Round(results)
+    if listening is not None:
+        outcome.master_hostname = listening.get("hostname")
+        outcome.master_addr, outcome.master_addr_error = _master_addr(
+            master, listening, group[master.name], len(group), master_addr)
+    message = _connect_message(listening, outcome, resolve)
+    for run in live.values():
+        run.send(message)
+    deadline = time.monotonic() + PROBE_TIMEOUT
+    for run in live.values():
+        run.wait_facts(max(0.0, deadline - time.monotonic()))
+    if master_run is not None:
+        live[master.name] = master_run
+        master_run.send({"stop": True})
+    finished = parallel(live.values(), lambda r: r.finish(PROBE_TIMEOUT), key=lambda r: r.name)
+    for name, value in finished.items():
+        results[name] = HostResult(name, error=one_line(value), exception=value) if isinstance(value, Exception) \
+            else HostResult(name, facts=HostFacts.from_probe(name, value))
+    outcome.results = {name: results[name] for name in group.names}
+    return outcome
+
+
+def _options(is_master: bool, base: dict[str, Any], port: int | None, port_from: int) -> dict[str, Any]:
+    if not is_master:
+        return {**base, "connect_later": True}
+    return {**base, "listen_seconds": LISTEN_SECONDS, **({"port_exact": port} if port else {"port_from": port_from})}
+
+
+def _master_addr(master: NodeSpec, listening: dict[str, Any], transport: Transport, nnodes: int,
+                 given: str | None) -> tuple[str | None, str | None]:
+    """(address, None), or (None, why) when only a loopback address is known for several hosts."""
+    if given:
+        return given, None
+    facts = HostFacts.from_probe(master.name, {"interfaces": listening.get("interfaces") or {}})
+    try:
+        return choose_master_addr(master, facts, transport.peer_address(), nnodes), None
+    except UsageError as exc:
+        return None, str(exc)
+
+
+def _connect_message(listening: dict[str, Any] | None, outcome: Round, resolve: bool) -> dict[str, Any]:
+    """What the other hosts' probes are told: where to connect (None: nothing listens), what to
+    resolve, and the address whose route names the interface they would use."""
+    names = [n for n in (outcome.master_addr, outcome.master_hostname) if n and resolve]
+    target = None
+    if listening is not None and listening.get("ok") and outcome.master_addr:
+        target = [outcome.master_addr, listening["port"]]
+    return {"connect_to": target, "resolve": names, "route_to": outcome.master_addr}

@@ -1,0 +1,322 @@
+"""The backend contract: the registry, each backend's options, the run loop driving a backend's hooks,
+and per-job operations. No cluster: a scripted backend stands in for hosts."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+from orchestrator import backends, launch
+from orchestrator.backends.base import (
+    Backend,
+    LaunchContext,
+    LaunchRequest,
+    for_record,
+    refresh_lost,
+)
+from orchestrator.backends.options import Option, OptionType, from_command_line
+from orchestrator.backends.slurm import SlurmBackend
+from orchestrator.backends.slurm_script import SlurmOptions
+from orchestrator.cli import cli
+from orchestrator.errors import SpecError, UsageError
+from orchestrator.failures import Failure
+from orchestrator.launch import HostRun, Launcher
+from orchestrator.plan import LaunchPlan, build_plan
+from orchestrator.spec import job_from_text
+from orchestrator.spec.model import NodeSpec
+from orchestrator.store import JobRecord, JobState, Store
+from tests.helpers import distrun
+
+# ---------------------------------------------------------------- the registry
+
+
+def test_every_registered_name_imports_a_backend_class_of_that_name():
+    for name in backends.names():
+        cls = backends.get(name)
+        assert issubclass(cls, Backend) and name == cls.NAME and cls.DESCRIPTION
+        cls(Store.__new__(Store))  # every hook is filled in: the class can be made
+
+
+def test_the_command_line_and_the_job_file_take_exactly_the_registered_names():
+    launch_command = cli.commands["launch"]
+    choice = next(p.type for p in launch_command.params if p.name == "backend")
+    assert isinstance(choice, click.Choice) and tuple(choice.choices) == backends.names()
+    with pytest.raises(SpecError, match=f"must be one of {', '.join(backends.names())},"):
+        job_from_text("name: t\nmodule: m\nbackend: pbs\n", "j.yaml")
+
+
+def test_a_name_that_is_not_registered_is_not_a_backend():
+    with pytest.raises(KeyError):
+        backends.get("pbs")
+
+
+# ---------------------------------------------------------------- options
+
+
+SLURM_JOB = "name: t\nmodule: m\nbackend: slurm\nslurm:\n  partition: gpu\n  extra: [--exclusive]\n"
+
+
+def test_a_backends_options_come_from_its_section_with_the_command_line_over_it():
+    options = SlurmBackend.resolve_options(job_from_text(SLURM_JOB, "j.yaml"), ["partition=debug", "time=01:00:00"])
+    assert options == {"partition": "debug", "extra": ("--exclusive",), "time": "01:00:00"}
+    assert SlurmOptions(**options).partition == "debug"  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("section", "expected"), [
+    ("slurm: {gpus_per_node: 0}", "jobs/x.yaml:3: slurm.gpus_per_node: must be an integer >= 1, got 0"),
+    ("slurm: {extras: [--x]}", "jobs/x.yaml:3: slurm.extras: unknown key (did you mean 'extra'?)"),
+    ("slurm:\n  time: ''", "jobs/x.yaml:4: slurm.time: must not be empty (remove the key to use the default)"),
+])
+def test_a_wrong_value_in_a_backends_section_is_reported_at_its_line(section: str, expected: str):
+    job = job_from_text(f"name: t\nmodule: m\n{section}\n", "jobs/x.yaml")
+    with pytest.raises(SpecError) as caught:
+        SlurmBackend.resolve_options(job)
+    assert str(caught.value) == expected
+
+
+@pytest.mark.parametrize(("pair", "expected"), [
+    ("partiton=gpu", "-o partiton=gpu: the slurm backend has no option 'partiton' (did you mean 'partition'?)"),
+    ("gpus_per_node=0", "-o gpus_per_node=0: gpus_per_node: must be at least 1"),
+    ("gpus_per_node=many", "-o gpus_per_node=many: gpus_per_node: expected an integer"),
+    ("partition", "-o partition: expected KEY=VALUE"),
+    ("time=", "-o time=: time: must not be empty"),
+])
+def test_a_wrong_option_on_the_command_line_names_the_pair(pair: str, expected: str):
+    with pytest.raises(UsageError) as caught:
+        SlurmBackend.resolve_options(job_from_text("name: t\nmodule: m\n", "j.yaml"), [pair])
+    assert str(caught.value) == expected
+
+
+def test_strings_and_booleans_parse_from_the_command_line():
+    options = (Option("extra", OptionType.STRINGS, "x"), Option("fast", OptionType.BOOLEAN, "x"),
+               Option("ratio", OptionType.NUMBER, "x", minimum=0.5))
+    values = from_command_line(["extra=--exclusive '--comment=a b'", "fast=yes", "ratio=0.75"], "b", options)
+    assert values == {"extra": ("--exclusive", "--comment=a b"), "fast": True, "ratio": 0.75}
+
+
+def test_a_backend_without_options_refuses_any(tmp_path: Path):
+    job = tmp_path / "j.yaml"
+    job.write_text(f"name: j\nscript: {job}\n")
+    result = distrun("launch", str(job), "--backend", "local", "-o", "partition=gpu", "--dry-run",
+                     home=tmp_path / "home")
+    assert result.returncode == 2
+    assert result.stderr == "distrun: error: -o partition=gpu: the local backend takes no options\n"
+
+
+def test_distrun_backends_lists_every_backend_and_its_options(tmp_path: Path):
+    result = distrun("backends", home=tmp_path)
+    assert result.returncode == 0
+    assert result.stdout.startswith("ssh (default): ")
+    assert "\nslurm: " in result.stdout and "  partition (text): " in result.stdout
+    assert "local: " in result.stdout and "  no options" in result.stdout
+
+
+# ---------------------------------------------------------------- the run loop, on a scripted backend
+
+
+# What torchrun prints about a failed worker, from which the launcher takes the failed rank.
+TORCHRUN_ROOT_CAUSE = ("Root Cause (first observed failure):", "[0]:", "  time      : 2026-11-23_10:00:00",
+                       "  host      : h1", "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 4242)")
+
+
+class ScriptedBackend(Backend):
+    """Two hosts that print, then exit as the job's `scripted` section says; nothing runs anywhere.
+
+    Each hook call is noted in `calls`, so a test can check the run loop's order.
+    """
+
+    NAME = "scripted"
+    DESCRIPTION = "test double"
+    OPTIONS = (Option("fail", OptionType.TEXT, "the host that exits 1"),)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[str] = []
+
+    def prepare(self, ctx: LaunchContext) -> LaunchPlan:
+        self.calls.append("prepare")
+        nodes = [NodeSpec(name=f"h{i}", host=f"10.9.0.{i}") for i in range(2)]
+        return build_plan(ctx.job, nodes, {}, job_id=ctx.job_id, inventory_path="<scripted>", master=nodes[0],
+                          master_addr="10.9.0.0", master_port=1, controller_cwd="/", controller_env={},
+                          backend=self.NAME)
+
+    def preflight(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
+        self.calls.append("preflight")
+
+    def stage(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
+        self.calls.append("stage")
+
+    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan:
+        self.calls.append("submit")
+        ctx.save_record(plan, backend_ref="scripted-7")
+        return plan
+
+    def start(self, run: Launcher) -> list[Failure]:
+        self.calls.append("start")
+        for host in run.hosts:
+            threading.Thread(target=self._play, args=(host,), daemon=True).start()
+        return []
+
+    def _play(self, host: HostRun) -> None:
+        host.on_stdout("[r0]hello" if host.node == "h0" else "[r1]hello")
+        if host.node == self.options.get("fail"):
+            host.on_stdout("[r1]RuntimeError: scripted failure")
+            for line in TORCHRUN_ROOT_CAUSE:
+                host.on_stdout(line)
+            host.on_stdout("\x1e" + json.dumps({"ev": "exit", "rc": 1}))
+        elif not self.options.get("fail"):
+            host.on_stdout("\x1e" + json.dumps({"ev": "exit", "rc": 0}))
+
+    def stop(self, run: Launcher, hosts: list[HostRun]) -> None:
+        self.calls.append(f"stop {','.join(h.node for h in hosts)}")
+        for host in hosts:
+            host.on_stdout("\x1e" + json.dumps({"ev": "exit", "rc": -15, "reason": "stopped by the controller"}))
+
+    def finish(self, run: Launcher) -> list[str]:
+        self.calls.append("finish")
+        return ["scripted: released"]
+
+    def release(self) -> None:
+        self.calls.append("release")
+
+    def stop_job(self, record: JobRecord) -> int:
+        return 0
+
+
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[ScriptedBackend]:
+    made: list[ScriptedBackend] = []
+
+    class Recorded(ScriptedBackend):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setitem(backends.REGISTRY, "scripted", f"{__name__}:Recorded")
+    monkeypatch.setattr(sys.modules[__name__], "Recorded", Recorded, raising=False)
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
+    return made
+
+
+def job_file(tmp_path: Path, extra: str = "") -> str:
+    path = tmp_path / "job.yaml"
+    path.write_text(f"name: s\nscript: {path}\ntelemetry: {{enabled: false}}\n{extra}")
+    return str(path)
+
+
+def test_the_run_loop_calls_the_hooks_in_order_and_records_success(scripted, tmp_path: Path, capsys):
+    code = launch.launch(LaunchRequest(job_file(tmp_path), backend="scripted", job_id="s-1", live=False))
+
+    assert code == 0
+    assert scripted[0].calls == ["prepare", "preflight", "stage", "submit", "start", "finish", "release"]
+    record = Store().get("s-1")
+    assert (record.state, record.backend, record.backend_ref, record.failures) == (
+        JobState.SUCCEEDED, "scripted", "scripted-7", [])
+    assert "scripted: released" in record.detail
+    assert "[h0 r0] hello" in capsys.readouterr().out
+
+
+def test_a_failed_host_is_the_root_cause_and_the_host_distrun_stopped_says_so(scripted, tmp_path: Path):
+    request = LaunchRequest(job_file(tmp_path, "scripted: {fail: h1}\n"), backend="scripted", job_id="s-2",
+                            live=False, skip_preflight=True, quiet=True)
+    code = launch.launch(request)
+
+    assert code == 1
+    assert scripted[0].calls == ["prepare", "stage", "submit", "start", "stop h0", "finish", "release"]
+    record = Store().get("s-2")
+    root = Failure.from_dict(record.failures[0])
+    assert (root.host, root.rank, root.describe(), root.address) == ("h1", 1, "exit code 1", "10.9.0.1")
+    assert root.last_lines[-1] == "RuntimeError: scripted failure"
+    assert "Other hosts: h0: stopped by distrun" in record.detail and "exit code -15" not in record.detail
+    assert Store().job_dir("s-2").summary.read_text() == record.detail + "\n"
+
+
+def test_a_dry_run_only_prepares_and_releases(scripted, tmp_path: Path, capsys):
+    code = launch.launch(LaunchRequest(job_file(tmp_path), backend="scripted", job_id="s-3", dry_run=True))
+
+    assert code == 0 and scripted[0].calls == ["prepare", "release"]
+    assert "job s-3: 2 node(s)" in capsys.readouterr().out
+    assert Store().list() == []
+
+
+def test_a_wrong_option_stops_the_launch_before_the_backend_is_made(scripted, tmp_path: Path):
+    with pytest.raises(UsageError, match="no option 'fial'"):
+        launch.launch(LaunchRequest(job_file(tmp_path), backend="scripted", options=["fial=h1"]))
+    assert scripted == []
+
+
+# ---------------------------------------------------------------- recorded jobs
+
+
+def record(store: Store, job_id: str, backend: str, pid: int | None, **fields: Any) -> JobRecord:
+    rec = JobRecord(id=job_id, name="x", spec_path="x.yaml", inventory="<built-in>", hosts=["localhost"],
+                    backend=backend, state=JobState.RUNNING, controller_pid=pid, **fields)
+    store.save(rec)
+    return rec
+
+
+def test_ps_marks_an_ssh_job_whose_controller_died_lost_and_leaves_a_live_one(tmp_path: Path):
+    store = Store(tmp_path)
+    dead = record(store, "dead-1", "ssh", 2 ** 22 + 1)
+    live = record(store, "live-1", "ssh", os.getpid())  # pytest's command line names no distrun
+    alive_controller = record(store, "live-2", "local", None)
+    refresh_lost(store, [dead, live, alive_controller])
+    assert store.get("dead-1").state is JobState.LOST
+    assert store.get("live-2").state is JobState.LOST
+
+
+def test_a_record_of_an_unknown_backend_is_left_alone_and_refused_politely(tmp_path: Path):
+    store = Store(tmp_path)
+    rec = record(store, "k8s-1", "kubernetes", None)
+    refresh_lost(store, [rec])
+    assert store.get("k8s-1").state is JobState.RUNNING
+    with pytest.raises(UsageError, match="backend 'kubernetes', which this distrun does not have"):
+        for_record(store, rec)
+
+
+def test_a_slurm_job_that_slurm_cannot_be_asked_about_counts_as_alive(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no scontrol: Slurm cannot be asked
+    store = Store(tmp_path)
+    rec = record(store, "sl-1", "slurm", None, backend_ref="42")
+    refresh_lost(store, [rec])
+    assert store.get("sl-1").state is JobState.RUNNING
+
+
+def test_recover_is_refused_by_a_backend_without_host_copies(tmp_path: Path):
+    store = Store(tmp_path)
+    rec = record(store, "sl-2", "slurm", None, backend_ref="43")
+    with pytest.raises(UsageError, match="ran on Slurm, whose nodes wrote into the job directory itself"):
+        for_record(store, rec).recover(rec)
+
+
+def test_run_near_runs_a_command_on_the_host_of_a_local_jobs_node(tmp_path: Path):
+    store = Store(tmp_path)
+    rec = record(store, "loc-1", "local", None)
+    result = for_record(store, rec).run_near(rec, "localhost", ["echo", "beside the ranks"], timeout=30)
+    assert (result.returncode, result.stdout) == (0, "beside the ranks")
+    with pytest.raises(UsageError, match="ran on localhost"):
+        for_record(store, rec).run_near(rec, "node9", ["true"])
+
+
+def test_the_base_backend_refuses_operations_it_does_not_have(tmp_path: Path):
+    store = Store(tmp_path)
+    rec = record(store, "s-9", "slurm", None, backend_ref="9")
+    with pytest.raises(UsageError, match="cannot run commands beside its ranks"):
+        SlurmBackend(store).run_near(rec, "node0", ["py-spy", "dump"])
+
+
+def test_stop_job_waits_for_nothing_on_a_finished_job(tmp_path: Path, capsys):
+    store = Store(tmp_path)
+    rec = record(store, "done-1", "ssh", None)
+    store.end("done-1", JobState.SUCCEEDED, 0, "ok")
+    began = time.monotonic()
+    assert for_record(store, rec).stop_job(store.get("done-1")) == 0
+    assert time.monotonic() - began < 2 and "already ended (succeeded)" in capsys.readouterr().out

@@ -1,0 +1,110 @@
+"""Failures as data, and the choice of the root cause: pure, no cluster."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.failures import (
+    STOPPED_BY_DISTRUN,
+    Failure,
+    FailureKind,
+    failed_summary,
+    is_collateral,
+    other_hosts_line,
+    root_cause,
+)
+
+RESET = ("[rank0]: RuntimeError: [gloo] Connection reset by peer",)
+RAISED = ("Traceback (most recent call last):", "RuntimeError: deliberate failure on rank 3")
+
+
+def exit_failure(host: str, at: float, code: int = 1, rank: int | None = None,
+                 lines: tuple[str, ...] = RAISED) -> Failure:
+    return Failure(host, FailureKind.EXIT, rank=rank, exit_code=code, last_lines=lines, time=at)
+
+
+def test_the_earliest_failure_is_the_root_cause_when_none_is_an_echo():
+    failures = [exit_failure("node0", 10.4, rank=0), exit_failure("node1", 10.1, rank=3),
+                exit_failure("node2", 10.2, rank=5)]
+    assert root_cause(failures).host == "node1"
+
+
+def test_a_lost_host_is_blamed_over_the_earlier_connection_resets_it_caused():
+    failures = [exit_failure("node0", 3.0, rank=0, lines=RESET), exit_failure("node1", 3.1, rank=2, lines=RESET),
+                Failure("node2", FailureKind.LOST, reason="host lost: nothing heard for 15 s", time=15.0)]
+    cause = root_cause(failures)
+    assert cause.host == "node2" and cause.kind is FailureKind.LOST
+
+
+def test_a_process_killed_by_a_signal_is_blamed_over_an_exit_code_seen_at_the_same_moment():
+    failures = [exit_failure("node0", 7.0, rank=0, lines=("RuntimeError: gloo timeout",)),
+                Failure.from_returncode("node1", -9, rank=2, time=7.0)]
+    cause = root_cause(failures)
+    assert cause.host == "node1" and cause.describe() == "killed by signal SIGKILL"
+
+
+def test_a_rank_ended_by_sigterm_is_an_echo_and_the_exit_code_elsewhere_is_blamed():
+    failures = [Failure.from_returncode("node0", -15, rank=0, time=1.0), exit_failure("node1", 2.0, rank=3)]
+    assert is_collateral(failures[0])
+    assert root_cause(failures).host == "node1"
+
+
+def test_when_every_failure_is_an_echo_the_earliest_is_blamed():
+    failures = [exit_failure("node0", 5.0, lines=RESET), exit_failure("node1", 4.0, lines=RESET)]
+    assert root_cause(failures).host == "node1"
+
+
+def test_simultaneous_failures_of_one_kind_blame_the_first_host_given():
+    failures = [exit_failure("node3", 1.0), exit_failure("node1", 1.0)]
+    assert root_cause(failures).host == "node3"
+
+
+def test_root_cause_of_nothing_is_an_error():
+    with pytest.raises(ValueError):
+        root_cause([])
+
+
+def test_a_failure_survives_its_dict_and_json():
+    failure = Failure("node1", FailureKind.SIGNAL, rank=3, signal="SIGSEGV", address="10.0.0.11",
+                      last_lines=("a", "b"), time=1700000000.5)
+    data = json.loads(json.dumps(failure.to_dict()))
+    assert data["kind"] == "signal" and data["signal"] == "SIGSEGV" and data["last_lines"] == ["a", "b"]
+    assert Failure.from_dict(data) == failure
+
+
+def test_from_dict_refuses_an_unknown_kind():
+    with pytest.raises(ValueError):
+        Failure.from_dict({"host": "node0", "kind": "meltdown"})
+
+
+def test_render_leads_with_host_rank_and_exit_then_the_last_lines():
+    failure = exit_failure("node1", 1.0, rank=3)
+    failure = Failure(**{**failure.__dict__, "address": "10.0.0.11"})
+    assert failure.render().splitlines() == [
+        "  host: node1 (10.0.0.11)", "  rank: 3", "  exit: exit code 1", "  last 2 lines of rank 3:",
+        "    Traceback (most recent call last):", "    RuntimeError: deliberate failure on rank 3"]
+
+
+def test_a_lost_host_renders_its_reason_not_an_exit():
+    failure = Failure("node2", FailureKind.LOST, reason="connection to the host closed")
+    assert failure.render().splitlines() == ["  host: node2", "  reason: connection to the host closed"]
+    assert failure.brief() == "node2: connection to the host closed"
+
+
+def test_brief_says_exit_code_once():
+    failure = Failure("node1", FailureKind.EXIT, rank=3, exit_code=1, address="10.0.0.11")
+    assert failure.brief() == "node1 (10.0.0.11) rank 3: exit code 1"
+
+
+def test_hosts_that_ended_alike_are_folded_into_one_range():
+    line = other_hosts_line({"node0": STOPPED_BY_DISTRUN, "node2": STOPPED_BY_DISTRUN, "node3": "exit code 1"})
+    assert line == "Other hosts: node[0,2]: stopped by distrun, node3: exit code 1"
+    assert other_hosts_line({}) == ""
+
+
+def test_the_failed_summary_has_the_title_the_block_and_the_other_hosts():
+    text = failed_summary("j-1", Failure("node1", FailureKind.EXIT, exit_code=2), {"node0": STOPPED_BY_DISTRUN})
+    assert text.splitlines() == ["job j-1 FAILED", "Root Cause (first observed failure):", "  host: node1",
+                                 "  exit: exit code 2", "Other hosts: node0: stopped by distrun"]
