@@ -175,10 +175,12 @@ class Round:
 
 
 def import_options(nodes: Sequence[NodeSpec], job: JobSpec | None, workdir: str) -> dict[str, dict[str, Any]]:
-    """Each node's probe option `import_from`: find torch as the job would import it.
+    """Each node's probe options `import_from` (find torch as the job would import it) and, for
+    a job, `entry` (look for its script or module the same way).
 
     That is the node's python, started in the job's workdir, with the inventory's env and the
-    job's over it (as the plan sets them; secrets stay out: they do not move an import).
+    job's over it (as the plan sets them; secrets stay out: they do not move an import). A job
+    with `sync: true` gets its workdir only after the probe, so its entry is not looked for.
 
     Args:
         nodes: The nodes probed.
@@ -186,10 +188,12 @@ def import_options(nodes: Sequence[NodeSpec], job: JobSpec | None, workdir: str)
         workdir: The directory the job runs in on every host.
 
     Returns:
-        {node name: {"import_from": {...}}}, as `probe_round` takes per host.
+        {node name: {"import_from": {...}, "entry": {...}}}, as `probe_round` takes per host.
     """
     job_env = job.env if job else {}
-    return {n.name: {"import_from": {"python": n.python, "cwd": workdir, "env": {**n.env, **job_env}}}
+    entry = ({} if job is None or job.sync else
+             {"entry": {"module": job.module} if job.module else {"script": job.script}})
+    return {n.name: {"import_from": {"python": n.python, "cwd": workdir, "env": {**n.env, **job_env}}, **entry}
             for n in nodes}
 
 
