@@ -4,7 +4,10 @@ Protocol (stdin, one JSON object per line): first `{"op": "config", ...}`, then 
 heartbeats and `{"op": "stop"}`. End of stdin means the controller is gone.
 
 Output (stdout): torchrun's output lines as they are, and events as lines that start with
-the byte 0x1e followed by JSON: `started`, `hb`, `tel`, `exit`, `note`.
+the byte 0x1e followed by JSON: `started`, `hb`, `tel`, `exit`, `note`. An `exit` after a stop
+carries `workers_at_stop`: how many of the job's processes besides torchrun were alive when the
+stop came while torchrun still ran (0: every worker had exited and torchrun waited in its exit
+barrier for the other hosts); null when torchrun had already exited or no stop came.
 
 The job's processes are found two ways: torchrun's process group, and every process whose
 environment carries `DISTRUN_JOB_ID=<id>` and `DISTRUN_NODE=<node>` (torchrun starts each
@@ -98,6 +101,7 @@ class Supervisor:
         self.hb_timeout = None if timeout is None else float(timeout)
         self.last_hb = time.monotonic()
         self.stop_reason: str | None = None
+        self.workers_at_stop: int | None = None
         self.stopping = threading.Event()
         self.done = threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
@@ -174,6 +178,9 @@ class Supervisor:
 
     def _end(self) -> None:
         pgid = self.child.pid if self.child else None
+        if self.child is not None and self.child.poll() is None:
+            workers = job_processes(self.job_id, os.getpid(), self.cfg["node"])
+            self.workers_at_stop = len([p for p in workers if p != pgid and _alive(p)])
         left = end_job(self.job_id, self.cfg["node"], pgid, self.grace, reap=self.child.poll if self.child else None)
         self.out.event("note", msg=f"job processes ended ({self.stop_reason}); {left} needed SIGKILL")
 
@@ -197,7 +204,7 @@ class Supervisor:
         if sampler is not None:
             sampler.join(timeout=2)
         self.log.close()
-        self.out.event("exit", rc=rc, reason=self.stop_reason)
+        self.out.event("exit", rc=rc, reason=self.stop_reason, workers_at_stop=self.workers_at_stop)
         return 0
 
 
