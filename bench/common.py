@@ -43,6 +43,11 @@ def checkout(rev: str, into: Path) -> Path:
     return target
 
 
+def before_all_flag(argv: list[str]) -> list[str]:
+    """A distrun command line for a checkout older than `--all` (where every host was the default)."""
+    return [arg for arg in argv if arg != "--all"]
+
+
 def children_cpu() -> tuple[float, float]:
     """(user, sys) CPU seconds of every child reaped so far."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -40,6 +40,7 @@ import yaml
 from common import (
     REPO,
     alternate,
+    before_all_flag,
     checkout,
     children_cpu,
     median,
@@ -90,7 +91,7 @@ def commands(addrs: list[str], inv: Path, ssh_config: Path,
     """The exact command lines, with their extra environment, for each tool (pdsh's fan-out: its default, 32)."""
     pdsh = ["pdsh", "-R", "ssh", *(["-f", str(fanout)] if fanout else []), "-w", ",".join(addrs),
             probe_command(sys.executable, REPO)]
-    doctor = [sys.executable, "-m", "orchestrator", "doctor", "-i", str(inv), "--json"]
+    doctor = [sys.executable, "-m", "orchestrator", "doctor", "-i", str(inv), "--all", "--json"]
     return {"pdsh": (pdsh, {"PDSH_SSH_ARGS": f"-F {ssh_config} -x -l%u %h"}), "doctor": (doctor, {})}
 
 
@@ -193,8 +194,10 @@ def run_scale(cluster: object, tmp: Path, rounds: int, baseline: tuple[str, Path
             # `python -m` imports the package from the working directory: the old checkout's.
             old = f"doctor {baseline[0]}"
             cells[old] = Cell()
-            runs[old] = measured(old, *lines["doctor"], cells[old], listeners, cwd=baseline[1], may_fail=True)
-            measured(old, *lines["doctor"], Cell(), listeners, cwd=baseline[1], may_fail=True)()
+            argv, env = lines["doctor"]
+            runs[old] = measured(old, before_all_flag(argv), env, cells[old], listeners, cwd=baseline[1],
+                                 may_fail=True)
+            measured(old, before_all_flag(argv), env, Cell(), listeners, cwd=baseline[1], may_fail=True)()
         for tool, (argv, env) in lines.items():
             measured(tool, argv, env, Cell(), listeners)()
         alternate(runs, rounds)

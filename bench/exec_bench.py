@@ -38,6 +38,7 @@ import yaml
 from common import (
     REPO,
     alternate,
+    before_all_flag,
     checkout,
     children_cpu,
     median,
@@ -107,7 +108,7 @@ def commands(addrs: list[str], inv: Path, ssh_config: Path, argv: list[str],
              fanout: int | None = None) -> dict[str, tuple[list[str], dict]]:
     """The exact command lines, with their extra environment, for each tool (pdsh's fan-out: its default, 32)."""
     pdsh = ["pdsh", "-R", "ssh", *(["-f", str(fanout)] if fanout else []), "-w", ",".join(addrs), shlex.join(argv)]
-    distrun = [sys.executable, "-m", "orchestrator", "exec", "-i", str(inv), "--", *argv]
+    distrun = [sys.executable, "-m", "orchestrator", "exec", "-i", str(inv), "--all", "--", *argv]
     return {"pdsh": (pdsh, {"PDSH_SSH_ARGS": f"-F {ssh_config} -x -l%u %h"}), "distrun": (distrun, {})}
 
 
@@ -207,7 +208,8 @@ def run_scale(cluster: object, tmp: Path, rounds: int, baseline: tuple[str, Path
         runs: dict[str, Run] = {tool: (*lines[tool], None) for tool in TOOLS}
         if baseline is not None:
             # `python -m` imports the package from the working directory: the old checkout's.
-            runs[f"distrun {baseline[0]}"] = (*lines["distrun"], baseline[1])
+            argv, env = lines["distrun"]
+            runs[f"distrun {baseline[0]}"] = (before_all_flag(argv), env, baseline[1])
         for argv, env, cwd in runs.values():
             measured(argv, env, listeners, Cell(), cwd)()
         cells = {tool: Cell() for tool in runs}

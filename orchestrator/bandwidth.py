@@ -130,7 +130,8 @@ def measure(base: JobSpec | None, inventory: Inventory, nodes: list[NodeSpec], b
         try:
             if copied.failed:
                 return replace(report, error=GroupError(copied).render())
-            return _run(ssh, LaunchContext(LaunchRequest(job.path, live=False), job, job_id, store), plan, report)
+            return _run(ssh, LaunchContext(LaunchRequest(job.path, live=False, internal=True), job, job_id,
+                                         store), plan, report)
         finally:
             # Best effort: the measurement is what was asked for; a host that is gone keeps the file.
             ssh.group.run(lambda t: t.run(["rm", "-f", script], timeout=30), only=copied.succeeded)

@@ -28,17 +28,18 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from orchestrator.display import HostOutput, failure_summary, gather, render_blocks
 from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
-from orchestrator.group import Group
+from orchestrator.group import Group, without_host
 from orchestrator.interrupts import on_signals
-from orchestrator.spec.fields import suggestion
-from orchestrator.spec.model import Inventory, NodeSpec
+from orchestrator.spec.model import NodeSpec
+from orchestrator.spec.select import Guard, HostSelection, select_hosts
+from orchestrator.terminal import Progress
 from orchestrator.transport import RemoteProcess, Transport
-from orchestrator.transport.base import ConnectError
+from orchestrator.transport.base import ConnectError, reach_hint
 
 STOP_WAIT = 5.0  # after --timeout, how long a stopped command may take to report
 
@@ -49,8 +50,8 @@ class ExecRequest:
 
     argv: tuple[str, ...]
     inventory: str | None = None
-    nodes: tuple[str, ...] = ()
-    labels: tuple[str, ...] = ()
+    selection: HostSelection = field(default_factory=HostSelection)
+    guard: Guard | None = None
     timeout: float | None = None
     as_json: bool = False
 
@@ -71,6 +72,7 @@ class HostResult:
     error: str | None = None
     failure: str = ""
     unreachable: bool = False
+    exception: Exception | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def finished(cls, node: NodeSpec, rc: int, stdout: str, stderr: str) -> HostResult:
@@ -82,8 +84,9 @@ class HostResult:
         """The command could not run; a ConnectError means the host was not reached at all."""
         message = one_line(exc)
         if isinstance(exc, ConnectError):
-            return cls(node.name, node.host, error=message, failure=exc.failure.value, unreachable=True)
-        return cls(node.name, node.host, error=message, failure="error")
+            return cls(node.name, node.host, error=message, failure=exc.failure.value, unreachable=True,
+                       exception=exc)
+        return cls(node.name, node.host, error=message, failure="error", exception=exc)
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "host": self.host, "rc": self.rc, "stdout": self.stdout,
@@ -102,42 +105,20 @@ def execute(request: ExecRequest, out: TextIO = sys.stdout, err: TextIO = sys.st
         The exit status: 0 all succeeded, 1 the command failed somewhere, 3 a host was not reached.
 
     Raises:
-        UsageError: no command, or the selection names unknown nodes or labels.
+        UsageError: no command, the selection names unknown nodes or labels, or the guard refused.
         SpecError: the inventory file is not valid.
     """
     from orchestrator.spec import resolve_inventory_path
 
     if not request.argv:
         raise UsageError("exec: no command given (usage: distrun exec [OPTIONS] -- COMMAND ...)")
-    nodes = select(resolve_inventory_path(request.inventory), request.nodes, request.labels)
+    nodes = select_hosts(resolve_inventory_path(request.inventory), request.selection, request.guard, "exec")
     results = run_on_all(nodes, request.argv, request.timeout)
     if request.as_json:
         out.write(json.dumps([r.to_json() for r in results], indent=2, ensure_ascii=False) + "\n")
     else:
         report(results, out, err)
     return int(exit_code(results))
-
-
-def select(inventory: Inventory, names: Sequence[str], labels: Sequence[str]) -> list[NodeSpec]:
-    """The nodes named (every node when none is) that carry all `labels`, in inventory order.
-
-    Raises:
-        UsageError: a name is not in the inventory (the closest one is suggested), or no
-            chosen node carries the labels.
-    """
-    known = [node.name for node in inventory.nodes]
-    for name in names:
-        if name not in known:
-            raise UsageError(f"--nodes: unknown node {name!r} in inventory {inventory.path} "
-                             f"({suggestion(name, known, 'nodes')})")
-    chosen = [node for node in inventory.nodes if not names or node.name in names]
-    selected = [node for node in chosen if set(labels).issubset(node.labels)]
-    if not selected:
-        present = sorted({label for node in chosen for label in node.labels})
-        hint = f"labels there: {', '.join(present)}" if present else "those nodes have no labels"
-        raise UsageError(f"--label: no selected node of inventory {inventory.path} has label(s) "
-                         f"{', '.join(labels)} ({hint})")
-    return selected
 
 
 def run_on_all(nodes: Sequence[NodeSpec], argv: Sequence[str], timeout: float | None) -> list[HostResult]:
@@ -149,7 +130,7 @@ def run_on_all(nodes: Sequence[NodeSpec], argv: Sequence[str], timeout: float | 
         One result per node, in the nodes' order.
     """
     running = _Running()
-    with Group(nodes) as group, on_signals(running.interrupt):
+    with Group(nodes, progress=Progress(len(nodes), "connected")) as group, on_signals(running.interrupt):
         results = group.run(lambda t: _run_on(t, argv, timeout, running))
     return [_as_result(node, results[node.name]) for node in nodes]
 
@@ -215,12 +196,16 @@ def report(results: Sequence[HostResult], out: TextIO, err: TextIO) -> None:
     summary = failure_summary({r.node: r.failure for r in results if r.failure}, len(results))
     if summary:
         err.write(f"distrun: {summary}\n")
+    hint = reach_hint(r.exception for r in results if r.exception is not None)
+    if hint:
+        err.write(f"distrun: fix: {hint}\n")
 
 
 def _shown(result: HostResult) -> HostOutput:
     lines = [*_lines(result.stdout), *_lines(result.stderr)]
     if result.error is not None:
-        lines.append(result.error)
+        # Without its host name, so that hosts with the same error share one block.
+        lines.append(without_host(result.node, result.error))
     return HostOutput(tuple(lines), result.failure)
 
 

@@ -25,7 +25,9 @@ from typing import Generic, TypeVar
 from orchestrator.display import fold_hosts
 from orchestrator.errors import DistrunError, ExitCode, InfraError, one_line
 from orchestrator.spec.model import NodeSpec
+from orchestrator.terminal import Progress
 from orchestrator.transport import Transport, transport_for
+from orchestrator.transport.base import reach_hint
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -87,24 +89,38 @@ class GroupError(InfraError):
         return self.result.failed
 
     def render(self, fold: bool = True) -> str:
-        """`node[1-2]: unreachable: connection refused; node4 (10.0.0.14:22): auth failed ...`: one line."""
-        return "; ".join(self.lines(fold))
+        """`node[1-2]: unreachable: connection refused; node4 (10.0.0.14:22): auth failed ...`: one line,
+        ending with doctor's fix hint when a host was not reached or not logged into."""
+        hint = reach_hint(self.failed.values())
+        return "; ".join(self.lines(fold)) + (f" (fix: {hint})" if hint else "")
 
     def lines(self, fold: bool = True) -> list[str]:
-        """One line per host, or per set of hosts with the same error when `fold`.
-
-        A host alone keeps its own message (which names it, often with its address); hosts
-        that share an error are named by their range, before the error without the host.
-        """
-        own = {host: one_line(exc) for host, exc in self.failed.items()}
-        prefix = f"{self.what}: " if self.what else ""
-        groups = _groups({host: _without_host(host, text) for host, text in own.items()}) if fold else \
-            [([host], _without_host(host, text)) for host, text in own.items()]
-        return [own[hosts[0]] if len(hosts) == 1 and not prefix else f"{fold_hosts(hosts)}: {prefix}{text}"
-                for hosts, text in groups]
+        """One line per host, or per set of hosts with the same error when `fold` (see `fold_errors`)."""
+        return fold_errors({host: one_line(exc) for host, exc in self.failed.items()}, self.what, fold)
 
 
-def _without_host(host: str, text: str) -> str:
+def fold_errors(messages: Mapping[str, str], what: str = "", fold: bool = True) -> list[str]:
+    """Hosts' one-line errors, those of hosts that share an error folded into one line.
+
+    A host alone keeps its own message (which names it, often with its address); hosts that
+    share an error are named by their range, before the error without the host.
+
+    Args:
+        messages: Host -> its error, each naming the host first (`node1 (10.0.0.11:22): ...`).
+        what: Words put after the hosts ("workdir sync failed").
+        fold: Fold hosts that share an error (else one line per host).
+
+    Returns:
+        E.g. ["node[1-2]: unreachable: connection refused", "node4 (10.0.0.14:22): auth failed"].
+    """
+    prefix = f"{what}: " if what else ""
+    groups = _groups({host: without_host(host, text) for host, text in messages.items()}) if fold else \
+        [([host], without_host(host, text)) for host, text in messages.items()]
+    return [messages[hosts[0]] if len(hosts) == 1 and not prefix else f"{fold_hosts(hosts)}: {prefix}{text}"
+            for hosts, text in groups]
+
+
+def without_host(host: str, text: str) -> str:
     """A message without its leading `host: ` or `host (10.0.0.1:22): `, so hosts can share it."""
     return re.sub(rf"^{re.escape(host)}(?: \([^)]*\))?: ", "", text)
 
@@ -142,10 +158,14 @@ class Group:
     Args:
         nodes: The hosts, in the order results are given.
         make: Builds a node's transport (default: the one its inventory entry asks for).
+        progress: Counts the hosts connected (`connected 41/64` on a terminal); the count is
+            erased once every host has answered.
     """
 
-    def __init__(self, nodes: Iterable[NodeSpec], make: Callable[[NodeSpec], Transport] = transport_for) -> None:
+    def __init__(self, nodes: Iterable[NodeSpec], make: Callable[[NodeSpec], Transport] = transport_for,
+                 progress: Progress | None = None) -> None:
         self.transports: dict[str, Transport] = {node.name: make(node) for node in nodes}
+        self.progress = progress
 
     def __enter__(self) -> Group:
         return self
@@ -198,9 +218,15 @@ class Group:
             except Exception:
                 unreached.add(transport.name)
                 raise
+            if self.progress is not None:
+                self.progress.tick(transport.name)
             return fn(transport)
 
-        result = parallel(chosen, call, key=lambda t: t.name)
+        try:
+            result = parallel(chosen, call, key=lambda t: t.name)
+        finally:
+            if self.progress is not None:
+                self.progress.clear()
         result.unreached = frozenset(unreached)
         return result
 

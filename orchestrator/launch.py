@@ -25,7 +25,8 @@ from orchestrator.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, fail
 from orchestrator.interrupts import on_signals
 from orchestrator.logs import LogSink
 from orchestrator.plan import HostPlan, LaunchPlan
-from orchestrator.spec import load_job
+from orchestrator.spec.model import JobSpec
+from orchestrator.spec.overrides import is_script, job_to_yaml
 from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id
 from orchestrator.transport import RemoteProcess
 
@@ -52,19 +53,30 @@ def launch(request: LaunchRequest) -> int:
     Raises:
         DistrunError: bad input (2) or infrastructure (3); nothing of the job was started.
     """
-    job = load_job(request.job_file)
+    job = request.load_job()
     cls = backends.get(request.backend or job.backend or backends.DEFAULT)
     options = cls.resolve_options(job, request.options)
     ctx = LaunchContext(request, job, request.job_id or new_job_id(job.name), Store(), terminal_for(request))
     with cls(ctx.store, options) as backend:
         plan = backend.prepare(ctx)
         if request.dry_run:
-            print(backend.dry_run(plan))
+            print(dry_run_text(job, request, backend.dry_run(plan)))
             return int(ExitCode.OK)
         if not request.skip_preflight:
             backend.preflight(ctx, plan)
         backend.stage(ctx, plan)
         return execute(backend, ctx, plan).code
+
+
+def dry_run_text(job: JobSpec, request: LaunchRequest, plan_text: str) -> str:
+    """What `--dry-run` prints: the backend's plan; for a script launch, first the job as a job file
+    (ready to save: the plan follows as YAML comments)."""
+    if not is_script(request.job_file):
+        return plan_text
+    shown = replace(job, args=(*job.args, *request.extra_args), nnodes=request.nnodes or job.nnodes)
+    head = ("# distrun launch --dry-run: a job file, ready to save; -i and the host selection stay on the "
+            "command line\n")
+    return head + job_to_yaml(shown) + "\n".join(f"# {line}".rstrip() for line in plan_text.splitlines())
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,9 @@ DEFAULT_PORT = 29500
 CPU_NPROC = 2
 LOG_PREFIX_TEMPLATE = "[r${rank}]"
 MASK = "***"
+PROBE_MARK = "<probe>"  # in a dry run made without reaching the hosts: a value only their probe gives
+# What a probe fills in -> the torchrun option that carries it.
+PROBED_OPTIONS = {"master_addr": "--master-addr", "master_port": "--master-port", "nproc": "--nproc-per-node"}
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class LaunchPlan:
     telemetry_interval: float | None = 2.0
     sync: bool = False
     sync_max_size: int = DEFAULT_SYNC_MAX_SIZE
+    # Values left to the hosts' probe (an offline dry run): master_addr, master_port, nproc, iface.
+    unprobed: tuple[str, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -81,17 +86,37 @@ class LaunchPlan:
         return data
 
     def render(self) -> str:
-        """Human-readable dry run: per host, the exact environment and argv."""
+        """Human-readable dry run: per host, the exact environment and argv; values only a probe
+        of the hosts gives are shown as <probe>."""
+        world = PROBE_MARK if "nproc" in self.unprobed else str(self.world_size)
         lines = [
-            f"job {self.job_id}: {self.nnodes} node(s), world size {self.world_size}, "
-            f"master {self.master_node} at {self.master_addr}:{self.master_port}"
+            f"job {self.job_id}: {self.nnodes} node(s), world size {world}, "
+            f"master {self.master_node} at {self._shown('master_addr', self.master_addr)}:"
+            f"{self._shown('master_port', str(self.master_port))}"
         ]
         for host in self.hosts:
             env = {**host.env, **{k: MASK for k in host.secret_names}}
-            lines.append(f"\n[{host.node}] {host.host}  node-rank {host.node_rank}  cwd {host.workdir}")
+            iface = f"  iface {PROBE_MARK}" if "iface" in self.unprobed and host.iface is None else ""
+            lines.append(f"\n[{host.node}] {host.host}  node-rank {host.node_rank}  cwd {host.workdir}{iface}")
             lines += [f"  {k}={shlex.quote(v) if v != MASK else v}" for k, v in sorted(env.items())]
-            lines.append("  " + shlex.join(host.argv))
+            lines.append("  " + " ".join(self._marked(host.argv)))
+        if self.unprobed:
+            lines.append(f"\n{PROBE_MARK}: found by probing the hosts when the job starts "
+                         "(add --probe to the dry run to reach them now)")
         return "\n".join(lines)
+
+    def _shown(self, key: str, value: str) -> str:
+        return PROBE_MARK if key in self.unprobed else value
+
+    def _marked(self, argv: list[str]) -> list[str]:
+        """argv shell-quoted, each value a probe gives replaced by <probe>."""
+        marked = {PROBED_OPTIONS[key] for key in self.unprobed if key in PROBED_OPTIONS}
+        if {"master_addr", "master_port"} & set(self.unprobed):
+            marked.add("--rdzv-endpoint")
+        words = []
+        for index, word in enumerate(argv):
+            words.append(PROBE_MARK if index and argv[index - 1] in marked else shlex.quote(word))
+        return words
 
 
 def resolve_nproc(job: JobSpec, node: NodeSpec, facts: HostFacts | None) -> int:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.display import fold_hosts
 from orchestrator.failures import Failure
 from orchestrator.plan import MASK
 from orchestrator.store import JobDir, JobRecord, JobState, Store
@@ -44,6 +45,9 @@ DEFINITIONS = (
      "<code>step_time_s</code> of the steady-state records: what N steps take once warmed up."),
     ("Peak memory per process", "the largest <code>peak_mem_mb</code> any rank reported, as the "
      "training script measures it (device memory on GPUs, resident memory on CPUs)."),
+    ("Scaling across hosts", "for a job run at several host counts (<code>distrun bench JOB.yaml --hosts "
+     "1,2,4</code>): speedup = throughput / the throughput on the fewest hosts k0, and scaling efficiency "
+     "= speedup / (hosts / k0); 100% means throughput grew as fast as the host count."),
     ("Scaling efficiency", "throughput / (N × baseline throughput), where N is the number of "
      "processes (for DataParallel on GPUs: the GPUs its one process drives, from "
      "<code>CUDA_VISIBLE_DEVICES</code> or the host's facts) and the baseline is the single-process job "
@@ -261,6 +265,27 @@ def scaling_efficiency(job: JobSummary, baseline: JobSummary | None) -> float | 
     return job.throughput / (job.replicas * baseline.throughput)
 
 
+def scaling_series(summaries: list[JobSummary]) -> dict[str, list[JobSummary]]:
+    """Runs of one job at several host counts (`distrun bench --hosts`): name -> its runs that
+    succeeded with a throughput, one per host count (the first given), fewest hosts first; only
+    names with two host counts or more."""
+    series: dict[str, dict[int, JobSummary]] = {}
+    for summary in summaries:
+        if summary.succeeded and summary.throughput and summary.hosts:
+            series.setdefault(summary.name, {}).setdefault(summary.hosts, summary)
+    return {name: [runs[h] for h in sorted(runs)] for name, runs in series.items() if len(runs) > 1}
+
+
+def host_speedup(run: JobSummary, base: JobSummary) -> float:
+    """Throughput against the run on the fewest hosts."""
+    return (run.throughput or 0.0) / (base.throughput or 1.0)
+
+
+def host_efficiency(run: JobSummary, base: JobSummary) -> float:
+    """Speedup / (hosts / the base's hosts): 1.0 when throughput grows as fast as the host count."""
+    return host_speedup(run, base) / (run.hosts / base.hosts)
+
+
 # ---------------------------------------------------------------- formatting
 
 
@@ -397,6 +422,29 @@ def telemetry_plot(job: JobData, label: str) -> str | None:
     return svg_data_uri(fig)
 
 
+def scaling_plot(series: dict[str, list[JobSummary]]) -> str:
+    """Throughput (with the ideal, linear in hosts) and scaling efficiency against the host count."""
+    fig, (rate_ax, eff_ax) = new_figure(2)
+    for i, (name, runs) in enumerate(series.items()):
+        hosts = [r.hosts for r in runs]
+        base = runs[0]
+        rate_ax.plot(hosts, [r.throughput for r in runs], "o-", color=colour(i), label=name, linewidth=1.4)
+        rate_ax.plot(hosts, [(base.throughput or 0.0) * h / base.hosts for h in hosts], "--", color=colour(i),
+                     linewidth=0.9, label=f"{name}: linear in hosts")
+        eff_ax.plot(hosts, [100 * host_efficiency(r, base) for r in runs], "o-", color=colour(i), label=name,
+                    linewidth=1.4)
+    for ax in (rate_ax, eff_ax):
+        ax.set_xlabel("hosts")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=8)
+    rate_ax.set_ylabel("samples/s")
+    rate_ax.set_title("Throughput against hosts")
+    eff_ax.set_ylabel("%")
+    eff_ax.set_ylim(0, max(110.0, eff_ax.get_ylim()[1]))
+    eff_ax.set_title("Scaling efficiency against hosts")
+    return svg_data_uri(fig)
+
+
 def colour(index: int) -> str:
     return JOB_COLOURS[index % len(JOB_COLOURS)]
 
@@ -410,13 +458,14 @@ h1 {{ font-size: 1.5em; margin-bottom: 4px; }}
 h2 {{ font-size: 1.2em; margin-top: 32px; border-bottom: 1px solid #ccc; padding-bottom: 4px; }}
 h3 {{ font-size: 1.05em; margin-bottom: 6px; }}
 .meta {{ color: #666; font-size: 0.9em; }}
-table {{ border-collapse: collapse; margin: 8px 0 16px; font-size: 0.92em; }}
+table {{ border-collapse: collapse; margin: 8px 0 16px; font-size: 0.92em; max-width: 100%; }}
+table#comparison {{ width: 100%; }}
 th, td {{ border: 1px solid {TABLE_HEAD_COLOUR}; padding: 5px 9px; vertical-align: top; }}
 th {{ background: {TABLE_HEAD_COLOUR}; color: #fff; text-align: left; }}
-td.notes {{ min-width: 280px; }}
+td.notes {{ min-width: 12em; overflow-wrap: anywhere; }}
 td.num {{ text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }}
 tr.failed td {{ background: #fde8e8; }}
-.id {{ color: #666; font-size: 0.85em; white-space: nowrap; }}
+.id {{ color: #666; font-size: 0.85em; overflow-wrap: anywhere; }}
 .bad {{ color: #b00020; font-weight: bold; }}
 .plots {{ display: grid; grid-template-columns: repeat(auto-fit, minmax(620px, 1fr)); gap: 16px; }}
 figure.plot {{ border: 3px solid {PLOT_FRAME_COLOUR}; margin: 0; padding: 8px; background: #fff; }}
@@ -461,6 +510,31 @@ def comparison_table(summaries: list[JobSummary], baseline: JobSummary | None) -
     head = "".join(f"<th>{esc(c)}</th>" for c in COLUMNS)
     rows = "\n".join(table_row(s, baseline) for s in summaries)
     return f"<table id=comparison><thead><tr>{head}</tr></thead><tbody>\n{rows}\n</tbody></table>"
+
+
+SCALING_COLUMNS = ("Job", "Hosts", "Processes", "Throughput (samples/s)", "Speedup", "Scaling efficiency")
+
+
+def scaling_section(series: dict[str, list[JobSummary]]) -> str:
+    """Throughput and scaling efficiency against the host count, per job run at several counts; "" when none."""
+    if not series:
+        return ""
+    head = "".join(f"<th>{esc(c)}</th>" for c in SCALING_COLUMNS)
+    rows = []
+    for name, runs in series.items():
+        base = runs[0]
+        for run in runs:
+            cells = [f"{esc(name)}<br><span class=id>{esc(run.job_id)}</span>", str(run.hosts),
+                     str(run.world_size), fmt(run.throughput), f"{host_speedup(run, base):.2f}×",
+                     fmt_efficiency(host_efficiency(run, base))]
+            body = "".join(f"<td>{cells[0]}</td>" if i == 0 else f"<td class=num>{c}</td>"
+                           for i, c in enumerate(cells))
+            rows.append(f"<tr data-job={esc(run.job_id)}>{body}</tr>")
+    figure_html = figure(scaling_plot(series), "throughput and scaling efficiency against hosts",
+                         "Each job at every host count it ran; dashed: throughput growing linearly with the "
+                         "hosts from the fewest.", wide=True)
+    return (f"<h2>Scaling across hosts</h2>\n<table id=scaling><thead><tr>{head}</tr></thead><tbody>\n"
+            + "\n".join(rows) + f"\n</tbody></table>\n<div class=plots>{figure_html}</div>")
 
 
 def baseline_text(summaries: list[JobSummary], baseline: JobSummary | None) -> str:
@@ -540,8 +614,14 @@ def host_command(host: dict[str, Any]) -> str:
 
 
 def launch_command(record: JobRecord) -> str:
-    inventory = "" if record.inventory in ("", "<built-in>") else f" -i {shlex.quote(record.inventory)}"
-    return f"distrun launch {shlex.quote(record.spec_path)}{inventory}"
+    """The command that starts the job again on the same hosts: as recorded at launch, else (a job
+    recorded before distrun kept it) its job file, its inventory and its hosts as one range."""
+    if record.command:
+        return shlex.join(["distrun", "launch", *record.command])
+    words = ["distrun", "launch", record.spec_path]
+    words += [] if record.inventory in ("", "<built-in>") else ["-i", record.inventory]
+    words += ["--nodes", fold_hosts(record.hosts)] if record.hosts else []
+    return shlex.join(words)
 
 
 def job_section(job: JobData, summary: JobSummary) -> str:
@@ -578,6 +658,7 @@ def render(data: list[JobData], generated: float | None = None) -> str:
 <p class=meta>{len(summaries)} job(s){status}; generated {esc(stamp)} by <code>distrun report</code>.</p>
 <p>{baseline_text(summaries, baseline)}</p>
 {comparison_table(summaries, baseline)}
+{scaling_section(scaling_series(summaries))}
 {definitions()}
 {plots_section(data, summaries, baseline)}
 <h2>Hosts, versions and commands</h2>

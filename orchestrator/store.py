@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -45,6 +46,10 @@ class JobRecord:
         detail: The summary people read (also in the job directory's summary.txt).
         failures: `Failure.to_dict()` of each failure, the root cause first; [] when none.
         alerts: Telemetry alerts raised while the job ran.
+        internal: A run distrun made for itself (doctor --bandwidth's all-reduce): never `last`,
+            listed only by `ps --all`.
+        command: The `distrun launch` arguments that start the job again on the same hosts
+            ([] when unknown).
     """
 
     id: str
@@ -65,6 +70,8 @@ class JobRecord:
     detail: str = ""
     alerts: list[str] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    internal: bool = False
+    command: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -73,14 +80,16 @@ class JobRecord:
             "backend": self.backend, "state": self.state.value, "started": self.started,
             "ended": self.ended, "exit_code": self.exit_code, "controller_pid": self.controller_pid,
             "restarts": self.restarts, "backend_ref": self.backend_ref, "detail": self.detail,
-            "alerts": self.alerts, "failures": self.failures,
+            "alerts": self.alerts, "failures": self.failures, "internal": self.internal,
+            "command": self.command,
         }
 
 
 _COLUMNS = ("id", "name", "spec_path", "inventory", "hosts", "master_addr", "master_port", "backend",
             "state", "started", "ended", "exit_code", "controller_pid", "restarts", "backend_ref",
-            "detail", "alerts", "failures")
-_JSON_COLUMNS = ("hosts", "alerts", "failures")
+            "detail", "alerts", "failures", "internal", "command")
+_JSON_COLUMNS = ("hosts", "alerts", "failures", "command")
+AMBIGUOUS_SHOWN = 8
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -88,13 +97,15 @@ CREATE TABLE IF NOT EXISTS jobs (
     master_addr TEXT, master_port INTEGER, backend TEXT, state TEXT NOT NULL,
     started REAL NOT NULL, ended REAL, exit_code INTEGER, controller_pid INTEGER,
     restarts INTEGER DEFAULT 0, backend_ref TEXT, detail TEXT DEFAULT '', alerts TEXT DEFAULT '[]',
-    failures TEXT DEFAULT '[]'
+    failures TEXT DEFAULT '[]', internal INTEGER DEFAULT 0,
+    command TEXT DEFAULT '[]'
 )
 """
 # Columns renamed since a release wrote them: old name -> new name.
 _RENAMED = {"slurm_id": "backend_ref"}
 # Columns added since the first release: name -> its definition.
-_ADDED = {"failures": "TEXT DEFAULT '[]'"}
+_ADDED = {"failures": "TEXT DEFAULT '[]'", "internal": "INTEGER DEFAULT 0",
+          "command": "TEXT DEFAULT '[]'"}
 
 
 def distrun_home() -> Path:
@@ -212,7 +223,7 @@ class Store:
         row = (rec.id, rec.name, rec.spec_path, rec.inventory, json.dumps(rec.hosts), rec.master_addr,
                rec.master_port, rec.backend, rec.state.value, rec.started, rec.ended, rec.exit_code,
                rec.controller_pid, rec.restarts, rec.backend_ref, rec.detail, json.dumps(rec.alerts),
-               json.dumps(rec.failures))
+               json.dumps(rec.failures), int(rec.internal), json.dumps(rec.command))
         marks = ",".join("?" * len(_COLUMNS))
         with self._connect() as db:
             db.execute(f"INSERT OR REPLACE INTO jobs ({','.join(_COLUMNS)}) VALUES ({marks})", row)
@@ -240,26 +251,36 @@ class Store:
         job_dir.root.mkdir(parents=True, exist_ok=True)
         job_dir.summary.write_text(detail + "\n", encoding="utf-8")
 
-    def list(self, limit: int | None = None) -> list[JobRecord]:
-        """Records, newest first."""
-        query = f"SELECT {','.join(_COLUMNS)} FROM jobs ORDER BY started DESC"
+    def list(self, limit: int | None = None, *, internal: bool = False) -> list[JobRecord]:
+        """Records, newest first.
+
+        Args:
+            limit: At most this many (None: all).
+            internal: Include the runs distrun made for itself.
+        """
+        query = f"SELECT {','.join(_COLUMNS)} FROM jobs"
+        if not internal:
+            query += " WHERE NOT internal"
+        query += " ORDER BY started DESC"
         if limit:
             query += f" LIMIT {int(limit)}"
         with self._connect() as db:
             return [_record(row) for row in db.execute(query)]
 
     def get(self, ref: str) -> JobRecord:
-        """A record by id, unique id prefix, or `last`.
+        """A record by id, unique id prefix, or `last` (the newest job the user launched).
 
         Raises:
-            UsageError: no job matches, or the prefix is ambiguous.
+            UsageError: no job matches, or the prefix is ambiguous (the candidates named, newest first).
         """
         with self._connect() as db:
             if ref == "last":
-                rows = list(db.execute(f"SELECT {','.join(_COLUMNS)} FROM jobs ORDER BY started DESC LIMIT 1"))
+                rows = list(db.execute(f"SELECT {','.join(_COLUMNS)} FROM jobs WHERE NOT internal "
+                                       "ORDER BY started DESC LIMIT 1"))
             else:
                 rows = list(db.execute(
-                    f"SELECT {','.join(_COLUMNS)} FROM jobs WHERE id = ? OR id LIKE ? ESCAPE '\\'",
+                    f"SELECT {','.join(_COLUMNS)} FROM jobs WHERE id = ? OR id LIKE ? ESCAPE '\\' "
+                    "ORDER BY started DESC",
                     (ref, _like_prefix(ref)),
                 ))
                 exact = [r for r in rows if r[0] == ref]
@@ -268,9 +289,43 @@ class Store:
             hint = "no jobs recorded yet" if ref == "last" else "see `distrun ps` for job ids"
             raise UsageError(f"no job matches '{ref}' ({hint})")
         if len(rows) > 1:
-            ids = ", ".join(r[0] for r in rows[:5])
-            raise UsageError(f"'{ref}' matches {len(rows)} jobs: {ids} (give more of the id)")
+            shown = ", ".join(r[0] for r in rows[:AMBIGUOUS_SHOWN])
+            more = f" and {len(rows) - AMBIGUOUS_SHOWN} more" if len(rows) > AMBIGUOUS_SHOWN else ""
+            raise UsageError(f"'{ref}' matches {len(rows)} jobs, newest first: {shown}{more} (give more of the id)")
         return _record(rows[0])
+
+    def ids(self, prefix: str = "") -> list[str]:
+        """Job ids starting with `prefix`, newest first (for shell completion)."""
+        with self._connect() as db:
+            return [row[0] for row in db.execute("SELECT id FROM jobs WHERE id LIKE ? ESCAPE '\\' "
+                                                 "ORDER BY started DESC", (_like_prefix(prefix),))]
+
+    def delete(self, job_id: str) -> None:
+        """Forget a job: its record and its directory on this machine."""
+        with self._connect() as db:
+            db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
+        shutil.rmtree(self.job_dir(job_id).root, ignore_errors=True)
+
+
+def prunable(records: Iterable[JobRecord], older_than: float | None, keep: int | None,
+             now: float | None = None) -> list[JobRecord]:
+    """The finished jobs `distrun prune` removes; a job that has not finished is never one of them.
+
+    Args:
+        records: Every record, in any order.
+        older_than: Seconds: only jobs that ended (else started) longer ago than this.
+        keep: The newest this many finished jobs are kept whatever their age.
+        now: The time to measure ages from (default: now).
+
+    Returns:
+        The jobs to remove, newest first.
+    """
+    now = time.time() if now is None else now
+    finished = sorted((r for r in records if r.state.finished), key=lambda r: r.started, reverse=True)
+    candidates = finished[keep:] if keep is not None else finished
+    if older_than is None:
+        return candidates
+    return [r for r in candidates if now - (r.ended or r.started) > older_than]
 
 
 def _like_prefix(prefix: str) -> str:
@@ -284,6 +339,7 @@ def _record(row: tuple[Any, ...]) -> JobRecord:
     data["state"] = JobState(data["state"])
     data["restarts"] = data["restarts"] or 0
     data["detail"] = data["detail"] or ""
+    data["internal"] = bool(data["internal"])
     return JobRecord(**data)
 
 

@@ -31,6 +31,7 @@ from rich.text import Text
 
 from orchestrator.remote.sampler import SHIPPED_NVML
 from orchestrator.store import JobDir, JobRecord
+from orchestrator.terminal import colour
 
 TICK = 1.0  # seconds between checks for silent hosts, and between redraws of `top`
 STARTUP_GRACE = 10.0  # extra time a host gets for its first sample (python start, imports)
@@ -463,7 +464,7 @@ class Monitor:
         """Where log lines go: through the live view when `live` and `terminal` is a TTY, else `terminal`."""
         if not live or terminal is None or not terminal.isatty():
             return terminal
-        console = Console(file=terminal)
+        console = Console(file=terminal, no_color=not colour(terminal))
         self.live = Live(console=console, get_renderable=self.frame, refresh_per_second=2)
         return ConsoleWriter(console)
 
@@ -590,6 +591,25 @@ def plan_interval(job_dir: JobDir) -> float | None:
     except (OSError, ValueError):
         return None
     return float(value) if value else None
+
+
+def top_sample(job_dir: JobDir, record: JobRecord) -> dict[str, Any]:
+    """`distrun top --json`: the job's latest figures as one JSON-ready sample.
+
+    Returns:
+        {"job", "state", "time", "hosts": [{"node", "seen", "host": the host's latest sample or
+        null, "gpus": [each GPU's latest sample]}], "metrics": the latest metrics record or null,
+        "alerts": [...]}; samples carry the keys the samplers write (telemetry.jsonl).
+    """
+    history = History(job_dir, record.hosts)
+    history.poll()
+    hosts, metrics = history.aggregator.snapshot()
+    return {
+        "job": record.id, "state": record.state.value, "time": time.time(),
+        "hosts": [{"node": h.node, "seen": h.seen, "host": h.host, "gpus": [h.gpus[g] for g in sorted(h.gpus)]}
+                  for h in hosts],
+        "metrics": metrics, "alerts": list(record.alerts),
+    }
 
 
 def top(job_dir: JobDir, current: Callable[[], JobRecord], console: Console, once: bool = False) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 from orchestrator import launch
 from orchestrator.backends.base import LaunchRequest
-from orchestrator.compare import expand, run_bench
+from orchestrator.compare import BenchRequest, expand, run_bench
 from orchestrator.errors import InfraError, SpecError, UsageError
 from orchestrator.store import JobState, Store
 from tests.helpers import distrun
@@ -71,7 +72,7 @@ def bench(store: Store, monkeypatch: pytest.MonkeyPatch, args: list[str], invent
     fake = FakeLaunch(store, outcomes)
     monkeypatch.setattr(launch, "launch", fake)
     said: list[str] = []
-    return run_bench(args, inventory, output, said.append), fake, said
+    return run_bench(BenchRequest(args, inventory, output), said.append), fake, said
 
 
 def test_bench_runs_job_files_in_order_with_the_inventory_and_reports_them(
@@ -149,13 +150,13 @@ def test_every_argument_is_checked_before_any_job_runs(
     broken.write_text(broken.read_text() + "nnodez: 2\n")
 
     with pytest.raises(SpecError, match="nnodez"):
-        run_bench(job_files, inventory, tmp_path / "r.html")
+        run_bench(BenchRequest(job_files, inventory, tmp_path / "r.html"))
     with pytest.raises(UsageError, match=r"jobs/missing\.yaml: no such job file"):
-        run_bench([job_files[0], "jobs/missing.yaml"], inventory, tmp_path / "r.html")
+        run_bench(BenchRequest([job_files[0], "jobs/missing.yaml"], inventory, tmp_path / "r.html"))
     with pytest.raises(UsageError, match="no job matches 'nosuchjob'"):
-        run_bench([job_files[0], "nosuchjob"], inventory, tmp_path / "r.html")
+        run_bench(BenchRequest([job_files[0], "nosuchjob"], inventory, tmp_path / "r.html"))
     with pytest.raises(UsageError, match="cannot read inventory"):
-        run_bench([job_files[0]], str(tmp_path / "none.yaml"), tmp_path / "r.html")
+        run_bench(BenchRequest([job_files[0]], str(tmp_path / "none.yaml"), tmp_path / "r.html"))
     assert fake.requests == []
     assert not (tmp_path / "r.html").exists()
 
@@ -170,3 +171,53 @@ def test_bench_command_exits_2_on_a_missing_job_file(tmp_path: Path) -> None:
 
     assert result.returncode == 2
     assert "jobs/compare/nope.yaml: no such job file" in result.stderr
+
+
+class ScalingLaunch(FakeLaunch):
+    """Records each run on its first `nnodes` hosts, throughput growing less than linearly with them."""
+
+    def __call__(self, request: LaunchRequest) -> int:
+        self.requests.append(request)
+        hosts = [(f"node{i}", 2) for i in range(request.nnodes or 1)]
+        rate = 100.0 * (1.0 if len(hosts) == 1 else 0.9)
+        make_job(self.store, request.job_id or "", hosts, metric_rows("ddp", 2 * len(hosts), rate=rate))
+        return 0
+
+
+def test_hosts_runs_each_job_at_each_host_count_and_reports_efficiency_against_hosts(
+        store: Store, monkeypatch: pytest.MonkeyPatch, job_files: list[str], tmp_path: Path) -> None:
+    inventory = tmp_path / "three.yaml"
+    inventory.write_text("nodes:\n" + "".join(f"  - {{name: node{i}}}\n" for i in range(3)))
+    fake = ScalingLaunch(store)
+    monkeypatch.setattr(launch, "launch", fake)
+
+    code = run_bench(BenchRequest([job_files[1]], str(inventory), tmp_path / "r.html", host_counts=[1, 2, 3]),
+                     lambda _text: None)
+
+    assert code == 0 and [r.nnodes for r in fake.requests] == [1, 2, 3]
+    page = (tmp_path / "r.html").read_text()
+    scaling = page[page.index("<table id=scaling>"):page.index("</table>", page.index("<table id=scaling>"))]
+    rows = re.findall(r"<td class=num>(\d+)</td><td class=num>(\d+)</td><td class=num>([\d.]+)</td>"
+                      r"<td class=num>([\d.]+)×</td><td class=num>([\d.]+)%</td>", scaling)
+    hosts = [int(r[0]) for r in rows]
+    efficiency = [float(r[4]) for r in rows]
+    assert hosts == [1, 2, 3]
+    assert efficiency[0] == 100.0 and efficiency[1] == pytest.approx(90.0, abs=0.2)
+    assert 'alt="throughput and scaling efficiency against hosts"' in page
+
+
+def test_a_host_count_above_the_selection_is_refused_before_anything_runs(
+        store: Store, monkeypatch: pytest.MonkeyPatch, job_files: list[str], inventory: str, tmp_path: Path) -> None:
+    fake = ScalingLaunch(store)
+    monkeypatch.setattr(launch, "launch", fake)
+
+    with pytest.raises(UsageError, match=r"^--nnodes 2: must be from 1 to the number of selected nodes, 1"):
+        run_bench(BenchRequest([job_files[0]], inventory, tmp_path / "r.html", host_counts=[1, 2]))
+    assert fake.requests == []
+
+
+def test_hosts_must_be_counts(tmp_path: Path) -> None:
+    result = distrun("bench", "jobs/tiny.yaml", "--hosts", "1,two", "-o", str(tmp_path / "r.html"),
+                     home=tmp_path / "home")
+
+    assert result.returncode == 2 and "--hosts 1,two: give host counts separated by commas" in result.stderr

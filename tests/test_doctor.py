@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from orchestrator.plan import HostPlan, LaunchPlan
 from orchestrator.spec import job_from_text
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec, Rendezvous, TransportKind
 from orchestrator.store import Store
+from orchestrator.transport.base import REACH_HINT
 
 GIB = 1 << 30
 MASTER_ADDR = "10.0.0.10"
@@ -47,6 +49,7 @@ def host_facts(index: int, gpus: int = 0) -> dict[str, Any]:
         "gpu": {"source": "nvml" if gpus else "none", "driver": "570.86.15" if gpus else None,
                 "devices": [device(i) for i in range(gpus)]},
         "shm": {"path": "/dev/shm", "exists": True, "total": 64 * GIB, "free": 64 * GIB},
+        "entry": {"kind": "script", "name": "train.py", "ok": True, "found": "/work/train.py", "error": None},
         "memlock": None,
         "disk": {"path": "/work", "exists": True, "total": 900 * GIB, "free": 500 * GIB},
         "clock": 1_700_000_000.0, "clock_skew": 0.01,
@@ -273,7 +276,7 @@ def test_a_busy_port_on_the_master_is_an_error_and_reachability_is_not_tested():
     assert checks["port-free"].status is Status.ERROR
     assert checks["port-free"].detail == "node0: port 29500 is in use (address already in use)"
     assert "ss -ltnp" in checks["port-free"].hint
-    assert checks["port-reachable"].status is Status.WARN and "not tested" in checks["port-reachable"].detail
+    assert checks["port-reachable"].status is Status.SKIP and "skipped" in checks["port-reachable"].detail
 
 
 def test_hosts_that_cannot_connect_to_the_master_port_are_named_with_port_and_reason():
@@ -292,13 +295,13 @@ def test_a_loopback_master_address_for_several_hosts_is_an_error():
     assert found.status is Status.ERROR and "loopback" in found.detail
 
 
-def test_with_the_master_unreachable_the_port_and_name_checks_say_not_tested():
+def test_with_the_master_unreachable_the_port_and_name_checks_are_skipped():
     results, ctx = make()
     results["node0"] = HostResult("node0", error="node0 (10.0.0.10:22): connection refused", unreachable=True)
     ctx = Context(ctx.nodes, "node0")
     checks = by_name(run_checks(results, ctx))
     for name in ("port-free", "master-resolves"):
-        assert checks[name].status is Status.WARN and checks[name].detail.startswith("not tested")
+        assert checks[name].status is Status.SKIP and checks[name].detail.startswith("skipped")
 
 
 # ---------------------------------------------------------------- exit status and output
@@ -340,7 +343,7 @@ def test_json_has_the_documented_keys_and_the_same_statuses_as_the_checks():
     assert data["master"] == {"node": "node0", "addr": MASTER_ADDR, "port": PORT}
     assert {c["name"]: c["status"] for c in data["checks"]} == {c.name: c.status.value for c in checks}
     assert data["hosts"]["node2"]["facts"]["torch_info"]["version"] == "2.12.0"
-    assert data["summary"] == {"ok": 19, "warn": 0, "error": 1} and data["exit_code"] == 1
+    assert data["summary"] == {"ok": 19, "warn": 0, "error": 1, "skip": 0} and data["exit_code"] == 1
 
 
 # ---------------------------------------------------------------- bandwidth
@@ -437,7 +440,9 @@ def test_preflight_refuses_a_missing_entry_with_exit_2_naming_the_host():
 
 def test_the_entry_check_says_why_it_did_not_look():
     results, ctx = make()
-    assert check("entry", results, ctx).detail.startswith("no job given")
+    results = {name: HostResult(name, facts=replace(r.facts, entry=None)) for name, r in results.items()}
+    skipped = check("entry", results, ctx)
+    assert skipped.status is Status.SKIP and skipped.detail.startswith("skipped: no job given")
     job = job_from_text("name: j\nmodule: train\nsync: true\n", "job.yaml")
     assert "sync: true" in check("entry", results, Context(ctx.nodes, ctx.master, job=job)).detail
     assert import_options(ctx.nodes, job, "/w")["node0"].keys() == {"import_from"}
@@ -507,3 +512,30 @@ def test_the_master_is_the_inventorys_when_selected():
     nodes = [NodeSpec(name="a", host="a"), NodeSpec(name="b", host="b")]
     assert Inventory("inv.yaml", tuple(nodes), master="b").master_of(nodes).name == "b"
     assert Inventory("inv.yaml", tuple(nodes), master="c").master_of(nodes[:1]).name == "a"
+
+
+# ---------------------------------------------------------------- checks that could not run
+
+
+def test_with_no_host_reached_every_check_is_skipped_and_none_is_ok():
+    results, ctx = make()
+    for name in results:
+        results[name] = HostResult(name, error=f"{name} ({name}.lab:22): connection timed out after 3 s",
+                                   unreachable=True)
+    checks = run_checks(results, ctx)
+    statuses = {c.name: c.status for c in checks}
+    assert statuses.pop("reachable") is Status.ERROR
+    assert set(statuses.values()) == {Status.SKIP}
+    table = render_table(checks, ctx, 3.1)
+    assert "✓" not in table and "0 ok, 0 warning(s), 1 error(s), 19 skipped in 3.1 s" in table
+
+
+def test_hosts_unreachable_for_the_same_reason_share_one_line_with_the_fix():
+    results, ctx = make()
+    for i in (1, 2):
+        results[f"node{i}"] = HostResult(f"node{i}", unreachable=True, error=(
+            f"node{i} (10.0.0.1{i}:22): authentication failed as root with key /k (check identity_file / user)"))
+    found = check("reachable", results, ctx)
+    assert found.status is Status.ERROR and found.hosts == ["node1", "node2"]
+    assert found.detail == "node[1-2]: authentication failed as root with key /k (check identity_file / user)"
+    assert found.hint.startswith(REACH_HINT)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.transport.base import REACH_HINT
 from tests.cluster.fixtures import MakeCluster
 from tests.cluster.harness import Cluster, skip_reason
 from tests.helpers import distrun
@@ -74,8 +75,8 @@ def test_host_with_stopped_sshd_is_named_and_the_others_still_report(cluster3: C
         cluster3.start_sshd(1)
     assert result.returncode == 3
     assert "\nnode0\n" in result.stdout and "\nnode2\n" in result.stdout
-    assert f"node1 ({cluster3.addr(1)}:22): unreachable: connection refused" in result.stdout
-    assert result.stderr == "distrun: 1 of 3 hosts failed: node1 (unreachable)\n"
+    assert "node1 (1): unreachable\n---------------\nunreachable: connection refused\n" in result.stdout
+    assert result.stderr == f"distrun: 1 of 3 hosts failed: node1 (unreachable)\ndistrun: fix: {REACH_HINT}\n"
     assert_no_traceback(result)
 
 
@@ -97,9 +98,20 @@ def test_wrong_identity_file_is_an_auth_failure_naming_the_host(cluster3: Cluste
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong)], check=True)
     result = run_exec(cluster3, tmp_path, "--nodes", "node1", "--", "hostname", identity_file=str(wrong))
     assert result.returncode == 3
-    assert f"node1 ({cluster3.addr(1)}:22): authentication failed as root with {wrong}" in result.stdout
-    assert result.stderr == "distrun: 1 of 1 host failed: node1 (auth failed)\n"
+    assert f"\nauthentication failed as root with {wrong}" in result.stdout
+    assert result.stderr == f"distrun: 1 of 1 host failed: node1 (auth failed)\ndistrun: fix: {REACH_HINT}\n"
     assert_no_traceback(result)
+
+
+def test_a_wrong_identity_file_on_every_host_is_said_once_under_the_host_range(cluster3: Cluster,
+                                                                             tmp_path: Path) -> None:
+    wrong = tmp_path / "wrong_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong)], check=True)
+    result = run_exec(cluster3, tmp_path, "--", "hostname", identity_file=str(wrong))
+    assert result.returncode == 3
+    assert result.stdout.splitlines()[1] == "node[0-2] (3): auth failed"
+    assert result.stdout.count("authentication failed") == 1
+    assert result.stderr.count(REACH_HINT) == 1
 
 
 def test_unknown_host_key_is_refused_with_its_fingerprint(cluster3: Cluster, tmp_path: Path) -> None:
@@ -128,7 +140,7 @@ def test_changed_host_key_is_refused(cluster3: Cluster, tmp_path: Path) -> None:
     ) + "\n")
     result = run_exec(cluster3, tmp_path, "--", "true", known_hosts=str(known), host_key_policy="accept-new")
     assert result.returncode == 3
-    assert f"node0 ({cluster3.addr(0)}:22): HOST KEY CHANGED" in result.stdout
+    assert "node0 (1): host key changed\n---------------\nHOST KEY CHANGED" in result.stdout
     assert result.stderr == "distrun: 1 of 3 hosts failed: node0 (host key changed)\n"
 
 
@@ -157,7 +169,7 @@ def test_label_selects_the_hosts_that_carry_it(cluster3: Cluster, tmp_path: Path
     assert list(as_json(result)) == ["node1", "node2"]
     missing = run_exec(cluster3, tmp_path, "--label", "tpu", "--", "hostname", nodes=labelled)
     assert missing.returncode == 2
-    assert "--label: no selected node" in missing.stderr and "labels there: gpu" in missing.stderr
+    assert "--label tpu: no selected node" in missing.stderr and "labels there: gpu" in missing.stderr
 
 
 def test_timeout_stops_the_command_and_fails(cluster3: Cluster, tmp_path: Path) -> None:
@@ -184,10 +196,14 @@ def test_exec_goes_through_the_bastion(make_cluster: MakeCluster, tmp_path: Path
 def test_sixteen_hosts_run_in_parallel(make_cluster: MakeCluster, tmp_path: Path) -> None:
     cluster = make_cluster(16)
     began = time.monotonic()
-    result = run_exec(cluster, tmp_path, "--json", "--", "sh", "-c", "sleep 2; hostname")
+    result = run_exec(cluster, tmp_path, "--all", "--json", "--", "sh", "-c", "sleep 2; hostname")
     took = time.monotonic() - began
     assert result.returncode == 0, result.stdout
     assert took < 16, f"16 x 2 s took {took:.1f} s: not in parallel"
     assert {entry["stdout"] for entry in as_json(result).values()} == {f"node{i}" for i in range(16)}
-    gathered = run_exec(cluster, tmp_path, "--", "echo", "same")
+    gathered = run_exec(cluster, tmp_path, "--all", "--", "echo", "same")
     assert gathered.stdout.splitlines()[1] == "node[0-15] (16)"
+    refused = run_exec(cluster, tmp_path, "--", "echo", "same")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "exec: no hosts named, and the default is all 16 hosts" in refused.stderr
+    assert "pass --all to mean every host" in refused.stderr

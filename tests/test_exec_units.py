@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import ExitCode, InfraError, UsageError
-from orchestrator.execute import ExecRequest, HostResult, execute, exit_code, report, select
+from orchestrator.errors import ExitCode, InfraError
+from orchestrator.execute import ExecRequest, HostResult, execute, exit_code, report
 from orchestrator.spec import inventory_from_text
 from orchestrator.spec.model import NodeSpec
-from orchestrator.transport.base import ConnectError, ConnectFailure
+from orchestrator.transport.base import REACH_HINT, ConnectError, ConnectFailure
 from tests.helpers import REPO
 
 INVENTORY = inventory_from_text(
@@ -44,31 +44,6 @@ def children(pid: int) -> list[int]:
 
 def names(nodes: list[NodeSpec]) -> list[str]:
     return [node.name for node in nodes]
-
-
-def test_no_selection_means_every_node_in_inventory_order() -> None:
-    assert names(select(INVENTORY, (), ())) == ["node0", "node1", "node2"]
-
-
-def test_named_nodes_keep_inventory_order() -> None:
-    assert names(select(INVENTORY, ("node2", "node0"), ())) == ["node0", "node2"]
-
-
-def test_unknown_node_names_the_closest_valid_one() -> None:
-    expected = r"--nodes: unknown node 'nodee1' in inventory inv.yaml \(did you mean 'node1'\?\)"
-    with pytest.raises(UsageError, match=expected):
-        select(INVENTORY, ("nodee1",), ())
-
-
-def test_labels_must_all_match() -> None:
-    assert names(select(INVENTORY, (), ("h100",))) == ["node1", "node2"]
-    assert names(select(INVENTORY, (), ("h100", "ib"))) == ["node1"]
-    assert names(select(INVENTORY, ("node0", "node2"), ("h100",))) == ["node2"]
-
-
-def test_label_nobody_has_lists_the_labels_there_are() -> None:
-    with pytest.raises(UsageError, match="labels there: a100, h100, ib"):
-        select(INVENTORY, (), ("tpu",))
 
 
 def test_exit_code_is_zero_only_when_every_host_succeeded() -> None:
@@ -101,9 +76,20 @@ def test_report_gathers_output_and_summarises_failures() -> None:
         "---------------\nnode[0-1] (2)\n---------------\nsame\n"
         "---------------\nnode2 (1): exit code 1\n---------------\nboom\n"
         "---------------\nnode3 (1): auth failed\n---------------\n"
-        "node3 (d:22): authentication failed as root with k (check identity_file / user)\n"
+        "authentication failed as root with k (check identity_file / user)\n"
     )
-    assert err.getvalue() == "distrun: 2 of 4 hosts failed: node2 (exit code 1), node3 (auth failed)\n"
+    assert err.getvalue() == ("distrun: 2 of 4 hosts failed: node2 (exit code 1), node3 (auth failed)\n"
+                              f"distrun: fix: {REACH_HINT}\n")
+
+
+def test_hosts_that_failed_to_connect_alike_share_one_block() -> None:
+    results = [HostResult.failed(NodeSpec(f"node{i}", f"10.0.0.{i}"), ConnectError(
+        f"node{i} (10.0.0.{i}:22): authentication failed as root with k", ConnectFailure.AUTH)) for i in range(3)]
+    out, err = io.StringIO(), io.StringIO()
+    report(results, out, err)
+    assert out.getvalue() == ("---------------\nnode[0-2] (3): auth failed\n---------------\n"
+                              "authentication failed as root with k\n")
+    assert err.getvalue().count(REACH_HINT) == 1
 
 
 def test_json_lists_every_documented_key(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,7 @@ connect fails the way an SSH connection does, so every path runs without sshd.
 
 from __future__ import annotations
 
+import io
 import sys
 import threading
 import time
@@ -18,8 +19,11 @@ import pytest
 from orchestrator.errors import ExitCode, InfraError, UsageError
 from orchestrator.group import Group, GroupError, GroupResult, parallel
 from orchestrator.spec.model import NodeSpec, TransportKind
+from orchestrator.terminal import Progress
 from orchestrator.transport import RemoteProcess, Transport, transport_for
-from orchestrator.transport.base import ConnectError, ConnectFailure
+from orchestrator.transport.base import REACH_HINT, ConnectError, ConnectFailure
+
+FIX = f" (fix: {REACH_HINT})"
 
 
 def local(name: str) -> NodeSpec:
@@ -94,9 +98,9 @@ def test_connect_names_every_unreachable_host_after_all_answered_and_closes_all(
         group.connect()
     error = caught.value
     assert set(error.failed) == {"node0", "node2"} and set(error.result.unreachable) == {"node0", "node2"}
-    assert str(error) == "node[0,2]: unreachable: connection refused"
+    assert str(error) == "node[0,2]: unreachable: connection refused" + FIX
     assert error.render(fold=False) == ("node0 (10.0.0.10:22): unreachable: connection refused; "
-                                        "node2 (10.0.0.12:22): unreachable: connection refused")
+                                        "node2 (10.0.0.12:22): unreachable: connection refused" + FIX)
     assert error.exit_code == ExitCode.INFRA
     assert sorted(FakeTransport.closed) == ["node0", "node1", "node2"]
 
@@ -108,7 +112,7 @@ def test_a_host_alone_with_its_error_keeps_its_own_message():
     with pytest.raises(GroupError) as caught:
         group.connect()
     assert str(caught.value) == ("node0 (10.0.0.10:22): unreachable: connection refused; "
-                                 "node2 (10.0.0.12:22): authentication failed as root")
+                                 "node2 (10.0.0.12:22): authentication failed as root" + FIX)
 
 
 def test_connect_without_strict_reports_instead_of_raising():
@@ -173,3 +177,22 @@ def test_a_local_group_runs_the_real_transport():
         group.connect()
         assert isinstance(group["here"], type(transport_for(node)))
         assert group.run(lambda t: t.run(["echo", "hi"]).stdout).check() == {"here": "hi"}
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_connecting_shows_how_many_hosts_answered_on_a_terminal_then_erases_it():
+    out = Tty()
+    errors: dict[str, Exception | None] = {"node0": None, "node1": refused("node1", "10.0.0.11"), "node2": None}
+    FakeTransport.closed = []
+    group = Group([NodeSpec(name=n, host=n) for n in errors], make=lambda node: FakeTransport(node, errors[node.name]),
+                  progress=Progress(3, "connected", out))
+    with group:
+        group.connect(strict=False)
+        group.run(lambda _t: None)
+    shown = out.getvalue()
+    assert shown.count("connected ") == 2 and "connected 2/3" in shown
+    assert shown.endswith("\r\x1b[2K")

@@ -13,7 +13,16 @@ import pytest
 
 from orchestrator.errors import UsageError
 from orchestrator.failures import Failure, FailureKind
-from orchestrator.report import JobData, load_jobs, pick_baseline, render, summarize, write_report
+from orchestrator.report import (
+    JobData,
+    host_efficiency,
+    load_jobs,
+    pick_baseline,
+    render,
+    scaling_series,
+    summarize,
+    write_report,
+)
 from orchestrator.store import JobRecord, JobState, Store
 from tests.helpers import distrun
 
@@ -400,3 +409,79 @@ def test_dataparallel_counts_only_the_gpus_cuda_visible_devices_leaves_it(store:
     store.job_dir("dp-v").plan.write_text(json.dumps(plan))
 
     assert summarize(JobData.load(record, store.job_dir("dp-v"))).replicas == 2
+
+
+# ---------------------------------------------------------------- launched as, scaling across hosts
+
+
+def test_launched_as_is_the_recorded_command_with_its_hosts_and_script_arguments(store: Store) -> None:
+    record = make_job(store, "t-1", [("node0", 2), ("node2", 2)], metric_rows("ddp", 4))
+    record.command = ["/srv/jobs/tiny.yaml", "-i", "/srv/lab.yaml", "--nodes", "node[0,2]", "--", "--steps", "20"]
+    store.save(record)
+
+    page = render([JobData.load(store.get("t-1"), store.job_dir("t-1"))])
+
+    assert ("<p>Launched as:</p><pre>distrun launch /srv/jobs/tiny.yaml -i /srv/lab.yaml --nodes &#x27;node[0,2]&#x27; "
+            "-- --steps 20</pre>") in page
+
+
+def test_a_job_recorded_without_its_command_is_launched_again_on_its_own_hosts(store: Store) -> None:
+    page = render([JobData.load(make_job(store, "t-2", [("node0", 2), ("node1", 2)], []), store.job_dir("t-2"))])
+
+    assert ("distrun launch jobs/compare/t-2.yaml -i inventory/cluster.yaml --nodes &#x27;node[0-1]&#x27;</pre>"
+            in page)
+
+
+def test_a_failed_rows_note_says_exit_code_once(store: Store) -> None:
+    failure = Failure("node1", FailureKind.EXIT, rank=3, exit_code=1, address="10.0.0.11").to_dict()
+    record = make_job(store, "f-1", [("node0", 2), ("node1", 2)], [], state=JobState.FAILED, failures=[failure])
+
+    notes = table(render([JobData.load(record, store.job_dir("f-1"))]))["f-1"]["Notes"]
+
+    assert "FAILED: node1 (10.0.0.11) rank 3: exit code 1" in notes and "exit exit" not in notes
+
+
+def scaling_runs(store: Store, rates: dict[int, float]) -> list[JobData]:
+    """One job name run at several host counts, 2 processes per host, `rates` samples/s per process."""
+    data = []
+    for hosts, rate in rates.items():
+        record = make_job(store, f"tiny-h{hosts}", [(f"node{i}", 2) for i in range(hosts)],
+                          metric_rows("ddp", 2 * hosts, rate=rate))
+        record.name = "tiny"
+        store.save(record)
+        data.append(JobData.load(record, store.job_dir(record.id)))
+    return data
+
+
+def test_a_job_at_several_host_counts_gets_throughput_and_efficiency_against_hosts(store: Store) -> None:
+    data = scaling_runs(store, {1: 100.0, 2: 95.0, 4: 80.0})
+    summaries = [summarize(d) for d in data]
+
+    series = scaling_series(summaries)
+    base = series["tiny"][0]
+
+    assert [run.hosts for run in series["tiny"]] == [1, 2, 4]
+    throughput = {d.record.id: expected_numbers(d.metrics)["throughput"] for d in data}
+    for run in series["tiny"]:
+        expected = throughput[run.job_id] / (run.hosts * throughput[base.job_id])
+        assert host_efficiency(run, base) == pytest.approx(expected)
+    page = render(data)
+    assert "<h2>Scaling across hosts</h2>" in page and "<table id=scaling>" in page
+    assert f"<td class=num>{100 * host_efficiency(series['tiny'][2], base):.1f}%</td>" in page
+
+
+def test_no_scaling_section_without_one_job_at_two_host_counts(store: Store) -> None:
+    data = standard_set(store)
+
+    assert scaling_series([summarize(d) for d in data]) == {}
+    assert "Scaling across hosts</h2>" not in render(data)
+
+
+def test_a_failed_run_is_left_out_of_the_scaling_series(store: Store) -> None:
+    data = scaling_runs(store, {1: 100.0, 2: 95.0})
+    failed = make_job(store, "tiny-h3", [(f"node{i}", 2) for i in range(3)], metric_rows("ddp", 6),
+                      state=JobState.FAILED)
+    failed.name = "tiny"
+    data.append(JobData.load(failed, store.job_dir(failed.id)))
+
+    assert [run.hosts for run in scaling_series([summarize(d) for d in data])["tiny"]] == [1, 2]

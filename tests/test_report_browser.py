@@ -8,10 +8,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.report import JOB_COLOURS, PLOT_FRAME_COLOUR, TABLE_HEAD_COLOUR, write_report
-from orchestrator.store import Store
-from tests.browser import chromium, colour_mask, frames, ink, inside, load_rgb, render, table_rows
-from tests.test_report import standard_set
+from orchestrator.report import JOB_COLOURS, PLOT_FRAME_COLOUR, TABLE_HEAD_COLOUR, JobData, write_report
+from orchestrator.store import JobState, Store
+from tests.browser import (
+    Box,
+    chromium,
+    colour_mask,
+    frames,
+    horizontal_runs,
+    ink,
+    inside,
+    load_rgb,
+    render,
+    table_rows,
+)
+from tests.test_report import make_job, metric_rows, standard_set
 
 pytestmark = pytest.mark.skipif(chromium() is None, reason="chromium is not installed "
                                 "(tests/install-system-deps.sh installs it when run as root)")
@@ -71,3 +82,22 @@ def test_screenshot_shows_the_table_header_and_one_bordered_row_per_job(screensh
     assert len(rows) == 3, rows
     for row in rows:
         assert np.any(inside(screenshot, row, 2) < 100, axis=-1).sum() > 200, f"no text in the table row {row}"
+
+
+def test_the_table_fits_a_1280_pixel_window_notes_column_included(store: Store, tmp_path: Path) -> None:
+    data = standard_set(store)
+    failure = {"host": "node1", "kind": "exit", "rank": 3, "exit_code": 1, "address": "10.213.223.11",
+               "last_lines": ["RuntimeError: deliberate failure on rank 3"], "time": 1.0}
+    long_id = "compare-fsdp-20261121-143012-a3f9"
+    failed = make_job(store, long_id, [("node0", 2), ("node1", 2)], metric_rows("fsdp", 4, rate=60.0),
+                      state=JobState.FAILED, failures=[failure])
+    page = write_report([*data, JobData.load(failed, store.job_dir(long_id))], tmp_path / "report.html")
+
+    image = load_rgb(render(page, tmp_path / "narrow.png", 1280, 1200).screenshot)
+
+    _, _, right = horizontal_runs(colour_mask(image, TABLE_HEAD_COLOUR), 600)[0]
+    assert right < 1280 - 16, f"the table runs to x={right}: off a 1280 px window"
+    _, rows = table_rows(image, TABLE_HEAD_COLOUR, min_width=600)
+    assert len(rows) == 4
+    notes = inside(image, Box(right - 150, rows[3].top, right, rows[3].bottom), 2)
+    assert np.any(notes < 100, axis=-1).sum() > 100, "the failed row's notes are not drawn inside the table"

@@ -6,8 +6,11 @@ import sqlite3
 import threading
 from pathlib import Path
 
+import pytest
+
+from orchestrator.errors import UsageError
 from orchestrator.failures import Failure, FailureKind
-from orchestrator.store import JobRecord, JobState, Store
+from orchestrator.store import JobRecord, JobState, Store, prunable
 
 # The schema distrun wrote before records kept a generic backend reference and failures.
 OLD_SCHEMA = """
@@ -80,3 +83,95 @@ def test_opening_a_current_database_changes_nothing(tmp_path: Path) -> None:
     Store(tmp_path).save(JobRecord(id="a-1", name="a", spec_path="a.yaml", inventory="i", hosts=[],
                                    backend="slurm", backend_ref="77"))
     assert Store(tmp_path).get("a-1").backend_ref == "77"
+
+
+# ---------------------------------------------------------------- last, prefixes, internal runs, prune
+
+
+def job(store: Store, job_id: str, started: float, *, internal: bool = False,
+        state: JobState = JobState.SUCCEEDED, ended: float | None = None) -> JobRecord:
+    record = JobRecord(id=job_id, name=job_id.split("-")[0], spec_path="j.yaml", inventory="<built-in>",
+                       hosts=["localhost"], state=state, started=started,
+                       ended=ended if ended is not None else (started + 10 if state.finished else None),
+                       internal=internal)
+    store.save(record)
+    return record
+
+
+def test_last_is_the_newest_job_the_user_launched_not_an_internal_run(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    job(store, "tiny-1", 100.0)
+    job(store, "doctor-bandwidth-1", 200.0, internal=True)
+
+    assert store.get("last").id == "tiny-1"
+    assert [r.id for r in store.list()] == ["tiny-1"]
+    assert [r.id for r in store.list(internal=True)] == ["doctor-bandwidth-1", "tiny-1"]
+    assert store.get("doctor-bandwidth").internal is True
+
+
+def test_an_ambiguous_prefix_lists_the_candidates_newest_first(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    for i, started in enumerate((300.0, 100.0, 200.0)):
+        job(store, f"tiny-{i}", started)
+
+    with pytest.raises(UsageError) as caught:
+        store.get("tiny")
+    assert str(caught.value) == "'tiny' matches 3 jobs, newest first: tiny-0, tiny-2, tiny-1 (give more of the id)"
+
+
+def test_an_ambiguous_prefix_of_many_jobs_says_how_many_more(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    for i in range(12):
+        job(store, f"t-{i:02d}", float(i))
+
+    with pytest.raises(UsageError, match=r"matches 12 jobs, newest first: t-11, t-10, .*, t-04 and 4 more"):
+        store.get("t-")
+
+
+def test_records_keep_the_internal_flag_and_the_launch_command(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    store.save(JobRecord(id="a-1", name="a", spec_path="a.yaml", inventory="inv.yaml", hosts=["n0"],
+                         internal=True, command=["a.yaml", "--nodes", "n0", "--", "--steps", "3"]))
+
+    again = Store(tmp_path).get("a-1")
+    assert again.internal is True and again.command == ["a.yaml", "--nodes", "n0", "--", "--steps", "3"]
+    assert again.to_dict()["command"] == again.command and again.to_dict()["internal"] is True
+
+
+def test_ids_for_completion_are_newest_first_and_match_the_prefix(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    job(store, "tiny-1", 1.0)
+    job(store, "tiny-2", 2.0)
+    job(store, "resnet-1", 3.0)
+
+    assert store.ids("tiny") == ["tiny-2", "tiny-1"] and store.ids("x%") == []
+
+
+def test_prune_chooses_finished_jobs_by_age_and_keeps_the_newest(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    now = 1_000_000.0
+    day = 86400.0
+    old = [job(store, f"old-{i}", now - (10 + i) * day) for i in range(3)]
+    recent = job(store, "recent-1", now - day)
+    running = job(store, "running-1", now - 30 * day, state=JobState.RUNNING)
+    pending = job(store, "pending-1", now - 30 * day, state=JobState.PENDING)
+    records = store.list(internal=True)
+
+    assert [r.id for r in prunable(records, 7 * day, None, now)] == [r.id for r in old]
+    assert [r.id for r in prunable(records, None, 2, now)] == [old[1].id, old[2].id]
+    assert [r.id for r in prunable(records, 7 * day, 2, now)] == [old[1].id, old[2].id]
+    assert [r.id for r in prunable(records, None, 0, now)] == [recent.id, *(r.id for r in old)]
+    assert {running.id, pending.id}.isdisjoint(r.id for r in prunable(records, None, 0, now))
+
+
+def test_delete_forgets_the_record_and_its_directory(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    job(store, "gone-1", 1.0)
+    store.job_dir("gone-1").create()
+    (store.job_dir("gone-1").root / "combined.log").write_text("x\n")
+
+    store.delete("gone-1")
+
+    assert not store.job_dir("gone-1").root.exists()
+    with pytest.raises(UsageError, match="no job matches 'gone-1'"):
+        store.get("gone-1")

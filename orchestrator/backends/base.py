@@ -24,6 +24,7 @@ Per-job operations, for jobs recorded earlier (their controller may be gone):
     stop_job(record) -> exit code         `distrun stop`
     job_alive(record) -> bool             whether the job still runs; `ps` marks dead ones lost
     recover(record) -> {node: lines}      `distrun logs --recover`
+    remove_copies(records) -> {id: error} `distrun prune`: what the hosts keep of finished jobs
     run_near(record, node, argv)          a command next to the job's ranks (py-spy for `distrun stack`)
 
 Options: a backend declares OPTIONS; `resolve_options` reads them from the job file's section
@@ -40,12 +41,17 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
+from orchestrator import terminal
 from orchestrator.backends import options as backend_options
 from orchestrator.backends.options import Option
+from orchestrator.display import fold_hosts
 from orchestrator.errors import UsageError
 from orchestrator.failures import Failure
 from orchestrator.plan import LaunchPlan
+from orchestrator.spec import load_job
 from orchestrator.spec.model import JobSpec
+from orchestrator.spec.overrides import apply_overrides, is_script, job_from_script
+from orchestrator.spec.select import Guard, HostSelection
 from orchestrator.store import JobRecord, JobState, Store, controller_alive
 from orchestrator.transport.base import CommandResult
 
@@ -55,13 +61,18 @@ if TYPE_CHECKING:
 
 @dataclass
 class LaunchRequest:
-    """Everything `distrun launch` was asked, before any file is read."""
+    """Everything `distrun launch` was asked, before any file is read.
+
+    `job_file` is a job file, or a training script (`train.py`) whose job is built from the
+    request's flags; `name`, `nproc_per_node` and `env` go over the job's own values either way.
+    """
 
     job_file: str
     inventory: str | None = None
-    nodes: list[str] | None = None
+    selection: HostSelection = field(default_factory=HostSelection)
     nnodes: int | None = None
     dry_run: bool = False
+    probe: bool = False  # with dry_run: reach the hosts to fill in what only a probe knows
     skip_preflight: bool = False
     backend: str | None = None
     live: bool = True
@@ -69,6 +80,42 @@ class LaunchRequest:
     quiet: bool = False
     extra_args: list[str] = field(default_factory=list)
     options: list[str] = field(default_factory=list)  # `-o KEY=VALUE` pairs, as given
+    name: str | None = None
+    nproc_per_node: str | None = None  # a number or "auto", as given
+    env: list[str] = field(default_factory=list)  # `--env KEY=VALUE` pairs, as given
+    guard: Guard | None = None  # the rule for an implicit selection of many hosts; None: none
+    internal: bool = False  # a run distrun makes for itself: never `last`
+
+    def load_job(self) -> JobSpec:
+        """The job: the job file read, or the script's job built, with the flags over it.
+
+        Raises:
+            UsageError: the script or a flag's value is wrong.
+            SpecError: the job file is wrong.
+        """
+        job = job_from_script(self.job_file) if is_script(self.job_file) else load_job(self.job_file)
+        return apply_overrides(job, self.name, self.nproc_per_node, self.env)
+
+    def reproduce(self, hosts: Sequence[str], inventory: str) -> list[str]:
+        """The `distrun launch` arguments that start this job again on `hosts` (the report's
+        "Launched as"): the job, the inventory, the hosts as one range, and every flag that
+        changed the job; `--nnodes N` instead of the hosts when no hosts are known yet.
+
+        Args:
+            hosts: The job's hosts.
+            inventory: The inventory's path as recorded (`<built-in>` for this machine's).
+        """
+        args = [os.path.abspath(self.job_file)]
+        if not inventory.startswith("<"):
+            args += ["-i", inventory]
+        args += ["--nodes", fold_hosts(hosts)] if hosts else (["--nnodes", str(self.nnodes)] if self.nnodes else [])
+        args += ["--backend", self.backend] if self.backend else []
+        for flag, values in (("-o", self.options), ("--env", self.env)):
+            for value in values:
+                args += [flag, value]
+        args += ["--name", self.name] if self.name else []
+        args += ["--nproc-per-node", self.nproc_per_node] if self.nproc_per_node else []
+        return args + (["--", *self.extra_args] if self.extra_args else [])
 
 
 @dataclass
@@ -102,15 +149,18 @@ class LaunchContext:
             "hosts": [h.node for h in plan.hosts], "master_addr": plan.master_addr, "master_port": plan.master_port,
             **fields,
         }
+        if not self.request.internal:
+            values.setdefault("command", self.request.reproduce(values["hosts"], plan.inventory_path))
         record = JobRecord(id=plan.job_id, name=plan.job_name, spec_path=plan.spec_path,
                            inventory=plan.inventory_path, backend=plan.backend, state=JobState.PENDING,
-                           controller_pid=os.getpid(), backend_ref=backend_ref, **values)
+                           controller_pid=os.getpid(), backend_ref=backend_ref, internal=self.request.internal,
+                           **values)
         self.store.save(record)
         return record
 
     def colour(self) -> bool:
-        """Whether lines may be coloured: a terminal that is a tty."""
-        return self.terminal is not None and self.terminal.isatty()
+        """Whether lines may be coloured: --color, the config file, NO_COLOR, else a terminal that is a tty."""
+        return self.terminal is not None and terminal.colour(self.terminal)
 
 
 @dataclass(frozen=True)
@@ -253,6 +303,15 @@ class Backend(ABC):
             UsageError: this backend keeps no copies to recover from.
         """
         raise UsageError(f"--recover: job {record.id} ran on the {self.NAME} backend, which keeps no host copies")
+
+    def remove_copies(self, records: Sequence[JobRecord]) -> dict[str, str]:
+        """Remove what the hosts keep of these finished jobs (one connection per host).
+
+        Returns:
+            {job id: why its hosts' copies could not all be removed}; {} when all were. By
+            default nothing is kept on hosts, so nothing is left.
+        """
+        return {}
 
     def run_near(self, record: JobRecord, node: str, argv: Sequence[str],
                  timeout: float | None = None) -> CommandResult:

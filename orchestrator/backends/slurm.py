@@ -222,13 +222,18 @@ def node_template(job: JobSpec, request: LaunchRequest, options: SlurmOptions) -
     """The inventory node (the master, else the first selected) whose settings every node gets.
 
     Raises:
-        UsageError: --nodes was given (Slurm places the job), or the inventory is wrong.
+        UsageError: --nodes, --exclude or --label was given (Slurm places the job), the inventory is
+            wrong, or the guard refused a job on every node of a large inventory.
     """
-    if request.nodes:
-        raise UsageError("--nodes: Slurm chooses the nodes of a Slurm job (use --nnodes, or "
+    chosen = request.selection
+    if chosen.nodes or chosen.exclude or chosen.labels:
+        flag = "--nodes" if chosen.nodes else ("--exclude" if chosen.exclude else "--label")
+        raise UsageError(f"{flag}: Slurm chooses the nodes of a Slurm job (use --nnodes, or "
                          "slurm.extra: ['--nodelist=a,b'] in the job)")
     inventory = resolve_inventory_path(request.inventory)
     selected = select_nodes(replace(job, nnodes=None), inventory)
+    if request.guard is not None and not (request.nnodes or job.nnodes):
+        request.guard.check(selected, inventory, chosen.all or bool(job.select.names or job.select.labels), "launch")
     node = inventory.master_of(selected)
     if options.gpus_per_node:
         node = replace(node, gpus=options.gpus_per_node)

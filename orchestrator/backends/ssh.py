@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,7 +26,7 @@ from orchestrator.doctor.probe import import_options, probe_round
 from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
 from orchestrator.facts import HostFacts
 from orchestrator.failures import Failure, FailureKind
-from orchestrator.group import Group, GroupResult, parallel
+from orchestrator.group import Group, GroupError, GroupResult, parallel
 from orchestrator.launch import EXIT_WAIT, HostRun, Launcher
 from orchestrator.logs import LogSink
 from orchestrator.plan import DEFAULT_PORT, LaunchPlan, build_plan
@@ -39,6 +40,7 @@ from orchestrator.spec import (
     select_nodes,
 )
 from orchestrator.store import JobDir, JobRecord, JobState, controller_alive
+from orchestrator.terminal import Progress
 from orchestrator.transport import CommandResult, Transport, run_remote
 
 STOP_WAIT = 30.0
@@ -70,9 +72,29 @@ class SshBackend(Backend):
     # ---------------------------------------------------------------- a launch
 
     def prepare(self, ctx: LaunchContext) -> LaunchPlan:
-        inventory = self.inventory(ctx.request)
-        nodes = select_nodes(ctx.job, inventory, ctx.request.nodes, ctx.request.nnodes)
-        return self.plan_on(ctx.job, inventory, nodes, ctx.job_id, ctx.request.extra_args)
+        """Select the hosts and plan on them: probing each host, except for a dry run without --probe."""
+        request = ctx.request
+        inventory = self.inventory(request)
+        nodes = select_nodes(ctx.job, inventory, request.selection, request.nnodes, request.guard)
+        if request.dry_run and not request.probe:
+            return self.plan_offline(ctx.job, inventory, nodes, ctx.job_id, request.extra_args)
+        return self.plan_on(ctx.job, inventory, nodes, ctx.job_id, request.extra_args)
+
+    def plan_offline(self, job: JobSpec, inventory: Inventory, nodes: list[NodeSpec], job_id: str,
+                     extra_args: Sequence[str] = ()) -> LaunchPlan:
+        """The plan without reaching any host: what only the hosts' probe gives is marked unprobed
+        (the master's address, a port picked free, processes per GPU, the interface)."""
+        master = inventory.master_of(nodes)
+        plan = build_plan(
+            job, nodes, {}, job_id=job_id, inventory_path=_absolute(inventory.path), master=master,
+            master_addr=master.host, master_port=job.rendezvous.port or DEFAULT_PORT, controller_cwd=os.getcwd(),
+            controller_env=dict(os.environ), extra_args=list(extra_args), backend=self.NAME,
+        )
+        unprobed = ["master_addr"]
+        unprobed += [] if job.rendezvous.port else ["master_port"]
+        unprobed += [] if job.nproc_per_node else ["nproc"]
+        unprobed += ["iface"] if len(nodes) > 1 and any(not n.iface for n in nodes) else []
+        return replace(plan, unprobed=tuple(unprobed))
 
     def plan_on(self, job: JobSpec, inventory: Inventory, nodes: list[NodeSpec], job_id: str,
                 extra_args: Sequence[str] = ()) -> LaunchPlan:
@@ -87,12 +109,13 @@ class SshBackend(Backend):
             UsageError: the plan cannot be built from these inputs (a master only reachable by loopback).
         """
         self.group.close()
-        self.group = Group(nodes)
+        self.group = Group(nodes, progress=Progress(len(nodes), "connected"))
         master = inventory.master_of(nodes)
         # torch as the job will import it (the node's python, in the workdir, with the job's env),
         # so that the preflight compares the torch each host will really run.
         probed = probe_round(self.group, master, {}, job.rendezvous.port, None, port_from=auto_port_start(),
-                             resolve=False, per_host=import_options(nodes, job, job.workdir or os.getcwd()))
+                             resolve=False, per_host=import_options(nodes, job, job.workdir or os.getcwd()),
+                             progress=Progress(len(nodes), "probed"))
         self.facts = probed.check()
         if probed.master_addr is None:
             raise UsageError(probed.master_addr_error or f"{master.name}: no address for the master")
@@ -175,8 +198,8 @@ class SshBackend(Backend):
     def stop_on_hosts(self, record: JobRecord) -> int:
         """End a job's processes on each of its hosts, found by the job id."""
         results = on_record_hosts(record, lambda t: _cleanup(t, record.id))
-        for name, exc in results.failed.items():
-            print(f"{name}: {exc}", file=sys.stderr)
+        if results.failed:
+            print(GroupError(results).render(), file=sys.stderr)
         self.store.update(record.id, state=JobState.STOPPED, ended=time.time())
         print(f"job {record.id} stopped on {len(results.succeeded)} of {len(results)} host(s)")
         return int(ExitCode.INFRA) if results.failed else int(ExitCode.OK)
@@ -198,6 +221,21 @@ class SshBackend(Backend):
         ).check("cannot read its copies")
         rebuild(self.store.job_dir(record.id), copies)
         return {node: copy["log"].count("\n") for node, copy in copies.items()}
+
+    def remove_copies(self, records: Sequence[JobRecord]) -> dict[str, str]:
+        """Remove each host's ~/.distrun/jobs/<id> of these jobs: every host of an inventory at once,
+        all of its jobs in one program.
+
+        Returns:
+            {job id: the hosts that could not be reached or cleaned, and why}.
+        """
+        by_inventory: dict[str, list[JobRecord]] = {}
+        for record in records:
+            by_inventory.setdefault(record.inventory, []).append(record)
+        left: dict[str, str] = {}
+        for path, jobs in by_inventory.items():
+            left.update(_remove_copies(path, jobs))
+        return left
 
     def run_near(self, record: JobRecord, node: str, argv: Sequence[str],
                  timeout: float | None = None) -> CommandResult:
@@ -245,7 +283,7 @@ def master_port(master: NodeSpec, facts: HostFacts, port: int | None, addr: str)
 def on_record_hosts(record: JobRecord, fn: Callable[[Transport], T], only: list[str] | None = None) -> GroupResult[T]:
     """Connect to the hosts a job ran on (from its recorded inventory) and call fn on each;
     a host that cannot be reached has its connection error as its result."""
-    inventory = default_inventory() if record.inventory == "<built-in>" else load_inventory(record.inventory)
+    inventory = record_inventory(record.inventory)
     with Group([inventory.node(name) for name in record.hosts]) as group:
         return group.run(fn, only=only)
 
@@ -268,6 +306,32 @@ def rebuild(job_dir: JobDir, copies: dict[str, dict[str, str]]) -> None:
         for node, copy in copies.items():
             for line in copy["telemetry"].splitlines():
                 out.write(json.dumps({**json.loads(line), "node": node}) + "\n")
+
+
+def _remove_copies(inventory_path: str, jobs: list[JobRecord]) -> dict[str, str]:
+    """Remove the jobs' host copies on the hosts of one recorded inventory; {job id: why not} for the rest."""
+    try:
+        inventory = record_inventory(inventory_path)
+    except UsageError as exc:
+        return {job.id: str(exc) for job in jobs}
+    known = {node.name for node in inventory.nodes}
+    ids_on = {name: [job.id for job in jobs if name in job.hosts] for name in known}
+    ids_on = {name: ids for name, ids in ids_on.items() if ids}
+    nodes = [inventory.node(name) for name in ids_on]
+    with Group(nodes, progress=Progress(len(nodes), "connected")) as group:
+        done = group.run(lambda t: run_remote(t, "prune", ["prune"], b"", *ids_on[t.name]))
+    failed = done.failed
+    left = {job.id: f"{job.hosts[0]}: not in inventory {inventory_path} any more" for job in jobs
+            if not set(job.hosts) <= known}
+    if failed:
+        why = GroupError(done, "cannot remove job copies").render()
+        left.update({job.id: why for job in jobs if set(job.hosts) & set(failed)})
+    return left
+
+
+def record_inventory(path: str) -> Inventory:
+    """The inventory a job was recorded with (`<built-in>`: this machine's)."""
+    return default_inventory() if path == "<built-in>" else load_inventory(path)
 
 
 def _cleanup(transport: Transport, job_id: str) -> str:

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.display import fold_hosts, size_text
 from orchestrator.doctor.probe import HostResult
 from orchestrator.facts import HostFacts, Listen
+from orchestrator.group import fold_errors
 from orchestrator.plan import DEFAULT_PORT
 from orchestrator.spec.model import JobSpec, NodeSpec
+from orchestrator.transport.base import REACH_HINT
 
 if TYPE_CHECKING:
     from orchestrator.bandwidth import BandwidthReport
@@ -29,6 +31,7 @@ class Status(str, Enum):
     OK = "ok"
     WARN = "warn"
     ERROR = "error"
+    SKIP = "skip"  # the check could not run (no host probed, or what it needs failed first)
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,9 @@ def verdict(name: str, problems: Mapping[str, str], shown: Mapping[str, str], st
     """`status` on the hosts with problems, listing them; else ok, listing what each host has."""
     if problems:
         return Check(name, status, list(problems), listing(problems), hint)
-    return Check(name, Status.OK, list(shown), listing(shown) or "no host to check")
+    if not shown:
+        return skipped(name, "no host was probed")
+    return Check(name, Status.OK, list(shown), listing(shown))
 
 
 def consistency(name: str, values: Mapping[str, str], hint: str, broken: frozenset[str] = frozenset()) -> Check:
@@ -110,6 +115,8 @@ def consistency(name: str, values: Mapping[str, str], hint: str, broken: frozens
     The check's hosts are the odd ones out: those outside the one value most hosts share
     (every host when no value has a majority), and the broken ones.
     """
+    if not values:
+        return skipped(name, "no host was probed")
     labelled = {host: f"{name} {value}" for host, value in values.items()}
     groups = grouped(values)
     if len(groups) > 1:
@@ -120,25 +127,27 @@ def consistency(name: str, values: Mapping[str, str], hint: str, broken: frozens
         return Check(name, Status.ERROR, odd, f"{name} differs: {listing(values)}", hint)
     if broken:
         return Check(name, Status.ERROR, [h for h in values if h in broken], listing(labelled), hint)
-    return Check(name, Status.OK, list(values), listing(labelled) or "no host to check")
+    return Check(name, Status.OK, list(values), listing(labelled))
 
 
 def check_reachable(results: Mapping[str, HostResult]) -> Check:
-    down = {name: r.error or "unreachable" for name, r in results.items() if r.unreachable}
+    down = {name: r.error or f"{name}: unreachable" for name, r in results.items() if r.unreachable}
     if down:
-        return Check("reachable", Status.ERROR, list(down), "; ".join(down.values()),
-                     "check the host is up and `ssh USER@HOST` works with the inventory's user, port and "
-                     "identity_file; the other hosts were still checked")
+        return Check("reachable", Status.ERROR, list(down), "; ".join(fold_errors(down)),
+                     f"{REACH_HINT}; the other hosts were still checked")
     return Check("reachable", Status.OK, list(results), f"{fold_hosts(results)}: connected")
 
 
 def check_probe(results: Mapping[str, HostResult]) -> Check:
-    failed = {name: r.error or "no facts" for name, r in results.items() if not r.unreachable and r.facts is None}
+    failed = {name: r.error or f"{name}: no facts" for name, r in results.items()
+              if not r.unreachable and r.facts is None}
     ran = [name for name, r in results.items() if r.facts is not None]
     if failed:
-        return Check("probe", Status.ERROR, list(failed), "; ".join(failed.values()),
+        return Check("probe", Status.ERROR, list(failed), "; ".join(fold_errors(failed)),
                      "set the node's `python:` in the inventory to an interpreter that exists on the host")
-    return Check("probe", Status.OK, ran, f"{fold_hosts(ran)}: probe ran" if ran else "no host to probe")
+    if not ran:
+        return skipped("probe", "no host was reached")
+    return Check("probe", Status.OK, ran, f"{fold_hosts(ran)}: probe ran")
 
 
 def check_python(probed: Mapping[str, HostFacts], _ctx: Context) -> Check:
@@ -329,17 +338,20 @@ def check_iface(probed: Mapping[str, HostFacts], ctx: Context) -> Check:
                    "GLOO_SOCKET_IFNAME use it)")
 
 
-def untested(name: str, why: str) -> Check:
-    return Check(name, Status.WARN, [], f"not tested: {why}", "fix the errors above, then run doctor again")
+def skipped(name: str, why: str) -> Check:
+    """A check that could not run, and why; it passes nothing and fails nothing."""
+    return Check(name, Status.SKIP, [], f"skipped: {why}", "fix the errors above, then run doctor again")
 
 
 def check_resolves(probed: Mapping[str, HostFacts], ctx: Context) -> Check:
     """The master's address (and its host name, which c10d rendezvous hands out) resolve everywhere."""
     others = {h: f for h, f in probed.items() if h != ctx.master}
+    if len(ctx.nodes) == 1:
+        return Check("master-resolves", Status.OK, [ctx.master], "single host: nothing to resolve")
     if not others:
-        return Check("master-resolves", Status.OK, list(probed), "single host: nothing to resolve")
+        return skipped("master-resolves", "no host but the master was probed")
     if not ctx.master_addr:
-        return untested("master-resolves", f"no address for the master {ctx.master}")
+        return skipped("master-resolves", f"no address for the master {ctx.master}")
     c10d = ctx.job is not None and ctx.job.rendezvous.backend == "c10d"
     problems: dict[str, str] = {}
     severe = False
@@ -359,7 +371,7 @@ def check_port_free(probed: Mapping[str, HostFacts], ctx: Context) -> Check:
     master = probed.get(ctx.master)
     listen = master.listen if master is not None else None
     if listen is None:
-        return untested("port-free", f"the master {ctx.master} was not probed")
+        return skipped("port-free", f"the master {ctx.master} was not probed")
     port = listen.port
     if listen.ok:
         return Check("port-free", Status.OK, [ctx.master], f"{ctx.master}: port {port} free")
@@ -379,10 +391,12 @@ def check_port_reachable(probed: Mapping[str, HostFacts], ctx: Context) -> Check
     if ctx.master_addr_error:
         return Check("port-reachable", Status.ERROR, [ctx.master], ctx.master_addr_error,
                      "give the master a `host` or `iface` the other hosts can reach")
+    if len(ctx.nodes) == 1:
+        return Check("port-reachable", Status.OK, [ctx.master], "single host: nothing to connect")
     if not others:
-        return Check("port-reachable", Status.OK, list(probed), "single host: nothing to connect")
+        return skipped("port-reachable", "no host but the master was probed")
     if not listen.ok:
-        return untested("port-reachable", f"nothing listens for the test on the master {ctx.master}")
+        return skipped("port-reachable", f"nothing listens for the test on the master {ctx.master}")
     target = f"{ctx.master} at {ctx.master_addr}:{listen.port}"
     problems = {h: f"cannot connect to {target} ({(f.connect.error if f.connect else None) or 'not tried'})"
                 for h, f in others.items() if not (f.connect and f.connect.ok)}
@@ -402,7 +416,7 @@ def check_entry(probed: Mapping[str, HostFacts], ctx: Context) -> Check:
             why = "sync: true brings the workdir at launch, so the entry is not looked for on the hosts before"
         else:
             why = "the probe did not look for the entry"
-        return Check("entry", Status.OK, [], why)
+        return Check("entry", Status.SKIP, [], f"skipped: {why}")
     problems = {h: f"{e.kind} {e.name}: {e.error}" for h, e in entries.items() if not e.ok}
     shown = {h: f"{e.kind} {e.name} found" for h, e in entries.items()}
     kind = next(iter(entries.values())).kind

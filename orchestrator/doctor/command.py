@@ -18,9 +18,10 @@ import os
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TextIO
 
+from orchestrator import terminal
 from orchestrator.doctor.checks import (
     Check,
     Context,
@@ -28,13 +29,15 @@ from orchestrator.doctor.checks import (
     bandwidth_check,
     busbw_threshold,
     run_checks,
-    untested,
+    skipped,
 )
 from orchestrator.doctor.probe import HostResult, import_options, probe_round
 from orchestrator.doctor.render import render_bandwidth, render_table, to_json
 from orchestrator.errors import DistrunError, ExitCode
 from orchestrator.group import Group
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec
+from orchestrator.spec.select import Guard, HostSelection
+from orchestrator.terminal import Progress
 
 if TYPE_CHECKING:
     from orchestrator.bandwidth import BandwidthReport
@@ -46,7 +49,8 @@ class DoctorRequest:
 
     inventory: str | None = None
     job_file: str | None = None
-    nodes: list[str] | None = None
+    selection: HostSelection = field(default_factory=HostSelection)
+    guard: Guard | None = None
     as_json: bool = False
     strict: bool = False
     bandwidth: bool = False
@@ -62,12 +66,15 @@ def run_doctor(request: DoctorRequest, out: TextIO = sys.stdout) -> int:
     Raises:
         UsageError: the inventory, the job or `--nodes` is invalid.
     """
-    from orchestrator.spec import load_job, resolve_inventory_path, select_nodes
+    from orchestrator.spec import load_job, resolve_inventory_path, select_hosts, select_nodes
 
     began = time.monotonic()
     inventory = resolve_inventory_path(request.inventory)
     job = load_job(request.job_file) if request.job_file else None
-    nodes = select_nodes(job or JobSpec(path="<doctor>", name="doctor"), inventory, request.nodes)
+    if job is not None:
+        nodes = select_nodes(job, inventory, request.selection, None, request.guard)
+    else:
+        nodes = select_hosts(inventory, request.selection, request.guard, "doctor")
     results, ctx = collect(nodes, inventory.master_of(nodes), job)
     checks = run_checks(results, ctx)
     report = None
@@ -81,8 +88,7 @@ def run_doctor(request: DoctorRequest, out: TextIO = sys.stdout) -> int:
             if report else None
         out.write(json.dumps(to_json(results, checks, ctx, seconds, code, data), indent=2) + "\n")
     else:
-        colour = out.isatty() and not os.environ.get("NO_COLOR")
-        out.write(render_table(checks, ctx, seconds, colour) + "\n")
+        out.write(render_table(checks, ctx, seconds, terminal.colour(out)) + "\n")
         if report is not None and report.results:
             out.write("\n" + render_bandwidth(report) + "\n")
     return code
@@ -94,7 +100,7 @@ def _bandwidth(checks: list[Check], results: Mapping[str, HostResult], inventory
     from orchestrator.bandwidth import BandwidthReport, measure
 
     if any(c.status is Status.ERROR for c in checks):
-        return untested("bandwidth", "the all-reduce runs only when no check failed"), None
+        return skipped("bandwidth", "the all-reduce runs only when no check failed"), None
     facts = [r.facts for r in results.values() if r.facts is not None]
     backend = "nccl" if facts and all(f.gpu_total for f in facts) else "gloo"
     try:
@@ -112,9 +118,9 @@ def collect(nodes: list[NodeSpec], master: NodeSpec, job: JobSpec | None) -> tup
     """
     workdir = (job.workdir if job else None) or os.getcwd()
     base = {"full": True, "workdir": workdir}
-    with Group(nodes) as group:
+    with Group(nodes, progress=Progress(len(nodes), "connected")) as group:
         outcome = probe_round(group, master, base, job.rendezvous.port if job else None, None,
-                              per_host=import_options(nodes, job, workdir))
+                              per_host=import_options(nodes, job, workdir), progress=Progress(len(nodes), "probed"))
     ctx = Context(tuple(nodes), master.name, outcome.master_addr, outcome.master_addr_error,
                   outcome.master_hostname, job)
     return outcome.results, ctx

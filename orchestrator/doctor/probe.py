@@ -24,6 +24,7 @@ from orchestrator.facts import HostFacts
 from orchestrator.group import Group, GroupResult, parallel
 from orchestrator.plan import DEFAULT_PORT, choose_master_addr
 from orchestrator.spec.model import JobSpec, NodeSpec
+from orchestrator.terminal import Progress
 from orchestrator.transport import RemoteProcess, Transport
 
 PROBE_MODULES = ["output", "probe"]  # what the probe runs, dependencies first
@@ -199,7 +200,7 @@ def import_options(nodes: Sequence[NodeSpec], job: JobSpec | None, workdir: str)
 
 def probe_round(group: Group, master: NodeSpec, base: dict[str, Any], port: int | None,
                 master_addr: str | None, port_from: int = DEFAULT_PORT, resolve: bool = True,
-                per_host: Mapping[str, dict[str, Any]] | None = None) -> Round:
+                per_host: Mapping[str, dict[str, Any]] | None = None, progress: Progress | None = None) -> Round:
     """Run the probe on every host at once; the master listens, the others connect to it.
 
     Args:
@@ -212,6 +213,7 @@ def probe_round(group: Group, master: NodeSpec, base: dict[str, Any], port: int 
         resolve: Have the other hosts look up the master's address and host name (doctor's
             master-resolves check; a launch skips it, as a slow DNS would slow every launch).
         per_host: More options for some hosts' probes, by node name (`import_options`).
+        progress: Counts the hosts whose probe finished (`probed 41/64` on a terminal).
 
     Returns:
         Every host's result (facts or error), in the group's order, and the master's address as used.
@@ -239,7 +241,17 @@ def probe_round(group: Group, master: NodeSpec, base: dict[str, Any], port: int 
     if master_run is not None:
         live[master.name] = master_run
         master_run.send({"stop": True})
-    finished = parallel(live.values(), lambda r: r.finish(PROBE_TIMEOUT), key=lambda r: r.name)
+
+    def finish(run: ProbeRun) -> dict[str, Any]:
+        try:
+            return run.finish(PROBE_TIMEOUT)
+        finally:
+            if progress is not None:
+                progress.tick(run.name)
+
+    finished = parallel(live.values(), finish, key=lambda r: r.name)
+    if progress is not None:
+        progress.clear()
     for name, value in finished.items():
         results[name] = HostResult(name, error=one_line(value), exception=value) if isinstance(value, Exception) \
             else HostResult(name, facts=HostFacts.from_probe(name, value))

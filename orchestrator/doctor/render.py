@@ -14,7 +14,7 @@ JSON output (`--json`), schema version 1:
         }
       },
       "checks": [                           # in the order of the table
-        {"name": "torch", "status": "ok" | "warn" | "error",
+        {"name": "torch", "status": "ok" | "warn" | "error" | "skip",   # skip: could not run
          "hosts": ["node2"],                # the hosts the status concerns (all, when ok)
          "detail": "torch differs: node[0-1]: 2.13.0; node2: 2.0.0",
          "hint": "one-line fix; empty when ok"}
@@ -24,7 +24,7 @@ JSON output (`--json`), schema version 1:
         "min_busbw_gbps": 0.1, "error": null | "why it did not run",
         "results": [{"bytes": 1048576, "time_s": 0.004, "algbw_gbps": 0.26, "busbw_gbps": 0.35}]
       },
-      "summary": {"ok": 17, "warn": 1, "error": 0},
+      "summary": {"ok": 17, "warn": 1, "error": 0, "skip": 0},
       "exit_code": 0
     }
 
@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from orchestrator.bandwidth import BandwidthReport
 
 SCHEMA = 1
-MARKS = {"ok": "✓", "warn": "!", "error": "✗"}
-COLOURS = {"ok": 32, "warn": 33, "error": 31}
+MARKS = {"ok": "✓", "warn": "!", "error": "✗", "skip": "-"}
+COLOURS = {"ok": 32, "warn": 33, "error": 31, "skip": 90}
 
 
 def _paint(text: str, status: Status, colour: bool) -> str:
@@ -73,7 +73,9 @@ def render_table(checks: list[Check], ctx: Context, seconds: float, colour: bool
     for check in checks:
         lines += render_check(check, width, colour)
     counts = summary(checks)
-    lines += ["", f"{counts['ok']} ok, {counts['warn']} warning(s), {counts['error']} error(s) in {seconds:.1f} s"]
+    skips = f", {counts['skip']} skipped" if counts["skip"] else ""
+    tally = f"{counts['ok']} ok, {counts['warn']} warning(s), {counts['error']} error(s){skips}"
+    lines += ["", f"{tally} in {seconds:.1f} s"]
     return "\n".join(lines)
 
 

@@ -12,10 +12,12 @@ from orchestrator.spec.model import (
     Telemetry,
     TransportKind,
 )
-from orchestrator.spec.select import select_nodes
+from orchestrator.spec.select import Guard, HostSelection, select_hosts, select_nodes
 
 __all__ = [
+    "Guard",
     "HostKeyPolicy",
+    "HostSelection",
     "Inventory",
     "JobSpec",
     "NodeSpec",
@@ -29,5 +31,6 @@ __all__ = [
     "load_inventory",
     "load_job",
     "resolve_inventory_path",
+    "select_hosts",
     "select_nodes",
 ]

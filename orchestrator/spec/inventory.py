@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import cast
 
 from orchestrator.errors import UsageError
+from orchestrator.spec.config import load_config
 from orchestrator.spec.fields import Reader, Source, describe, suggestion
 from orchestrator.spec.model import HostKeyPolicy, Inventory, NodeSpec, TransportKind
 from orchestrator.spec.yamlsrc import Map, Node, Seq, collect_lines, join_path, load_yaml
@@ -85,7 +86,8 @@ def default_inventory() -> Inventory:
 
 
 def resolve_inventory_path(cli_value: str | None) -> Inventory:
-    """Find and load the inventory: `-i` first, then $DISTRUN_INVENTORY, then the built-in one.
+    """Find and load the inventory: `-i` first, then $DISTRUN_INVENTORY, then the config file's
+    `inventory`, then the built-in one.
 
     Args:
         cli_value: The `-i` option's value, or None when not given.
@@ -101,13 +103,25 @@ def resolve_inventory_path(cli_value: str | None) -> Inventory:
         return load_inventory(os.path.expanduser(cli_value))
     from_env = os.environ.get(INVENTORY_ENV)
     if not from_env:
-        return default_inventory()
+        return _configured_inventory()
     path = Path(os.path.expanduser(from_env))
     if not path.is_file():
         raise UsageError(
             f"{INVENTORY_ENV}={from_env}: no such inventory file"
             f" (fix the path, or unset {INVENTORY_ENV} to use the built-in localhost inventory)"
         )
+    return load_inventory(path)
+
+
+def _configured_inventory() -> Inventory:
+    """The config file's `inventory`, else the built-in one."""
+    config = load_config()
+    if not config.inventory:
+        return default_inventory()
+    path = Path(os.path.expanduser(config.inventory))
+    if not path.is_file():
+        raise config.error(config.inventory_line, "inventory", f"no such inventory file {config.inventory}",
+                           "fix the path, or remove the key to use the built-in localhost inventory")
     return load_inventory(path)
 
 

@@ -158,7 +158,7 @@ def _name(src: Source, node: Node, path: str) -> str:
 
 def _script(src: Source, node: Node, path: str) -> str:
     script = src.string(node, path)
-    problem = _missing_file(script)
+    problem = missing_file(script)
     if problem is not None:
         hint = (
             "check the path"
@@ -170,7 +170,7 @@ def _script(src: Source, node: Node, path: str) -> str:
     return script
 
 
-def _missing_file(script: str) -> str | None:
+def missing_file(script: str) -> str | None:
     """Why `script` does not name a file, or None when it does."""
     try:
         resolved = Path(os.path.expanduser(script))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -32,12 +32,25 @@ class ConnectFailure(str, Enum):
     HOST_KEY_REVOKED = "host key revoked"
 
 
+# How to fix a host that was not reached or not logged into: doctor's `reachable` hint, which every
+# command's error about such a host ends with.
+REACH_HINT = "check the host is up and `ssh USER@HOST` works with the inventory's user, port and identity_file"
+# The failures whose own message does not say how to fix them (host key messages do).
+_NEEDS_HINT = frozenset({ConnectFailure.UNREACHABLE, ConnectFailure.TIMEOUT, ConnectFailure.AUTH})
+
+
 class ConnectError(InfraError):
     """Connecting to a host failed: `str()` is the whole message, `failure` says how."""
 
     def __init__(self, message: str, failure: ConnectFailure) -> None:
         super().__init__(message)
         self.failure = failure
+
+
+def reach_hint(errors: Iterable[BaseException]) -> str:
+    """REACH_HINT when some error is a host not reached or not logged into; else ""."""
+    needed = any(isinstance(e, ConnectError) and e.failure in _NEEDS_HINT for e in errors)
+    return REACH_HINT if needed else ""
 
 
 @dataclass(frozen=True)

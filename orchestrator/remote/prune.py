@@ -1,0 +1,28 @@
+"""Removes the copies a host keeps of finished jobs, for `distrun prune`. argv: JOB_ID ...
+
+Only a directory directly under ~/.distrun/jobs whose name is a job id is removed, never a
+link; prints one JSON object: {"removed": [ids whose copy was there]}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def main(argv: list[str]) -> None:
+    root = os.path.expanduser(os.path.join("~/.distrun", "jobs"))
+    removed = []
+    for job_id in argv:
+        if not JOB_ID.fullmatch(job_id) or ".." in job_id:
+            continue
+        path = os.path.join(root, job_id)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+            removed.append(job_id)
+    sys.stdout.write(json.dumps({"removed": removed}) + "\n")

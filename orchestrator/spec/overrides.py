@@ -1,0 +1,158 @@
+"""A job from the command line: `distrun launch train.py`, flags over a job file, and the job as YAML.
+
+`job_from_script` builds the job of a script launch (torchrun's and torchx's habit: no file to
+write first); `apply_overrides` puts `--name`, `--nproc-per-node` and `--env` over a job's own
+values; `job_to_yaml` writes a job back as a job file (`--dry-run` prints it, ready to save).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.errors import UsageError
+from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT
+from orchestrator.spec.job import JOB_NAME, SECRET_REF, missing_file
+from orchestrator.spec.model import JobSpec, Rendezvous, Select, Telemetry
+from orchestrator.spec.yamlsrc import Map, Node, Scalar, Seq
+
+SCRIPT_SUFFIX = ".py"
+_DEFAULTS = JobSpec(path="", name="")
+
+
+def is_script(target: str) -> bool:
+    """Whether `distrun launch TARGET` names a training script rather than a job file."""
+    return target.endswith(SCRIPT_SUFFIX)
+
+
+def job_from_script(script: str) -> JobSpec:
+    """The job of `distrun launch SCRIPT.py`: the script, named after its file, every other key default.
+
+    Raises:
+        UsageError: the script is not a file.
+    """
+    problem = missing_file(script)
+    if problem is not None:
+        raise UsageError(f"{script}: {problem} (the path is relative to the current directory {Path.cwd()})")
+    stem = re.sub(r"[^A-Za-z0-9._-]", "-", Path(script).stem).lstrip("._-") or "job"
+    return JobSpec(path=script, name=stem, script=script)
+
+
+def apply_overrides(job: JobSpec, name: str | None = None, nproc_per_node: str | None = None,
+                    env: Sequence[str] = ()) -> JobSpec:
+    """The job with the command line's `--name`, `--nproc-per-node` and `--env` over its own values.
+
+    Args:
+        job: The job as read.
+        name: `--name`.
+        nproc_per_node: `--nproc-per-node`: a number, or `auto`.
+        env: `--env KEY=VALUE` values; `KEY='${env:NAME}'` is a secret read from this shell.
+
+    Raises:
+        UsageError: a value is not valid (the flag named).
+    """
+    if name is not None:
+        if not JOB_NAME.fullmatch(name):
+            raise UsageError(f"--name {name!r}: not a job name (the name is part of job ids and file names: "
+                             "use letters, digits, '.', '_' and '-')")
+        job = replace(job, name=name)
+    if nproc_per_node is not None:
+        job = replace(job, nproc_per_node=parse_nproc(nproc_per_node))
+    plain, secrets = dict(job.env), dict(job.secrets)
+    for pair in env:
+        key, value = parse_env(pair)
+        plain.pop(key, None)
+        secrets.pop(key, None)
+        match = SECRET_REF.fullmatch(value)
+        if match is not None:
+            secrets[key] = match.group(1)
+        else:
+            plain[key] = value
+    return replace(job, env=plain, secrets=secrets) if env else job
+
+
+def parse_nproc(value: str) -> int | None:
+    """`auto` -> None (one process per GPU, else 2); a number from 1 -> that number.
+
+    Raises:
+        UsageError: anything else.
+    """
+    if value == "auto":
+        return None
+    if value.isdigit() and int(value) >= 1:
+        return int(value)
+    raise UsageError(f"--nproc-per-node {value!r}: give a number from 1, or auto (one process per GPU)")
+
+
+def parse_env(pair: str) -> tuple[str, str]:
+    """`KEY=VALUE` -> (KEY, VALUE).
+
+    Raises:
+        UsageError: no `=`, or KEY is not a variable name.
+    """
+    key, equals, value = pair.partition("=")
+    if not equals:
+        raise UsageError(f"--env {pair!r}: expected KEY=VALUE")
+    if not ENV_NAME.fullmatch(key):
+        raise UsageError(f"--env {pair!r}: {key!r} is not a variable name ({ENV_NAME_HINT})")
+    if "${env:" in value and SECRET_REF.fullmatch(value) is None:
+        raise UsageError(f"--env {pair!r}: ${{env:...}} must be the whole value")
+    return key, value
+
+
+def job_to_yaml(job: JobSpec) -> str:
+    """The job as a job file: every key that differs from its default, in the documented order.
+
+    `job_from_text(job_to_yaml(job), path)` gives the same job back (its `path` aside).
+    """
+    return yaml.safe_dump(job_to_dict(job), sort_keys=False, default_flow_style=None, width=100)
+
+
+def job_to_dict(job: JobSpec) -> dict[str, Any]:
+    """The job file's keys and values for `job`, defaults left out (name, entry point and
+    nproc_per_node always kept)."""
+    data: dict[str, Any] = {"name": job.name}
+    data.update({"module": job.module} if job.module else {"script": job.script})
+    optional: dict[str, Any] = {
+        "args": list(job.args),
+        "nnodes": job.nnodes,
+        "nproc_per_node": "auto" if job.nproc_per_node is None else job.nproc_per_node,
+        "workdir": job.workdir,
+        "env": {**job.env, **{k: f"${{env:{v}}}" for k, v in job.secrets.items()}},
+        "rendezvous": _section(job.rendezvous, Rendezvous()),
+        "max_restarts": job.max_restarts,
+        "select": _section(job.select, Select()),
+        "telemetry": _section(job.telemetry, Telemetry()),
+        "sync": job.sync,
+        "backend": job.backend,
+        **{name: _plain(section) for name, section in job.backend_sections.items()},
+        "heartbeat_timeout": job.heartbeat_timeout,
+        "stop_grace": job.stop_grace,
+    }
+    for key, value in optional.items():
+        default = getattr(_DEFAULTS, key, None)
+        if key == "nproc_per_node" or (value not in (None, {}, []) and value != default):
+            data[key] = value
+    return data
+
+
+def _section(value: Rendezvous | Select | Telemetry, default: Rendezvous | Select | Telemetry) -> dict[str, Any]:
+    """A section's keys that differ from their defaults (tuples written as lists)."""
+    fields = vars(value)
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items() if v != vars(default)[k]}
+
+
+def _plain(node: Node) -> Any:
+    """A backend's section as plain data (scalars as YAML read them)."""
+    if isinstance(node, Map):
+        return {key: _plain(value) for key, value in node.entries.items()}
+    if isinstance(node, Seq):
+        return [_plain(item) for item in node.items]
+    if isinstance(node, Scalar):
+        return node.value
+    raise TypeError(node)

@@ -1,0 +1,108 @@
+"""What distrun shows on a terminal and nowhere else: colour, progress counts, a yes/no question.
+
+Colour follows one rule for every command: `--color always|never` wins, then the config file's
+`color:`, then `NO_COLOR` (set to anything non-empty: no colour), then whether the stream is a
+terminal. Progress (`connected 41/64`) is written to stderr only when stderr is a terminal, and
+erased before anything else is printed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from enum import Enum
+from typing import TextIO
+
+
+class ColorMode(str, Enum):
+    AUTO = "auto"
+    ALWAYS = "always"
+    NEVER = "never"
+
+
+_settings = {"color": ColorMode.AUTO}
+
+
+def set_color_mode(mode: ColorMode | str) -> None:
+    """Set this process's colour mode (from `--color` or the config file)."""
+    _settings["color"] = ColorMode(mode)
+
+
+def color_mode() -> ColorMode:
+    return _settings["color"]
+
+
+def colour(stream: TextIO | None) -> bool:
+    """Whether text written to `stream` may be coloured (see the module docstring)."""
+    mode = color_mode()
+    if mode is not ColorMode.AUTO:
+        return mode is ColorMode.ALWAYS
+    if os.environ.get("NO_COLOR"):
+        return False
+    return stream is not None and stream.isatty()
+
+
+def is_terminal(stream: TextIO | None) -> bool:
+    """Whether `stream` is an interactive terminal (a closed or missing stream is not)."""
+    try:
+        return stream is not None and stream.isatty()
+    except ValueError:
+        return False
+
+
+class Progress:
+    """A count that rewrites one terminal line: `connected 41/64`.
+
+    Args:
+        total: How many there are.
+        verb: What a tick means ("connected", "probed").
+        stream: Where to write; nothing is written unless it is a terminal.
+    """
+
+    def __init__(self, total: int, verb: str, stream: TextIO | None = None) -> None:
+        self.total = total
+        self.verb = verb
+        self.stream = sys.stderr if stream is None else stream
+        self.shown = is_terminal(self.stream) and total > 1
+        self._done: set[str] = set()
+        self._visible = False
+        self._lock = threading.Lock()
+
+    def tick(self, name: str) -> None:
+        """Count `name` and show the new count; a name already counted changes nothing."""
+        with self._lock:
+            if name in self._done:
+                return
+            self._done.add(name)
+            if self.shown:
+                self.stream.write(f"\r\x1b[2K{self.verb} {len(self._done)}/{self.total}")
+                self.stream.flush()
+                self._visible = True
+
+    @property
+    def count(self) -> int:
+        return len(self._done)
+
+    def clear(self) -> None:
+        """Erase the line, so that what follows starts on a clean one."""
+        with self._lock:
+            if self._visible:
+                self.stream.write("\r\x1b[2K")
+                self.stream.flush()
+                self._visible = False
+
+
+def ask_yes_no(question: str, stdin: TextIO | None = None, out: TextIO | None = None) -> bool:
+    """Ask on the terminal; only `y` or `yes` is a yes (Enter, EOF and anything else are a no)."""
+    stdin = sys.stdin if stdin is None else stdin
+    out = sys.stderr if out is None else out
+    out.write(f"{question} [y/N] ")
+    out.flush()
+    answer = stdin.readline()
+    return answer.strip().lower() in ("y", "yes")
+
+
+def can_ask() -> bool:
+    """Whether a question can be put to somebody: stdin and stderr are both terminals."""
+    return is_terminal(sys.stdin) and is_terminal(sys.stderr)

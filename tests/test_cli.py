@@ -1,0 +1,315 @@
+"""The `distrun` command line as an operator meets it: help, host flags, ps, references, completion,
+dry runs that reach no host, bad combinations, prune. No test host and no torchrun here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from orchestrator.cli import cli
+from orchestrator.store import JobRecord, JobState, Store
+from tests.helpers import distrun
+
+# Options whose long name means something else on some commands, so their words differ there.
+MEANS_OTHER_THINGS = {"--all": {"ps"}, "--dry-run": {"prune"}}
+CLOSED_PORT_INVENTORY = ("defaults: {user: root, port: 1, host_key_policy: strict}\n"
+                         "nodes:\n  - {name: node0, host: 127.0.0.1}\n  - {name: node1, host: 127.0.0.1}\n")
+
+
+def commands() -> dict[str, click.Command]:
+    return dict(cli.commands)
+
+
+def help_text(*words: str) -> str:
+    result = CliRunner().invoke(cli, [*words, "--help"], prog_name="distrun", terminal_width=100)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+# ---------------------------------------------------------------- help
+
+
+def test_every_commands_help_has_examples_and_its_summary_is_whole() -> None:
+    for name, command in commands().items():
+        text = help_text(name)
+        assert "Examples:\n" in text and f"distrun {name}" in text.split("Examples:")[1], name
+        assert command.short_help and not command.short_help.endswith(("...", "…")), name
+    listing = help_text()
+    assert "…" not in listing and "..." not in listing.split("Commands:")[1].split("Exit codes:")[0]
+
+
+def test_the_top_help_lists_exit_codes_environment_and_completion() -> None:
+    text = help_text()
+    for code in ("0 ", "1 ", "2 ", "3 ", "130", "143"):
+        assert f"\n    {code}" in text, code
+    for variable in ("DISTRUN_INVENTORY", "DISTRUN_HOME", "DISTRUN_SSH_CONFIG", "DISTRUN_SSH_TIMEOUT", "NO_COLOR",
+                     "XDG_CONFIG_HOME"):
+        assert variable in text
+    assert 'eval "$(distrun completion bash)"' in text
+
+
+def test_an_option_has_the_same_words_on_every_command() -> None:
+    words: dict[str, dict[str, str]] = {}
+    for name, command in commands().items():
+        for param in command.params:
+            if isinstance(param, click.Option) and not param.hidden:
+                for opt in (o for o in param.opts if o.startswith("--")):
+                    if name not in MEANS_OTHER_THINGS.get(opt, ()):
+                        words.setdefault(opt, {})[name] = param.help or ""
+    differing = {opt: by_command for opt, by_command in words.items() if len(set(by_command.values())) > 1}
+    assert differing == {}
+    assert {"launch", "doctor", "exec", "stop", "bench"} <= set(words["--nodes"])
+    assert set(words["--nodes"]) == set(words["--exclude"]) == set(words["--label"]) == set(words["--all"])
+
+
+# ---------------------------------------------------------------- launch's command line
+
+
+def test_a_script_option_without_the_double_dash_says_to_put_it_after_one(tmp_path: Path) -> None:
+    result = distrun("launch", "jobs/train_resnet50.py", "--steps", "20", home=tmp_path)
+
+    assert result.returncode == 2
+    assert ("--steps: not an option of distrun launch. Arguments for the training script go after `--`: "
+            "distrun launch jobs/train_resnet50.py [OPTIONS] -- --steps ...") in result.stderr
+    assert "--time" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_local_backend_refuses_an_inventory_it_would_ignore(tmp_path: Path) -> None:
+    result = distrun("launch", "jobs/tiny.yaml", "--backend", "local", "-i", "inventory/example.yaml",
+                     "--dry-run", home=tmp_path)
+
+    assert result.returncode == 2
+    assert "--backend local runs on this machine only, so -i inventory/example.yaml would be ignored" in result.stderr
+
+
+def test_a_dry_run_reaches_no_host_and_marks_what_only_a_probe_gives(tmp_path: Path) -> None:
+    inventory = tmp_path / "closed.yaml"
+    inventory.write_text(CLOSED_PORT_INVENTORY)
+
+    offline = distrun("launch", "jobs/tiny.yaml", "-i", str(inventory), "--dry-run", home=tmp_path / "home")
+    probed = distrun("launch", "jobs/tiny.yaml", "-i", str(inventory), "--dry-run", "--probe",
+                     home=tmp_path / "home", env={"DISTRUN_SSH_TIMEOUT": "2"})
+
+    assert offline.returncode == 0, offline.stderr
+    assert "world size <probe>, master node0 at <probe>:<probe>" in offline.stdout
+    assert "--nproc-per-node <probe> --node-rank 1 --master-addr <probe> --master-port <probe>" in offline.stdout
+    assert "iface <probe>" in offline.stdout
+    assert probed.returncode == 3
+    assert "node[0-1]: unreachable: connection refused" in probed.stderr
+    assert "(fix: check the host is up and `ssh USER@HOST` works" in probed.stderr
+
+
+def test_a_script_dry_run_prints_a_job_file_that_launches_the_same_job(tmp_path: Path) -> None:
+    result = distrun("launch", "jobs/train_resnet50.py", "--name", "smoke", "--nnodes", "1", "--nproc-per-node",
+                     "2", "--env", "OMP_NUM_THREADS=1", "--dry-run", "--", "--steps", "3", home=tmp_path)
+    saved = tmp_path / "smoke.yaml"
+    saved.write_text(result.stdout)
+
+    again = distrun("launch", str(saved), "--dry-run", home=tmp_path)
+
+    assert result.returncode == 0, result.stderr
+    assert "name: smoke\nscript: jobs/train_resnet50.py\nargs: [--steps, '3']\nnnodes: 1\nnproc_per_node: 2\n" \
+           "env: {OMP_NUM_THREADS: '1'}\n" in result.stdout
+    plan_line = next(line for line in result.stdout.splitlines() if "torch.distributed.run" in line)
+    assert plan_line.startswith("#   ") and plan_line.endswith("jobs/train_resnet50.py --steps 3")
+    assert again.returncode == 0, again.stderr
+    assert plan_line.removeprefix("# ") in again.stdout
+
+
+def test_probe_and_json_are_refused_where_they_mean_nothing(tmp_path: Path) -> None:
+    probe = distrun("launch", "jobs/tiny.yaml", "--probe", home=tmp_path)
+    as_json = distrun("launch", "jobs/tiny.yaml", "--json", home=tmp_path)
+
+    assert probe.returncode == 2 and "--probe: only with --dry-run" in probe.stderr
+    assert as_json.returncode == 2 and "--json: only with --detach" in as_json.stderr
+
+
+def test_a_detached_launch_that_fails_leaves_no_job_directory(tmp_path: Path) -> None:
+    inventory = tmp_path / "closed.yaml"
+    inventory.write_text(CLOSED_PORT_INVENTORY)
+    home = tmp_path / "home"
+
+    result = distrun("launch", "jobs/tiny.yaml", "-i", str(inventory), "--detach", home=home,
+                     env={"DISTRUN_SSH_TIMEOUT": "2"})
+
+    assert result.returncode == 3
+    assert "unreachable: connection refused" in result.stderr
+    assert not (home / "jobs").exists() or list((home / "jobs").iterdir()) == []
+
+
+def test_a_detached_launch_with_a_bad_selection_fails_before_starting_anything(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    result = distrun("launch", "jobs/tiny.yaml", "--nodes", "nod1", "--detach", home=home)
+
+    assert result.returncode == 2 and "--nodes: unknown node 'nod1' in inventory <built-in>" in result.stderr
+    assert not (home / "jobs").exists()
+
+
+# ---------------------------------------------------------------- ps, references
+
+
+def record(store: Store, job_id: str, started: float, hosts: list[str], state: JobState = JobState.SUCCEEDED,
+           internal: bool = False) -> JobRecord:
+    rec = JobRecord(id=job_id, name=job_id.rsplit("-", 3)[0], spec_path="jobs/tiny.yaml", inventory="<built-in>",
+                    hosts=hosts, state=state, started=started, ended=started + 75, exit_code=0, internal=internal,
+                    backend="slurm")  # slurm: no controller pid to check, records stay as written
+    store.save(rec)
+    return rec
+
+
+@pytest.fixture
+def jobs(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    store = Store(home)
+    now = time.time()
+    record(store, "tiny-20261121-141109-60ee", now - 3 * 86400, [f"node{i}" for i in range(64)])
+    record(store, "doctor-bandwidth-20261122-090000-77aa", now - 7200, ["node0", "node1"], internal=True)
+    record(store, "tiny-20261123-101500-a1b2", now - 600, ["node0", "node2"], JobState.FAILED)
+    return home
+
+
+def test_ps_folds_hosts_and_shows_when_each_job_started(jobs: Path) -> None:
+    result = distrun("ps", home=jobs)
+
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["JOB", "STATE", "STARTED", "TIME", "EXIT", "HOSTS"]
+    assert lines[1].startswith("tiny-20261123-101500-a1b2  failed") and lines[1].endswith("node[0,2]")
+    assert lines[2].endswith("node[0-63]") and len(lines[2]) < 100
+    assert len(lines) == 3, "the internal run is not a user job"
+    started = time.strftime("%Y-%m-%d %H:%M", time.localtime(time.time() - 600))
+    assert started in lines[1]
+
+
+def test_ps_all_lists_internal_runs_in_straight_columns(jobs: Path) -> None:
+    lines = distrun("ps", "--all", home=jobs).stdout.splitlines()
+
+    internal = next(line for line in lines if line.startswith("doctor-bandwidth"))
+    assert internal.endswith("node[0-1]  (internal)")
+    state_column = lines[0].index("STATE")
+    assert all(line[state_column - 2:state_column] == "  " and line[state_column] != " " for line in lines[1:])
+
+
+def test_ps_filters_by_state_and_start_and_prints_json(jobs: Path) -> None:
+    failed = distrun("ps", "--state", "failed", "--json", home=jobs)
+    recent = distrun("ps", "--since", "1d", home=jobs)
+    bad = distrun("ps", "--state", "faild", home=jobs)
+
+    assert [r["id"] for r in json.loads(failed.stdout)] == ["tiny-20261123-101500-a1b2"]
+    assert [line.split()[0] for line in recent.stdout.splitlines()[1:]] == ["tiny-20261123-101500-a1b2"]
+    assert bad.returncode == 2 and "--state faild: not a state (did you mean 'failed'?)" in bad.stderr
+
+
+def test_ps_colours_states_only_when_asked_or_on_a_terminal(jobs: Path) -> None:
+    plain = distrun("ps", home=jobs)
+    forced = distrun("--color", "always", "ps", home=jobs)
+    forced_here = distrun("ps", "--color", "always", home=jobs, env={"NO_COLOR": "1"})
+
+    assert "\x1b[" not in plain.stdout
+    assert "\x1b[31mfailed" in forced.stdout and "\x1b[31mfailed" in forced_here.stdout
+
+
+def test_last_skips_internal_runs_and_an_ambiguous_prefix_lists_candidates_newest_first(jobs: Path) -> None:
+    last = distrun("logs", "last", home=jobs)
+    ambiguous = distrun("logs", "tiny-2026", home=jobs)
+
+    assert last.returncode == 0
+    assert ambiguous.returncode == 2
+    assert ("'tiny-2026' matches 2 jobs, newest first: tiny-20261123-101500-a1b2, tiny-20261121-141109-60ee"
+            in ambiguous.stderr)
+
+
+# ---------------------------------------------------------------- completion
+
+
+def complete(words: str, home: Path, **env: str) -> list[str]:
+    parts = words.split(" ")
+    result = distrun(*parts[1:2], home=home, env={"_DISTRUN_COMPLETE": "bash_complete", "COMP_WORDS": words,
+                                                   "COMP_CWORD": str(len(parts) - 1), **env})
+    return [line.split(",", 1)[1] for line in result.stdout.splitlines() if "," in line]
+
+
+def test_completion_scripts_for_bash_zsh_and_fish(tmp_path: Path) -> None:
+    bash = distrun("completion", "bash", home=tmp_path)
+    checked = subprocess.run(["bash", "-n"], input=bash.stdout, text=True, capture_output=True)
+
+    assert bash.returncode == 0 and "_DISTRUN_COMPLETE=bash_complete" in bash.stdout
+    assert checked.returncode == 0, checked.stderr
+    assert "compdef" in distrun("completion", "zsh", home=tmp_path).stdout
+    assert "complete --no-files --command distrun" in distrun("completion", "fish", home=tmp_path).stdout
+
+
+def test_completion_offers_job_ids_and_node_names(jobs: Path, tmp_path: Path) -> None:
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text("nodes: [{name: node0, labels: [h100]}, {name: node1}, {name: gpu-b, labels: [a100]}]\n")
+
+    assert complete("distrun logs tiny-2026112", jobs) == ["tiny-20261123-101500-a1b2", "tiny-20261121-141109-60ee"]
+    assert complete("distrun stop l", jobs) == ["last"]
+    assert complete(f"distrun exec -i {inventory} --nodes no", jobs) == ["node0", "node1"]
+    assert complete(f"distrun exec -i {inventory} --nodes node0,g", jobs) == ["node0,gpu-b"]
+    assert complete(f"distrun doctor -i {inventory} --label a", jobs) == ["a100"]
+
+
+# ---------------------------------------------------------------- stop, prune
+
+
+def test_stop_needs_a_job_or_hosts_and_not_both(jobs: Path) -> None:
+    neither = distrun("stop", home=jobs)
+    both = distrun("stop", "last", "--nodes", "node0", home=jobs)
+    nobody = distrun("stop", "--nodes", "node9", home=jobs)
+
+    assert neither.returncode == 2 and "stop: which job?" in neither.stderr
+    assert both.returncode == 2 and "give a job or hosts" in both.stderr
+    assert nobody.returncode == 0 and "no running job on those hosts" in nobody.stderr
+
+
+def test_stop_json_on_a_finished_job_says_so(jobs: Path) -> None:
+    result = distrun("stop", "tiny-20261121", "--json", home=jobs)
+
+    assert result.returncode == 0
+    assert json.loads(result.stdout) == {"id": "tiny-20261121-141109-60ee", "state": "succeeded", "exit_code": 0,
+                                         "messages": ["job tiny-20261121-141109-60ee already ended (succeeded)"]}
+
+
+def test_prune_removes_old_finished_jobs_here_and_on_the_host_never_a_running_one(tmp_path: Path) -> None:
+    home, host_home = tmp_path / "home", tmp_path / "host-home"
+    store = Store(home)
+    controller = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "orchestrator"])
+    now = time.time()
+    jobs = {"old": now - 10 * 86400, "recent": now - 3600, "running": now - 30 * 86400}
+    for name, started in jobs.items():
+        rec = JobRecord(id=f"{name}-1", name=name, spec_path="j.yaml", inventory="<built-in>", hosts=["localhost"],
+                        backend="local", started=started,
+                        state=JobState.RUNNING if name == "running" else JobState.SUCCEEDED,
+                        ended=None if name == "running" else started + 60, controller_pid=controller.pid)
+        store.save(rec)
+        store.job_dir(rec.id).create()
+        (host_home / ".distrun" / "jobs" / rec.id).mkdir(parents=True)
+        (host_home / ".distrun" / "jobs" / rec.id / "localhost.log").write_text("line\n")
+
+    try:
+        listed = distrun("prune", "--dry-run", home=home, env={"HOME": str(host_home)})
+        pruned = distrun("prune", "--json", home=home, env={"HOME": str(host_home)})
+    finally:
+        controller.kill()
+        controller.wait()
+
+    assert listed.returncode == 0 and listed.stdout == "would remove 1 job(s)\n  old-1\n"
+    assert pruned.returncode == 0, pruned.stderr
+    assert json.loads(pruned.stdout) == {"removed": ["old-1"], "kept": {}, "dry_run": False}
+    assert sorted(p.name for p in (home / "jobs").iterdir()) == ["recent-1", "running-1"]
+    assert sorted(p.name for p in (host_home / ".distrun" / "jobs").iterdir()) == ["recent-1", "running-1"]
+    assert [r.id for r in Store(home).list()] == ["recent-1", "running-1"]
+
+
+def test_the_background_controller_gets_the_script_arguments_untouched() -> None:
+    from orchestrator.cli import _child_argv
+
+    assert _child_argv(["launch", "t.py", "--detach", "--json", "--", "--json", "--detach"]) == \
+        ["launch", "t.py", "--", "--json", "--detach"]
