@@ -5,6 +5,9 @@ teardown), recorded as `doctor-bandwidth-...`, so `distrun logs` shows it when i
 NCCL with one process per GPU when every host has GPUs, else gloo with one process per host.
 Bandwidths are defined as nccl-tests defines them: algbw = bytes / time, and
 busbw = algbw * 2(n-1)/n for n ranks, the traffic each rank's link carried.
+
+The script runs from a directory of its own on each host (`mktemp -d`: mode 0700, a fresh name),
+which is also the job's workdir: nothing another user put in /tmp is on the job's sys.path.
 """
 
 from __future__ import annotations
@@ -89,15 +92,18 @@ def parse_results(metrics: dict[str, Any] | None) -> tuple[int, list[SizeResult]
     return ranks, results
 
 
-def bench_job(base: JobSpec | None, script: str, backend: str) -> JobSpec:
-    """The all-reduce job: the user's job's env and rendezvous when given, our script and sizes."""
+def bench_job(base: JobSpec | None, backend: str) -> JobSpec:
+    """The all-reduce job: the user's job's env and rendezvous when given, our script and sizes.
+
+    The script is named relative to the workdir, which each host's plan sets to its private directory.
+    """
     gpu = backend == "nccl"
     sizes = NCCL_SIZES if gpu else GLOO_SIZES
     args = ("--backend", backend, "--sizes", ",".join(map(str, sizes)),
             "--iters", str(NCCL_ITERS if gpu else GLOO_ITERS))
     job = base or JobSpec(path="<doctor --bandwidth>", name="doctor-bandwidth")
-    return replace(job, name="doctor-bandwidth", script=script, module=None, args=args, nnodes=None,
-                   nproc_per_node=None if gpu else 1, workdir="/tmp", max_restarts=0, select=Select(),
+    return replace(job, name="doctor-bandwidth", script=SCRIPT.name, module=None, args=args, nnodes=None,
+                   nproc_per_node=None if gpu else 1, workdir=None, max_restarts=0, select=Select(),
                    telemetry=Telemetry(enabled=False), sync=False, backend=SshBackend.NAME)
 
 
@@ -119,36 +125,45 @@ def measure(base: JobSpec | None, inventory: Inventory, nodes: list[NodeSpec], b
         GroupError: a host could not be reached or its probe failed before the job started.
     """
     job_id = new_job_id("doctor-bandwidth")
-    # Straight in /tmp, which every host has: hosts sharing a file system would race to create a directory.
-    script = f"/tmp/distrun-{job_id}-{SCRIPT.name}"
-    job = bench_job(base, script, backend)
+    job = bench_job(base, backend)
     report = BandwidthReport(backend, len(nodes), job_id)
     store = store or Store()
     with SshBackend(store) as ssh:
         plan = ssh.plan_on(job, inventory, nodes, job_id)
-        copied = ssh.group.run(lambda t: _ship(t, script))
+        shipped = ssh.group.run(_ship)
         try:
-            if copied.failed:
-                return replace(report, error=GroupError(copied).render())
+            if shipped.failed:
+                return replace(report, error=GroupError(shipped).render())
+            plan = replace(plan, hosts=[replace(h, workdir=shipped.succeeded[h.node]) for h in plan.hosts])
             return _run(ssh, LaunchContext(LaunchRequest(job.path, live=False, internal=True), job, job_id,
                                          store), plan, report)
         finally:
-            # Best effort: the measurement is what was asked for; a host that is gone keeps the file.
-            ssh.group.run(lambda t: t.run(["rm", "-f", script], timeout=30), only=copied.succeeded)
+            # Best effort: the measurement is what was asked for; a host that is gone keeps the directory.
+            ssh.group.run(lambda t: t.run(["rm", "-rf", "--", shipped.succeeded[t.name]], timeout=30),
+                          only=shipped.succeeded)
 
 
-def _ship(transport: Transport, path: str) -> None:
-    """Copy the script to `path` on the host: to a name of the host's own first, then renamed, so
-    hosts sharing a file system never write the same file at once.
+def _ship(transport: Transport) -> str:
+    """Make a private directory on the host (`mktemp -d`: mode 0700, a name no other user could
+    have made first, one per host even where hosts share /tmp) and copy the script into it.
+
+    Returns:
+        The directory's absolute path.
 
     Raises:
-        InfraError: the file could not be copied or renamed.
+        InfraError: the directory could not be made or the file not copied.
     """
-    staged = f"{path}.{transport.name}"
-    transport.put(SCRIPT, staged)
-    moved = transport.run(["mv", "-f", staged, path], timeout=30)
-    if moved.returncode != 0:
-        raise InfraError(f"{transport.name}: cannot place {path}: {moved.stderr.strip()}")
+    made = transport.run(["mktemp", "-d", "-t", "distrun-bandwidth.XXXXXXXXXX"], timeout=30)
+    directory = made.stdout.strip()
+    if made.returncode != 0 or not directory.startswith("/") or "\n" in directory:
+        raise InfraError(f"{transport.name}: cannot make a private directory (mktemp -d): "
+                         f"{made.stderr.strip() or directory or 'no output'}")
+    try:
+        transport.put(SCRIPT, f"{directory}/{SCRIPT.name}")
+    except BaseException:
+        transport.run(["rm", "-rf", "--", directory], timeout=30)
+        raise
+    return directory
 
 
 def _run(ssh: SshBackend, ctx: LaunchContext, plan: LaunchPlan, report: BandwidthReport) -> BandwidthReport:

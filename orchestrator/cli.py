@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from orchestrator import backends, terminal
+from orchestrator import backends, remote, terminal
 from orchestrator.backends.base import LaunchRequest, for_record, refresh_lost
 from orchestrator.cli_options import (
     LaunchCommand,
@@ -33,6 +33,7 @@ from orchestrator.cli_options import (
 from orchestrator.cli_options import guard as terminal_guard
 from orchestrator.display import fold_hosts
 from orchestrator.errors import DistrunError, ExitCode, UsageError
+from orchestrator.remote.redact import escape_controls
 from orchestrator.spec.config import Config, load_config
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.select import HostSelection
@@ -169,13 +170,14 @@ def _detach(request: LaunchRequest, as_json: bool) -> int:
     job_id = request.job_id or new_job_id(job.name)
     store = Store()
     job_dir = store.job_dir(job_id)
-    job_dir.root.mkdir(parents=True, exist_ok=True)
+    job_dir.create()
     argv = _child_argv(sys.argv[1:])
     at = argv.index("launch")
     argv[at + 1:at + 1] = ["--job-id", job_id, "--detached-child", "--no-live"]
-    with open(job_dir.controller_log, "ab") as log:
+    with job_dir.open(job_dir.controller_log, "ab") as log:
         child = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", *argv], stdin=subprocess.DEVNULL, stdout=log,
+            [*remote.module_argv(sys.executable, "orchestrator", sys.version_info >= (3, 11)), *argv],
+            stdin=subprocess.DEVNULL, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True,
         )
     deadline = time.monotonic() + DETACH_WAIT
@@ -344,7 +346,7 @@ def logs(job_ref: str, follow: bool, node: str | None, rank: int | None, pattern
             refresh_lost(store, [current])
             return current.state.finished
 
-        with open(path, "a", encoding="utf-8"):
+        with store.job_dir(rec.id).open(path):
             pass
         skip = sum(1 for _ in read_lines(path, None, None))
         for index, line in enumerate(follow_file(path, finished, None)):
@@ -433,6 +435,41 @@ def _stop_one(store: Store, rec: JobRecord, as_json: bool) -> int:
     click.echo(json.dumps({"id": rec.id, "state": after.state.value, "exit_code": code,
                            "messages": said.getvalue().splitlines()}))
     return code
+
+
+@cli.command(short_help="Dump every rank's Python stack, ranks with the same stack folded.")
+@click.argument("job_ref", shell_complete=complete_jobs)
+@click.option("--node", help="Only this node's ranks.")
+@click.option("--rank", type=click.IntRange(min=0), help="Only this global rank.")
+@click.option("--native", is_flag=True, help="Also native (C/C++) frames (py-spy --native).")
+@json_option()
+@color_option
+def stack(job_ref: str, node: str | None, rank: int | None, native: bool, as_json: bool) -> None:
+    """Dump the Python stack of every rank of a running job with py-spy, on every host at once.
+
+    Ranks with the same stack are shown once under their rank range, the odd ones out first.
+    Exit 3 when a host gave no stacks (each named).
+
+    \b
+    Examples:
+      distrun stack last
+      distrun stack last --rank 3 --native
+    """
+    from orchestrator import stack as stacks
+
+    store = Store()
+    rec = store.get(job_ref)
+    refresh_lost(store, [rec])
+    if rec.state.finished:
+        raise UsageError(f"job {rec.id} is {rec.state.value}: only a running job's ranks have stacks "
+                         f"(a hang's are kept in {store.job_dir(rec.id).stacks})")
+    gathered = stacks.gather(for_record(store, rec), rec, [node] if node else None, native)
+    if rank is not None:
+        gathered.ranks = [r for r in gathered.ranks if r.rank == rank]
+        if not gathered.ranks and not gathered.failed:
+            raise UsageError(f"--rank {rank}: no such rank of job {rec.id} is running")
+    click.echo(json.dumps(stacks.to_json(gathered), indent=2) if as_json else stacks.render(gathered))
+    sys.exit(int(ExitCode.INFRA) if gathered.failed else int(ExitCode.OK))
 
 
 @cli.command(short_help="Show every host's and GPU's latest figures for a job.")
@@ -695,7 +732,8 @@ def main() -> None:
     except DistrunError as exc:
         if debug:
             traceback.print_exc()
-        sys.stderr.write(f"distrun: error: {exc}\n")
+        # An error may quote a host (its stderr, a banner): shown as text, never as terminal controls.
+        sys.stderr.write(f"distrun: error: {escape_controls(str(exc))}\n")
         sys.exit(int(exc.exit_code))
     except KeyboardInterrupt:
         sys.exit(int(ExitCode.INTERRUPTED))

@@ -3,7 +3,8 @@
 Text output gathers hosts whose output (stdout, then stderr) and status are identical into
 one block headed by their host range, as `clush -b` does; a host that could not be
 reached shows its error as its output. A last line on stderr names the hosts that failed
-and why.
+and why. Control characters a host printed (an escape sequence that would retitle or clear
+the terminal) are shown as text, `\x1b`; `--json` keeps the output exact, JSON-escaped.
 
 `--json` prints one list instead, in inventory order, one object per host:
 
@@ -35,6 +36,7 @@ from orchestrator.display import HostOutput, failure_summary, gather, render_blo
 from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
 from orchestrator.group import Group, without_host
 from orchestrator.interrupts import on_signals
+from orchestrator.remote.redact import escape_controls, escape_json
 from orchestrator.spec.model import NodeSpec
 from orchestrator.spec.select import Guard, HostSelection, select_hosts
 from orchestrator.terminal import Progress
@@ -115,7 +117,7 @@ def execute(request: ExecRequest, out: TextIO = sys.stdout, err: TextIO = sys.st
     nodes = select_hosts(resolve_inventory_path(request.inventory), request.selection, request.guard, "exec")
     results = run_on_all(nodes, request.argv, request.timeout)
     if request.as_json:
-        out.write(json.dumps([r.to_json() for r in results], indent=2, ensure_ascii=False) + "\n")
+        out.write(escape_json(json.dumps([r.to_json() for r in results], indent=2, ensure_ascii=False)) + "\n")
     else:
         report(results, out, err)
     return int(exit_code(results))
@@ -206,7 +208,7 @@ def _shown(result: HostResult) -> HostOutput:
     if result.error is not None:
         # Without its host name, so that hosts with the same error share one block.
         lines.append(without_host(result.node, result.error))
-    return HostOutput(tuple(lines), result.failure)
+    return HostOutput(tuple(escape_controls(line) for line in lines), result.failure)
 
 
 def _lines(text: str) -> list[str]:

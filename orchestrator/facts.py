@@ -175,6 +175,29 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class PySpy:
+    """py-spy on a host: its path (None: not found), kernel.yama.ptrace_scope, the probing user's uid."""
+
+    path: str | None = None
+    ptrace_scope: int | None = None
+    uid: int | None = None
+
+    @classmethod
+    def from_probe(cls, data: Mapping[str, Any]) -> PySpy:
+        return cls(_str(data.get("path")), _int(data.get("ptrace_scope")), _int(data.get("uid")))
+
+    def problem(self) -> str | None:
+        """Why py-spy cannot dump this host's ranks; None when it can."""
+        if self.path is None:
+            return "py-spy not found beside the host's python nor on its PATH"
+        if self.ptrace_scope == 3:
+            return "kernel.yama.ptrace_scope is 3: no process may be traced"
+        if self.ptrace_scope == 2 and self.uid != 0:
+            return "kernel.yama.ptrace_scope is 2: only root (CAP_SYS_PTRACE) may trace the ranks"
+        return None
+
+
+@dataclass(frozen=True)
 class HostFacts:
     """Everything the probe found on one host (see the module docstring for which probe gives what).
 
@@ -186,6 +209,7 @@ class HostFacts:
         free_port: On the master: the first free port found (auto port).
         port_exact_free: On the master: whether the job's fixed port is free.
         memlock: The soft `ulimit -l`; None: unlimited (or not probed).
+        pyspy: py-spy on the host (for `distrun stack` and the hang watchdog); None: not probed.
         clock_skew: Seconds the host's clock is ahead of the controller's (added by the controller).
         entry: The job's entry on the host, when the probe was asked to look for it.
         raw: The probe's JSON as it came.
@@ -212,6 +236,7 @@ class HostFacts:
     shm: Space | None = None
     memlock: int | None = None
     disk: Space = field(default_factory=Space)
+    pyspy: PySpy | None = None
     clock: float | None = None
     clock_skew: float | None = None
     listen: Listen | None = None
@@ -237,6 +262,7 @@ class HostFacts:
             memory=Memory(_int(memory.get("total")), _int(memory.get("available"))),
             shm=Space.from_probe(data["shm"]) if isinstance(data.get("shm"), Mapping) else None,
             memlock=_int(data.get("memlock")), disk=Space.from_probe(_dict(data.get("disk"))),
+            pyspy=PySpy.from_probe(data["pyspy"]) if isinstance(data.get("pyspy"), Mapping) else None,
             clock=_float(data.get("clock")), clock_skew=_float(data.get("clock_skew")),
             listen=Listen(_int(listen.get("port")), bool(listen.get("ok")), _str(listen.get("error")),
                           tuple(str(a) for a in listen.get("accepted") or [])) if listen else None,

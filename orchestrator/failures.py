@@ -33,12 +33,13 @@ STOPPED_BY_DISTRUN = "stopped by distrun"
 
 
 class FailureKind(str, Enum):
-    """How a host failed. Later kinds (e.g. `hang`) are added here and rendered as a reason."""
+    """How a host failed. Kinds other than exit and signal are rendered as a reason."""
 
     EXIT = "exit"  # a process exited with a non-zero code
     SIGNAL = "signal"  # a process was killed by a signal
     LOST = "lost"  # the host went silent or its channel closed
     INFRA = "infra"  # the machinery failed: a supervisor did not start, the scheduler ended the job
+    HANG = "hang"  # no rank progressed for hang_timeout seconds (the host and rank whose stack differs)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class Failure:
             a failure; the summary says so.
         barrier_hosts: Other hosts that distrun stopped while their torchrun waited in its exit
             barrier, every worker there already exited: their ranks had finished.
+        stack: For a hang: the odd rank's stack, then where the other ranks wait (lines to show).
     """
 
     host: str
@@ -73,6 +75,7 @@ class Failure:
     time: float = field(default_factory=time.time)
     after_final: bool = False
     barrier_hosts: tuple[str, ...] = ()
+    stack: tuple[str, ...] = ()
 
     @classmethod
     def from_returncode(cls, host: str, returncode: int, **fields: Any) -> Failure:
@@ -107,6 +110,7 @@ class Failure:
         if self.barrier_hosts:
             lines.append(f"  finished: every rank of {fold_hosts(self.barrier_hosts)} had exited; distrun stopped "
                          "those hosts in torchrun's exit barrier")
+        lines += [f"  {line}" for line in self.stack]
         if self.last_lines:
             whose = f"rank {self.rank}" if self.rank is not None else self.host
             lines.append(f"  last {len(self.last_lines)} lines of {whose}:")
@@ -118,7 +122,7 @@ class Failure:
         return {"host": self.host, "kind": self.kind.value, "rank": self.rank, "exit_code": self.exit_code,
                 "signal": self.signal, "reason": self.reason, "address": self.address,
                 "last_lines": list(self.last_lines), "time": self.time, "after_final": self.after_final,
-                "barrier_hosts": list(self.barrier_hosts)}
+                "barrier_hosts": list(self.barrier_hosts), "stack": list(self.stack)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Failure:
@@ -134,7 +138,7 @@ class Failure:
             exit_code=data.get("exit_code"), signal=data.get("signal"), reason=str(data.get("reason") or ""),
             address=str(data.get("address") or ""), last_lines=tuple(data.get("last_lines") or ()),
             time=float(data.get("time") or 0.0), after_final=bool(data.get("after_final")),
-            barrier_hosts=tuple(data.get("barrier_hosts") or ()),
+            barrier_hosts=tuple(data.get("barrier_hosts") or ()), stack=tuple(data.get("stack") or ()),
         )
 
 
@@ -159,7 +163,8 @@ def is_collateral(failure: Failure) -> bool:
 
 # Among failures seen at the same moment: a host that vanished or broke explains the others
 # best, then a process killed outright (a crash, the OOM killer), then an exit code.
-_KIND_ORDER = {FailureKind.LOST: 0, FailureKind.INFRA: 0, FailureKind.SIGNAL: 1, FailureKind.EXIT: 2}
+_KIND_ORDER = {FailureKind.LOST: 0, FailureKind.INFRA: 0, FailureKind.HANG: 0, FailureKind.SIGNAL: 1,
+               FailureKind.EXIT: 2}
 
 
 def root_cause(failures: Sequence[Failure]) -> Failure:

@@ -15,6 +15,7 @@ import signal
 import sys
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -25,10 +26,12 @@ from orchestrator.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, fail
 from orchestrator.interrupts import on_signals
 from orchestrator.logs import LogSink
 from orchestrator.plan import HostPlan, LaunchPlan
+from orchestrator.remote.redact import Masker
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.overrides import is_script, job_to_yaml
 from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id
 from orchestrator.transport import RemoteProcess
+from orchestrator.watchdog import Progress, Watchdog, diagnose
 
 HEARTBEAT_EVERY = 1.0
 POLL = 0.05
@@ -118,6 +121,7 @@ class HostRun:
     on_telemetry: Any = None
     proc: RemoteProcess | None = None  # the channel to the supervisor, where the backend has one
     last_seen: float = field(default_factory=time.monotonic)
+    last_progress: float | None = None  # when a rank's line (not torchrun's own) last arrived; None: none yet
     exit_rc: int | None = None
     exit_error: str | None = None
     exit_time: float | None = None  # when the exit event arrived (time.time())
@@ -155,7 +159,8 @@ class HostRun:
             self.on_event(json.loads(line[1:]))
             return
         self._watch(line)
-        self.sink.line(self.node, line)
+        if self.sink.line(self.node, line).rank is not None:
+            self.last_progress = self.last_seen  # a rank's line, DISTRUN_METRICS lines included: the job moves
 
     def on_stderr(self, line: str) -> None:
         self.sink.note(self.node, f"supervisor: {line}")
@@ -233,6 +238,12 @@ class HostRun:
         return f"exit code {self.exit_rc}"
 
 
+def _masked(failure: Failure, mask: Masker) -> Failure:
+    """The failure with its reason and last lines masked."""
+    return replace(failure, reason=mask.text(failure.reason),
+                   last_lines=tuple(mask.text(line) for line in failure.last_lines))
+
+
 class Launcher:
     """Follows a submitted job to its end through its backend's hooks, and records how it ended."""
 
@@ -249,11 +260,14 @@ class Launcher:
         self.sink = LogSink(self.dir, self.monitor.terminal(ctx.terminal, ctx.request.live), ctx.colour(),
                             on_metrics=self._on_metrics)
         self.telemetry_lock = threading.Lock()
-        self.telemetry_file = open(self.dir.telemetry, "a", encoding="utf-8")  # noqa: SIM115 - closed in run()
+        self.telemetry_file = self.dir.open(self.dir.telemetry, "a", encoding="utf-8")  # closed in run()
         self.wake = threading.Event()
         self.hosts = [HostRun(h, self.sink, self._on_telemetry, wake=self.wake) for h in plan.hosts]
         self.last_metrics: dict[str, Any] | None = None
         self.final_metrics: dict[str, Any] | None = None
+        self.watchdog = Watchdog(plan.hang_timeout, self._last_progress)
+        self.progress = Progress.MOVING
+        self.diagnosis: Future[Failure] | None = None
 
     @property
     def interrupted(self) -> int | None:
@@ -331,9 +345,47 @@ class Launcher:
                 return self._settle(failed)
             if all(h.exited.is_set() for h in self.hosts):
                 return []
+            hang = self._check_progress()
+            if hang is not None:
+                return [hang]
             self.wake.wait(POLL)
             self.wake.clear()
         return []
+
+    def _last_progress(self) -> float | None:
+        return max((h.last_progress for h in self.hosts if h.last_progress is not None), default=None)
+
+    def _check_progress(self) -> Failure | None:
+        """Follow the watchdog: mark the job stalled or moving again; once hung, have its ranks'
+        stacks dumped (in a thread: the loop goes on heartbeating) and return the hang when known."""
+        if self.diagnosis is not None:
+            return self.diagnosis.result() if self.diagnosis.done() else None
+        progress = self.watchdog.check()
+        if progress is Progress.HUNG:
+            self._say_progress(progress)
+            pool = ThreadPoolExecutor(1, thread_name_prefix="hang-diagnosis")
+            self.diagnosis = pool.submit(diagnose, self.backend, self.store.get(self.plan.job_id), self.dir,
+                                         self.plan.hang_timeout or 0, {h.node: h.host for h in self.plan.hosts})
+            pool.shutdown(wait=False)
+        elif progress is not self.progress:
+            self._say_progress(progress)
+        return None
+
+    def _say_progress(self, progress: Progress) -> None:
+        """A change of the watchdog's verdict: in the record (`ps`), the live view and the log."""
+        self.progress = progress
+        silent = self.watchdog.silent_for()
+        if progress is Progress.MOVING:
+            self.monitor.status = ""
+            self.store.update(self.plan.job_id, state=JobState.RUNNING)
+            self.sink.note(self.plan.hosts[0].node, "job progressing again")
+            return
+        since = time.strftime("%H:%M:%S", time.localtime(time.time() - silent))
+        self.monitor.status = f"{progress.value}: no progress since {since}"
+        self.store.update(self.plan.job_id, state=JobState.STALLED)
+        what = "stalled" if progress is Progress.STALLED else "hung: dumping every rank's stack"
+        self.sink.note(self.plan.hosts[0].node, f"job {what} (no progress from any rank for {silent:.0f} s, "
+                                                f"hang_timeout {self.plan.hang_timeout:g} s)")
 
     def _settle(self, first: list[Failure]) -> list[Failure]:
         """Wait briefly for a failure's echoes on other hosts, so that the root cause is chosen
@@ -359,10 +411,12 @@ class Launcher:
         extra = self.backend.finish(self)
         self.sink.flush()
         self.monitor.stop()
-        detail = "\n".join([detail, *extra, *telemetry.summary_lines(self.record.alerts)])
+        # The summary quotes the job's last lines: a secret the job printed is masked here too.
+        mask = Masker(self.plan.secrets.values())
+        detail = mask.text("\n".join([detail, *extra, *telemetry.summary_lines(self.record.alerts)]))
         restarts = max((h.restarts for h in self.hosts), default=0)
         self.store.end(self.plan.job_id, state, code, detail, restarts=restarts,
-                       failures=[f.to_dict() for f in failures or []])
+                       failures=[_masked(f, mask).to_dict() for f in failures or []])
         self.sink.summary(detail)
         self._say(detail)
         return code

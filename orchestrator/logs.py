@@ -86,7 +86,7 @@ class LogSink:
         """
         handle = self.files.get((kind, name))
         if handle is None:
-            handle = open(self._path(kind, name), "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
+            handle = self.dir.open(self._path(kind, name), "a", encoding="utf-8", buffering=1 << 16)
             self.files[(kind, name)] = handle
         return handle
 

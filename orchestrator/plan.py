@@ -11,6 +11,7 @@ import shlex
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrator import remote
 from orchestrator.errors import UsageError
 from orchestrator.facts import HostFacts
 from orchestrator.spec.model import DEFAULT_SYNC_MAX_SIZE, JobSpec, NodeSpec
@@ -53,6 +54,7 @@ class LaunchPlan:
     secrets: dict[str, str] = field(repr=False, compare=False)
     heartbeat_timeout: float = 15.0
     stop_grace: float = 5.0
+    hang_timeout: float | None = None  # no progress from any rank for this long: a hang (None: off)
     telemetry_interval: float | None = 2.0
     sync: bool = False
     sync_max_size: int = DEFAULT_SYNC_MAX_SIZE
@@ -159,10 +161,26 @@ def choose_master_addr(master: NodeSpec, facts: HostFacts | None, peer_address: 
     return addr
 
 
+def takes_dash_p(facts: HostFacts | None) -> bool:
+    """Whether the host's python is known to be 3.11 or newer, and so takes `-P` (safe paths)."""
+    try:
+        major, minor = (int(part) for part in (facts.python or "").split(".")[:2]) if facts else (0, 0)
+    except ValueError:
+        return False
+    return (major, minor) >= (3, 11)
+
+
 def torchrun_argv(job: JobSpec, host_python: str, *, nnodes: int, nproc: int, node_rank: int,
-                  master_addr: str, master_port: int, job_id: str, extra_args: list[str]) -> list[str]:
-    """The exact torchrun command line for one host."""
-    argv = [host_python, "-m", "torch.distributed.run", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc)]
+                  master_addr: str, master_port: int, job_id: str, extra_args: list[str],
+                  dash_p: bool = False) -> list[str]:
+    """The exact torchrun command line for one host.
+
+    torchrun itself runs with safe paths (remote.module_argv: `-P` when `dash_p`), so the
+    workdir is not searched for its imports; its workers run the job as Python runs any script or
+    module, the script's own directory (or, for `module:`, the workdir) first on sys.path.
+    """
+    argv = [*remote.module_argv(host_python, "torch.distributed.run", dash_p),
+            "--nnodes", str(nnodes), "--nproc-per-node", str(nproc)]
     if job.rendezvous.backend == "c10d":
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master_addr}:{master_port}", "--rdzv-id", job_id]
     else:
@@ -222,7 +240,7 @@ def build_plan(
         iface = choose_iface(node, node_facts, master_addr) if len(ordered) > 1 else node.iface
         argv = torchrun_argv(job, node.python, nnodes=len(ordered), nproc=nproc, node_rank=rank,
                              master_addr=master_addr, master_port=master_port, job_id=job_id,
-                             extra_args=extra_args or [])
+                             extra_args=extra_args or [], dash_p=takes_dash_p(node_facts))
         hosts.append(HostPlan(
             node=node.name, host=node.host, node_rank=rank, nproc=nproc, python=node.python,
             workdir=job.workdir or controller_cwd, argv=argv, env=host_env(job, node, iface),
@@ -232,7 +250,7 @@ def build_plan(
         job_id=job_id, job_name=job.name, spec_path=job.path, inventory_path=inventory_path,
         backend=backend, master_node=master.name, master_addr=master_addr, master_port=master_port,
         nnodes=len(ordered), hosts=hosts, secrets=resolve_secrets(job, controller_env),
-        heartbeat_timeout=job.heartbeat_timeout, stop_grace=job.stop_grace,
+        heartbeat_timeout=job.heartbeat_timeout, stop_grace=job.stop_grace, hang_timeout=job.hang_timeout,
         telemetry_interval=job.telemetry.interval if job.telemetry.enabled else None, sync=job.sync,
         sync_max_size=job.sync_max_size,
     )

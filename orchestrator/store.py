@@ -3,6 +3,9 @@
 The `jobs` table's schema is `_SCHEMA`; a database written by an older distrun is brought up
 to it when a Store opens it (`_migrate`): columns are added or renamed, never dropped, so an
 older distrun can still read what it knows.
+
+Everything distrun creates under DISTRUN_HOME is its owner's alone, whatever the umask:
+directories 0700, files 0600 (remote/private.py, which the hosts' copies use too).
 """
 
 from __future__ import annotations
@@ -12,20 +15,23 @@ import os
 import secrets
 import shutil
 import sqlite3
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from orchestrator.errors import UsageError
+from orchestrator.remote.private import FILE_MODE, make_private_dirs, open_private, write_private
 
 
 class JobState(str, Enum):
     PENDING = "pending"
     RUNNING = "running"
+    STALLED = "stalled"  # running, but no rank has progressed for a third of its hang_timeout
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"
@@ -33,7 +39,7 @@ class JobState(str, Enum):
 
     @property
     def finished(self) -> bool:
-        return self not in (JobState.PENDING, JobState.RUNNING)
+        return self not in (JobState.PENDING, JobState.RUNNING, JobState.STALLED)
 
 
 @dataclass
@@ -152,12 +158,17 @@ class JobDir:
     def summary(self) -> Path:
         return self.root / "summary.txt"
 
+    @property
+    def stacks(self) -> Path:
+        """Where a hang's stacks are kept: rank<R>.txt for each rank, folded.txt, stacks.json."""
+        return self.root / "stacks"
+
     def write_plan(self, plan: dict[str, Any], facts: dict[str, Any] | None = None) -> None:
         """plan.json (the plan with its secrets masked) and, when given, facts.json (what each host's probe found)."""
         self.create()
-        self.plan.write_text(json.dumps(plan, indent=2) + "\n", encoding="utf-8")
+        write_private(self.plan, json.dumps(plan, indent=2) + "\n")
         if facts is not None:
-            self.facts.write_text(json.dumps(facts, indent=2) + "\n", encoding="utf-8")
+            write_private(self.facts, json.dumps(facts, indent=2) + "\n")
 
     def node_log(self, node: str) -> Path:
         return self.root / "nodes" / f"{node}.log"
@@ -166,8 +177,20 @@ class JobDir:
         return self.root / "ranks" / f"{rank}.log"
 
     def create(self) -> None:
-        (self.root / "nodes").mkdir(parents=True, exist_ok=True)
-        (self.root / "ranks").mkdir(exist_ok=True)
+        """The job directory and its nodes/ and ranks/, each 0700."""
+        make_private_dirs(self.root / "nodes")
+        make_private_dirs(self.root / "ranks")
+
+    def open(self, path: Path, mode: str = "a", **kwargs: Any) -> IO[Any]:
+        """A file of this job (its directory created), mode 0600: every writer of the job's files opens them here.
+
+        Args:
+            path: One of this job's files (`combined`, `node_log(...)`, ...).
+            mode: A writing mode of `open`.
+            kwargs: Passed to `open` (encoding, buffering).
+        """
+        make_private_dirs(path.parent)
+        return open_private(path, mode, **kwargs)
 
 
 class Store:
@@ -175,8 +198,9 @@ class Store:
 
     def __init__(self, home: Path | None = None) -> None:
         self.home = home or distrun_home()
-        self.home.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(self.home)
         self.db_path = self.home / "distrun.db"
+        _private_database(self.db_path)
         with self._connect() as db:
             db.execute(_SCHEMA)
         self._migrate()
@@ -248,8 +272,8 @@ class Store:
         """
         self.update(job_id, state=state, exit_code=exit_code, ended=time.time(), detail=detail, **fields)
         job_dir = self.job_dir(job_id)
-        job_dir.root.mkdir(parents=True, exist_ok=True)
-        job_dir.summary.write_text(detail + "\n", encoding="utf-8")
+        make_private_dirs(job_dir.root)
+        write_private(job_dir.summary, detail + "\n")
 
     def list(self, limit: int | None = None, *, internal: bool = False) -> list[JobRecord]:
         """Records, newest first.
@@ -326,6 +350,18 @@ def prunable(records: Iterable[JobRecord], older_than: float | None, keep: int |
     if older_than is None:
         return candidates
     return [r for r in candidates if now - (r.ended or r.started) > older_than]
+
+
+def _private_database(path: Path) -> None:
+    """Create the database file 0600 (SQLite takes an empty file as an empty database; its journal
+    gets the same mode); one that an older distrun left readable by others is made 0600."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        write_private(path, b"")
+        return
+    if stat.S_IMODE(info.st_mode) & 0o077 and info.st_uid == os.geteuid():
+        path.chmod(FILE_MODE)
 
 
 def _like_prefix(prefix: str) -> str:

@@ -456,6 +456,7 @@ class Monitor:
         self.on_alert = on_alert
         self.active = active
         self.title = title
+        self.status = ""  # shown after the title (the watchdog's `stalled`)
         self.live: Live | None = None
         self.stopped = threading.Event()
         self.ticker = threading.Thread(target=self._tick, daemon=True)
@@ -474,7 +475,8 @@ class Monitor:
         now = self.aggregator.clock()
         elapsed = int(now - started)
         height = self.live.console.height if self.live is not None else None
-        return render(self.aggregator, f"{self.title} · {elapsed // 60}m{elapsed % 60:02d}s", now,
+        status = f" · {self.status}" if self.status else ""
+        return render(self.aggregator, f"{self.title} · {elapsed // 60}m{elapsed % 60:02d}s{status}", now,
                       [a.record() for a in self.aggregator.alerts],
                       None if height is None else max(height - TABLE_CHROME, 1))
 

@@ -21,3 +21,25 @@ def distrun(*args: str, home: Path, env: dict[str, str] | None = None, timeout: 
         [sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=full_env, capture_output=True,
         text=True, timeout=timeout, check=False,
     )
+
+
+def plant_module(directory: Path, name: str, marker: Path) -> Path:
+    """Plant a module `name` in `directory` as a hostile local user would: importing it appends
+    the importer's pid and argv to `marker`, then hands over the real module, so that whatever
+    imports it by mistake keeps working (and the test sees who did).
+
+    Returns:
+        The planted file (`directory/name/__init__.py` for a package name such as torch).
+    """
+    here = str(directory.resolve())
+    path = directory / name / "__init__.py" if name == "torch" else directory / f"{name}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "import importlib, os, sys\n"
+        f"with open({str(marker)!r}, 'a') as _fh:\n"
+        "    _fh.write(f'{os.getpid()} {sys.argv!r}\\n')\n"
+        f"sys.path[:] = [p for p in sys.path if os.path.realpath(p or '.') != {here!r}]\n"
+        f"del sys.modules[{name!r}]\n"
+        f"sys.modules[{name!r}] = importlib.import_module({name!r})\n"
+    )
+    return path

@@ -51,6 +51,7 @@ def host_facts(index: int, gpus: int = 0) -> dict[str, Any]:
         "shm": {"path": "/dev/shm", "exists": True, "total": 64 * GIB, "free": 64 * GIB},
         "entry": {"kind": "script", "name": "train.py", "ok": True, "found": "/work/train.py", "error": None},
         "memlock": None,
+        "pyspy": {"path": "/opt/venv/bin/py-spy", "ptrace_scope": 1, "uid": 1000},
         "disk": {"path": "/work", "exists": True, "total": 900 * GIB, "free": 500 * GIB},
         "clock": 1_700_000_000.0, "clock_skew": 0.01,
     }
@@ -103,7 +104,7 @@ def test_healthy_hosts_pass_every_check(gpus):
     assert [c.name for c in checks if c.status is not Status.OK] == []
     assert {c.name for c in checks} == {
         "reachable", "probe", "python", "torch", "cuda", "nccl", "driver", "backend", "gpus", "gpu-busy", "ecc",
-        "shm", "memlock", "disk", "clock", "iface", "master-resolves", "port-free", "port-reachable", "entry"}
+        "shm", "memlock", "py-spy", "disk", "clock", "iface", "master-resolves", "port-free", "port-reachable", "entry"}
 
 
 def test_identical_values_are_gathered_into_one_host_range():
@@ -189,6 +190,16 @@ def test_small_or_missing_shm_warns(shm, shown):
     results, ctx = make(changes={2: {"shm": shm}})
     found = check("shm", results, ctx)
     assert found.status is Status.WARN and found.detail.startswith(f"node2: {shown}")
+
+
+def test_pyspy_missing_or_ptrace_forbidden_warns_naming_the_host_and_why():
+    results, ctx = make(changes={1: {"pyspy.path": None}, 2: {"pyspy.ptrace_scope": 2}})
+    found = check("py-spy", results, ctx)
+    assert found.status is Status.WARN
+    assert found.detail == ("node1: py-spy not found beside the host's python nor on its PATH; "
+                            "node2: kernel.yama.ptrace_scope is 2: only root (CAP_SYS_PTRACE) may trace the ranks")
+    results, ctx = make(changes={2: {"pyspy.ptrace_scope": 2, "pyspy.uid": 0}})
+    assert check("py-spy", results, ctx).status is Status.OK
 
 
 def test_a_limited_memlock_warns_on_gpu_hosts_only():
@@ -330,7 +341,7 @@ def test_the_table_marks_each_status_and_puts_the_fix_under_each_failure():
     assert "fix: install the same torch" in lines[torch + 1]
     assert any(line.startswith("! clock") for line in lines)
     assert any(line.startswith("✓ python") and "node[0-2]: python 3.11.7" in line for line in lines)
-    assert lines[-1] == "18 ok, 1 warning(s), 1 error(s) in 1.5 s"
+    assert lines[-1] == "19 ok, 1 warning(s), 1 error(s) in 1.5 s"
     assert "\x1b[" not in table
     assert "\x1b[31m✗\x1b[0m" in render_table(run_checks(results, ctx), ctx, 1.5, colour=True)
 
@@ -343,7 +354,7 @@ def test_json_has_the_documented_keys_and_the_same_statuses_as_the_checks():
     assert data["master"] == {"node": "node0", "addr": MASTER_ADDR, "port": PORT}
     assert {c["name"]: c["status"] for c in data["checks"]} == {c.name: c.status.value for c in checks}
     assert data["hosts"]["node2"]["facts"]["torch_info"]["version"] == "2.12.0"
-    assert data["summary"] == {"ok": 19, "warn": 0, "error": 1, "skip": 0} and data["exit_code"] == 1
+    assert data["summary"] == {"ok": 20, "warn": 0, "error": 1, "skip": 0} and data["exit_code"] == 1
 
 
 # ---------------------------------------------------------------- bandwidth
@@ -480,6 +491,23 @@ def test_each_probe_imports_and_looks_for_the_entry_as_its_job_would_with_the_jo
     }
 
 
+def test_a_script_jobs_probe_looks_first_where_its_workers_do_the_scripts_own_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    nodes = [NodeSpec(name="a", host="a")]
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+
+    def first(job_text: str | None) -> str:
+        job = job_from_text(job_text, "j.yaml") if job_text else None
+        return import_options(nodes, job, "/work")["a"]["import_from"]["cwd"]
+
+    assert first("name: t\nscript: src/train.py\n") == "/work/src"
+    assert first(f"name: t\nscript: {tmp_path}/src/train.py\n") == f"{tmp_path}/src"
+    assert first("name: t\nmodule: m\n") == "/work"
+    assert first(None) == "/work"
+
+
 def launch_torch(node: NodeSpec, job_text: str) -> str | None:
     """The torch version that a launch's one probe round found on `node` (a one-node job)."""
     backend = SshBackend(Store.__new__(Store))
@@ -527,7 +555,7 @@ def test_with_no_host_reached_every_check_is_skipped_and_none_is_ok():
     assert statuses.pop("reachable") is Status.ERROR
     assert set(statuses.values()) == {Status.SKIP}
     table = render_table(checks, ctx, 3.1)
-    assert "✓" not in table and "0 ok, 0 warning(s), 1 error(s), 19 skipped in 3.1 s" in table
+    assert "✓" not in table and "0 ok, 0 warning(s), 1 error(s), 20 skipped in 3.1 s" in table
 
 
 def test_hosts_unreachable_for_the_same_reason_share_one_line_with_the_fix():

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.cluster.harness import Cluster, skip_reason
-from tests.helpers import REPO, distrun
+from tests.helpers import REPO, distrun, plant_module
 
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))]
 
@@ -108,9 +110,13 @@ def test_a_torch_on_a_nodes_pythonpath_is_the_one_reported_not_the_installed_one
     assert rows(result.stdout)["torch"] == ("error", f"torch differs: node[0-1]: {TORCH}; node2: {STANDIN}")
 
 
-def test_with_a_job_the_torch_in_its_workdir_is_the_one_reported(cluster3, tmp_path, env):
+def test_with_a_job_the_torch_beside_its_script_is_the_one_reported(cluster3, tmp_path, env):
+    # The workers put the script's directory first on sys.path; here it is the workdir.
     workdir = standin_torch(tmp_path / "work")
-    job = job_file(tmp_path, f"workdir: {workdir}\n")
+    shutil.copy(REPO / "jobs" / "allreduce_bench.py", workdir)
+    job = tmp_path / "job.yaml"
+    job.write_text(f"name: preflight\nscript: {workdir / 'allreduce_bench.py'}\nworkdir: {workdir}\n"
+                   f"args: [--backend, gloo, --sizes, '1024']\nrendezvous: {{port: {PORT}}}\n")
     result = doctor(cluster3, tmp_path, env, "--job", str(job))
     assert rows(result.stdout)["torch"] == ("ok", f"node[0-2]: torch {STANDIN}"), result.stdout + result.stderr
 
@@ -209,9 +215,30 @@ def test_a_host_that_is_down_is_reported_and_the_others_are_still_checked(cluste
     assert checks["port-reachable"]["status"] == "ok" and checks["port-reachable"]["hosts"] == ["node1"]
 
 
-def test_bandwidth_on_three_hosts_reports_plausible_numbers(cluster3, tmp_path, env):
+@pytest.fixture
+def torch_planted_in_tmp(tmp_path: Path) -> Iterator[Path]:
+    """A `torch` package in /tmp, as any local user can plant one; it records who imported it.
+
+    Yields:
+        The file where importers are recorded.
+    """
+    planted = Path("/tmp/torch")
+    if planted.exists():
+        pytest.skip("/tmp/torch exists already (not this test's to replace)")
+    marker = tmp_path / "planted-imports.txt"
+    plant_module(Path("/tmp"), "torch", marker)
+    try:
+        yield marker
+    finally:
+        shutil.rmtree(planted, ignore_errors=True)
+
+
+def test_bandwidth_on_three_hosts_reports_plausible_numbers_and_imports_nothing_from_tmp(
+        cluster3, tmp_path, env, torch_planted_in_tmp):
     result = doctor(cluster3, tmp_path, env, "--bandwidth", "--json")
+    assert not torch_planted_in_tmp.exists(), torch_planted_in_tmp.read_text()
     assert result.returncode == 0, result.stdout + result.stderr
+    assert not list(Path("/tmp").glob("distrun-bandwidth.*")), "a host kept its private directory"
     report = json.loads(result.stdout)["bandwidth"]
     assert report["backend"] == "gloo" and report["world_size"] == 3 and report["error"] is None
     assert [r["bytes"] for r in report["results"]] == [1 << 20, 16 << 20, 64 << 20]

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from orchestrator import remote
 from orchestrator.errors import UsageError
 from orchestrator.facts import HostFacts
 from orchestrator.plan import build_plan, choose_iface, choose_master_addr
@@ -39,16 +40,27 @@ def plan_for(tmp_path, job_text: str = "", facts: dict[str, HostFacts] | None = 
 
 
 def test_static_plan_gives_each_host_its_node_rank_and_the_exact_torchrun_argv(tmp_path):
-    plan = plan_for(tmp_path, "args: [--steps, '5']\nnproc_per_node: 4\n")
+    facts = {"node1": HostFacts("node1", python="3.11.2")}
+    plan = plan_for(tmp_path, "args: [--steps, '5']\nnproc_per_node: 4\n", facts)
     script = str(tmp_path / "train.py")
     assert [h.node_rank for h in plan.hosts] == [0, 1, 2]
     assert plan.hosts[1].argv == [
-        "/opt/venv/bin/python", "-m", "torch.distributed.run", "--nnodes", "3", "--nproc-per-node", "4",
+        "/opt/venv/bin/python", "-P", "-m", "torch.distributed.run", "--nnodes", "3", "--nproc-per-node", "4",
         "--node-rank", "1", "--master-addr", "10.0.0.10", "--master-port", "29501",
         "--max-restarts", "0", "--tee", "3", script, "--steps", "5", "--lr", "0.1",
     ]
     assert plan.world_size == 12
     assert plan.first_rank("node2") == 8
+
+
+def test_torchrun_runs_with_safe_paths_as_dash_p_on_python_3_11_and_as_a_dash_c_line_elsewhere(tmp_path):
+    facts = {"node0": HostFacts("node0", python="3.12.1"), "node1": HostFacts("node1", python="3.10.12")}
+    plan = plan_for(tmp_path, "", facts)
+    newer, older, unknown = (h.argv for h in plan.hosts)
+    assert newer[:4] == ["/opt/venv/bin/python", "-P", "-m", "torch.distributed.run"]
+    assert older[:3] == unknown[:3] == ["/opt/venv/bin/python", "-c", remote.module_argv("p", "torch.distributed.run",
+                                                                                         False)[2]]
+    assert older[3:5] == ["--nnodes", "3"]
 
 
 def test_c10d_rendezvous_uses_endpoint_and_job_id_instead_of_node_rank(tmp_path):

@@ -20,6 +20,7 @@ from orchestrator.errors import InfraError
 from orchestrator.remote import probe
 from orchestrator.spec.model import NodeSpec, TransportKind
 from orchestrator.transport import transport_for
+from tests.helpers import plant_module
 
 # `nvidia-smi --query-gpu=<probe.SMI_GPU_FIELDS> --format=csv,noheader,nounits` in the form
 # driver 550 prints it (MiB, Enabled/Disabled, [N/A] where a field is not supported).
@@ -283,6 +284,16 @@ def test_import_from_finds_the_torch_the_jobs_pythonpath_or_workdir_holds(tmp_pa
     assert facts["torch"] == facts["torch_info"]["version"] == STANDIN
 
 
+def test_finding_the_jobs_sys_path_imports_nothing_planted_in_its_directory(tmp_path):
+    workdir = tmp_path / "work"
+    marker = tmp_path / "imported.txt"
+    for name in ("json", "ast", "torch"):
+        plant_module(workdir, name, marker)
+    path = probe.job_sys_path(PYTHON, str(workdir), {})
+    assert path is not None and path[0] == str(workdir)
+    assert not marker.exists(), marker.read_text()
+
+
 def import_like(context: dict) -> list:
     code = ("import json, sys; from orchestrator.remote import probe; "
             f"probe.import_like_the_job({{'import_from': {context!r}}}); "
@@ -328,8 +339,9 @@ def job_workdir(where: Path) -> Path:
 ])
 def test_the_entry_is_looked_for_in_the_jobs_workdir_without_running_it(tmp_path, entry, error):
     workdir = job_workdir(tmp_path / "work")
+    where = {"cwd": str(workdir)} if "script" in entry else {}
     run = ProbeRun(local_transport(), {"import_from": {"python": PYTHON, "cwd": str(workdir), "env": {}},
-                                       "entry": entry})
+                                       "entry": {**entry, **where}})
     run.start()
     found = run.finish(30)["entry"]
     assert (found["kind"], found["name"]) == next(iter(entry.items()))

@@ -38,12 +38,13 @@ def batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BatchJob:
 
 
 def node_task(files: SlurmFiles, size: int, *argv: str, node: str = "n1", env: dict[str, str] | None = None,
-              ) -> subprocess.CompletedProcess[str]:
-    """Run the node's task as the batch script's srun line does, with a command instead of torchrun."""
+              stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """Run the node's task as the batch script's srun line does, with a command instead of torchrun;
+    `stdin` is what srun gives it (the secrets file, for the job's last srun)."""
     return subprocess.run(
         [sys.executable, str(files.bootstrap), str(files.bundle), str(size), *argv],
         env={**os.environ, "SLURMD_NODENAME": node, "SLURM_NODEID": "1", **(env or {})},
-        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=False,
+        input=stdin, capture_output=True, text=True, timeout=60, check=False,
     )
 
 
@@ -59,7 +60,8 @@ def test_a_node_runs_the_command_with_its_secrets_and_exits_with_its_status(batc
     command = ("import os, sys, time; time.sleep(1.5); "
                "print('args', *sys.argv[1:], os.environ['TOKEN'], os.environ['DISTRUN_JOB_ID']); sys.exit(3)")
     result = node_task(batch.files, batch.bundle_size, str(batch.files.node_config), "--",
-                       sys.executable, "-c", command, "$SLURM_NODEID", "$MASTER_ADDR")
+                       sys.executable, "-c", command, "$SLURM_NODEID", "$MASTER_ADDR",
+                       stdin=batch.files.secrets.read_text())
 
     assert result.returncode == 3, result.stderr
     lines = stream_lines(batch.files)
@@ -77,7 +79,7 @@ def test_a_node_fills_its_rank_and_the_master_into_the_positions_the_config_name
     config["expand_at"] = [3]
     batch.files.node_config.write_text(json.dumps(config))
     result = node_task(batch.files, batch.bundle_size, str(batch.files.node_config), "--", *argv,
-                       env={"MASTER_ADDR": "n0"})
+                       env={"MASTER_ADDR": "n0"}, stdin=batch.files.secrets.read_text())
 
     assert result.returncode == 0, result.stderr
     assert "args 1 $MASTER_ADDR" in stream_lines(batch.files)
@@ -85,7 +87,8 @@ def test_a_node_fills_its_rank_and_the_master_into_the_positions_the_config_name
 
 def test_a_node_killed_by_a_signal_exits_as_a_shell_reports_it(batch: BatchJob) -> None:
     result = node_task(batch.files, batch.bundle_size, str(batch.files.node_config), "--",
-                       sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+                       sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+                       stdin=batch.files.secrets.read_text())
 
     assert result.returncode == 128 + 9
 

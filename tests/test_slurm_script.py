@@ -77,6 +77,30 @@ def test_the_script_names_secrets_but_never_holds_their_values(tmp_path: Path) -
     assert "Secrets (WANDB_API_KEY) are not in this file" in script
 
 
+def test_the_script_removes_the_secrets_file_before_any_srun_and_feeds_it_to_the_last_one(tmp_path: Path) -> None:
+    script = dry_run(tmp_path, CPU_INVENTORY, job_text())
+    secrets = shlex.quote(str(tmp_path / "home" / "jobs" / "train-1" / "slurm" / "secrets.json"))
+    lines = script.splitlines()
+
+    opened, removed = lines.index(f"exec 3<{secrets}"), lines.index(f"rm -f {secrets}")
+    sruns = [i for i, line in enumerate(lines) if line.startswith(("srun", "master=$(srun"))]
+    assert opened < removed < sruns[0] and len(sruns) == 2
+    assert lines[-1].endswith(" <&3") and all("--export=ALL" in lines[i] for i in sruns)
+
+
+def test_sbatch_exports_only_the_basic_variables_of_the_controllers_environment(tmp_path: Path) -> None:
+    script = dry_run(tmp_path, CPU_INVENTORY, job_text())
+
+    (export,) = [line for line in script.splitlines() if line.startswith("#SBATCH --export=")]
+    assert export == "#SBATCH --export=PATH,HOME,USER,LOGNAME,LANG,LC_ALL,LC_CTYPE,TZ"
+
+
+def test_a_job_without_secrets_has_no_secrets_file_to_take(tmp_path: Path) -> None:
+    script = dry_run(tmp_path, CPU_INVENTORY, job_text().replace(", WANDB_API_KEY: '${env:WANDB_KEY}'", ""))
+
+    assert "secrets.json" not in script and "<&3" not in script
+
+
 def test_a_dry_run_prints_the_script_and_writes_no_job(tmp_path: Path) -> None:
     script = dry_run(tmp_path, CPU_INVENTORY, job_text())
 

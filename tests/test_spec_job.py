@@ -82,6 +82,7 @@ backend: slurm
 slurm: {partition: gpu, time: 1:30:00, account: ml, gpus_per_node: 8, extra: [--exclusive]}
 heartbeat_timeout: 30
 stop_grace: 0
+hang_timeout: 600
 """
     job = job_from_text(text, "j.yaml")
     assert (job.module, job.script, job.args) == ("pkg.train", None, ("--lr", "0.1", "--fast", "true"))
@@ -92,12 +93,13 @@ stop_grace: 0
     assert job.telemetry == Telemetry(interval=0.5, enabled=False)
     assert (job.sync, job.backend) == (True, "slurm")
     assert list(job.backend_sections) == ["slurm"]  # its keys are the Slurm backend's to check
-    assert (job.heartbeat_timeout, job.stop_grace) == (30.0, 0.0)
+    assert (job.heartbeat_timeout, job.stop_grace, job.hang_timeout) == (30.0, 0.0, 600.0)
 
 
 def test_defaults_come_from_the_model_when_keys_are_absent() -> None:
     job = job_from_text("name: t\nmodule: m\n", "j.yaml")
     assert (job.nnodes, job.nproc_per_node, job.workdir, job.backend, job.sync) == (None, None, None, None, False)
+    assert job.hang_timeout is None  # off: a silent but healthy phase is never killed by default
     assert (job.env, job.secrets, job.args) == ({}, {}, ())
 
 
@@ -127,7 +129,7 @@ def test_unknown_key_with_nothing_close_lists_the_valid_keys() -> None:
         "jobs/x.yaml:12: colour: unknown key (valid keys: name, script, module, args, nnodes, nproc_per_node, "
         f"workdir, env, rendezvous, max_restarts, select, telemetry, sync, sync_max_size, backend, "
         f"{', '.join(backends.names())}, "
-        "heartbeat_timeout, stop_grace)"
+        "heartbeat_timeout, stop_grace, hang_timeout)"
     )
 
 
@@ -270,6 +272,7 @@ def test_bad_value_is_reported_at_its_line_with_its_key_path(prefix: str, line: 
         ),
         ("heartbeat_timeout: 0", "jobs/x.yaml:12: heartbeat_timeout: must be a number > 0, got 0"),
         ("stop_grace: -1", "jobs/x.yaml:12: stop_grace: must be a number >= 0, got -1"),
+        ("hang_timeout: 0.5", "jobs/x.yaml:12: hang_timeout: must be a number >= 1, got 0.5"),
         ("stop_grace: false", "jobs/x.yaml:12: stop_grace: must be a number, got boolean false"),
         ("slurm: [--exclusive]", "jobs/x.yaml:12: slurm: must be a mapping, got a list (the slurm backend's "
                                  "options, e.g. slurm: {key: value})"),

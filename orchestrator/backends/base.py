@@ -25,7 +25,9 @@ Per-job operations, for jobs recorded earlier (their controller may be gone):
     job_alive(record) -> bool             whether the job still runs; `ps` marks dead ones lost
     recover(record) -> {node: lines}      `distrun logs --recover`
     remove_copies(records) -> {id: error} `distrun prune`: what the hosts keep of finished jobs
-    run_near(record, node, argv)          a command next to the job's ranks (py-spy for `distrun stack`)
+    run_near(record, node, argv)          a command next to the job's ranks
+    run_remote_near(record, nodes, ...)   a remote program next to the job's ranks on several hosts at once
+                                          (remote/stack.py for `distrun stack` and the hang watchdog)
 
 Options: a backend declares OPTIONS; `resolve_options` reads them from the job file's section
 named after the backend and from `-o KEY=VALUE` (see backends/options.py).
@@ -47,6 +49,7 @@ from orchestrator.backends.options import Option
 from orchestrator.display import fold_hosts
 from orchestrator.errors import UsageError
 from orchestrator.failures import Failure
+from orchestrator.group import GroupResult
 from orchestrator.plan import LaunchPlan
 from orchestrator.spec import load_job
 from orchestrator.spec.model import JobSpec
@@ -320,6 +323,29 @@ class Backend(ABC):
         Raises:
             UsageError: this backend cannot run commands beside a job's ranks, or `node` is not the job's.
             InfraError: the host could not be reached.
+        """
+        raise UsageError(f"job {record.id} ran on the {self.NAME} backend, which cannot run commands beside "
+                         "its ranks")
+
+    def run_remote_near(self, record: JobRecord, nodes: Sequence[str], main: str, modules: list[str],
+                        args: Sequence[str] = (), timeout: float | None = None) -> GroupResult[str]:
+        """Run a remote program (orchestrator/remote) beside a job's ranks on each of `nodes` at once.
+
+        The program gets `JOB_ID NODE *args` (as remote/cleanup.py and remote/stack.py expect).
+
+        Args:
+            record: The job.
+            nodes: Its nodes to run on.
+            main: The remote module whose `main(argv)` runs.
+            modules: The remote modules to ship, dependencies first, `main` last.
+            args: Arguments after the job id and the node.
+            timeout: Seconds each host may take.
+
+        Returns:
+            Each node's stdout, or the exception that node raised (unreachable, the program failed).
+
+        Raises:
+            UsageError: this backend cannot run programs beside a job's ranks.
         """
         raise UsageError(f"job {record.id} ran on the {self.NAME} backend, which cannot run commands beside "
                          "its ranks")

@@ -42,6 +42,7 @@ from orchestrator.errors import ExitCode, InfraError, UsageError
 from orchestrator.failures import Failure, FailureKind, root_cause
 from orchestrator.launch import EXIT_WAIT, HostRun, Launcher
 from orchestrator.plan import LaunchPlan, build_plan
+from orchestrator.remote.private import make_private_dirs, write_private
 from orchestrator.spec import JobSpec, NodeSpec, resolve_inventory_path, select_nodes
 from orchestrator.store import JobDir, JobRecord, JobState, controller_alive
 
@@ -329,21 +330,13 @@ def write_files(job_dir: JobDir, batch: BatchJob, bundle: bytes, script: str) ->
     """The job directory: plan.json (secrets masked) and what the nodes read from slurm/."""
     job_dir.write_plan(batch.plan.to_dict())
     files = batch.files
-    files.dir.mkdir(exist_ok=True)
-    files.bundle.write_bytes(bundle)
-    files.bootstrap.write_text(BOOTSTRAP, encoding="utf-8")
-    files.node_config.write_text(json.dumps(node_config(batch), indent=2) + "\n", encoding="utf-8")
+    make_private_dirs(files.dir)
+    write_private(files.bundle, bundle)
+    write_private(files.bootstrap, BOOTSTRAP)
+    write_private(files.node_config, json.dumps(node_config(batch), indent=2) + "\n")
     if batch.plan.secrets:
         write_private(files.secrets, json.dumps(batch.plan.secrets))
-    files.script.write_text(script, encoding="utf-8")
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write a file only its owner can read (mode 0600 from its creation on)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        os.fchmod(fd, 0o600)
-        fh.write(text)
+    write_private(files.script, script)
 
 
 class SlurmBackend(Backend):
@@ -435,7 +428,8 @@ class SlurmBackend(Backend):
         out = ctx.terminal or sys.stderr
         out.write(f"[slurm] {text}\n")
         out.flush()
-        with open(ctx.store.job_dir(ctx.job_id).combined, "a", encoding="utf-8") as fh:
+        job_dir = ctx.store.job_dir(ctx.job_id)
+        with job_dir.open(job_dir.combined, "a", encoding="utf-8") as fh:
             fh.write(f"[slurm] {text}\n")
 
     def _await_allocation(self, ctx: LaunchContext) -> SlurmJob | None:
@@ -606,7 +600,11 @@ class SlurmBackend(Backend):
         return [f"Slurm job {self.slurm_id}: {job.state}"] if job is not None else []
 
     def release(self) -> None:
+        """Stop following; the secrets file goes too, where the batch script never ran to remove it
+        (the job was cancelled while pending, or refused)."""
         self.done.set()
+        if self.batch is not None:
+            self.batch.files.secrets.unlink(missing_ok=True)
 
     # ---------------------------------------------------------------- recorded jobs
 
@@ -618,6 +616,7 @@ class SlurmBackend(Backend):
         if record.backend_ref is None:
             raise UsageError(f"job {record.id} has no Slurm job id yet (it is being submitted); try again")
         cancel(record.backend_ref)
+        SlurmFiles(self.store.job_dir(record.id).root).secrets.unlink(missing_ok=True)
         deadline = time.monotonic() + STOP_WAIT
         alive = controller_alive(record)
         while time.monotonic() < deadline and not self._stopped(record, alive):

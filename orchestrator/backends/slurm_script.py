@@ -5,8 +5,15 @@ Pure: nothing here runs a command. `distrun launch --backend slurm --dry-run` pr
 The job directory must be on a filesystem that the controller and every node share (a shared
 home or a cluster filesystem, as on most Slurm clusters): the nodes read the supervisor bundle
 and their configuration from it, and append their output to `slurm/<node>.stream`, which the
-controller follows. Secrets never appear in the script: they go to `slurm/secrets.json`, mode
-0600, read by each node's supervisor.
+controller follows.
+
+The job gets no more of the controller's environment than it needs: sbatch exports only
+`PASSED_ENV` (and Slurm's own SLURM_* variables), never the variables a `${env:X}` secret was
+read from nor anything else of the operator's shell; the job's and the inventory's `env` are
+exported by the script itself. Secrets never appear in the script: they go to
+`slurm/secrets.json` (mode 0600), which the batch script opens and removes before any node
+runs, and hand to every node's task on srun's stdin (srun gives each task its stdin): the
+file lives on the shared filesystem only while the job waits in the queue.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ NODE_VALUES = {
     "--rdzv-endpoint": "$MASTER_ADDR:$MASTER_PORT",
 }
 EXPANDED = ["SLURM_NODEID", "MASTER_ADDR", "MASTER_PORT"]
+# What the job takes from the controller's environment (sbatch --export): where programs and the
+# home directory are, who the user is, the locale. Everything else it needs is in the job's env.
+PASSED_ENV = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TZ")
 # Reads the bundle from the file named by the first argument, then runs the usual bootstrap.
 BOOTSTRAP = 'import sys\nsys.stdin = open(sys.argv.pop(1), encoding="utf-8")\n' + remote.BOOTSTRAP
 
@@ -144,7 +154,7 @@ def node_config(batch: BatchJob) -> dict[str, Any]:
     return {
         "job_id": plan.job_id, "cwd": plan.hosts[0].workdir, "stop_grace": plan.stop_grace,
         "telemetry_interval": plan.telemetry_interval, "stream_dir": str(files.dir),
-        "secrets": str(files.secrets) if plan.secrets else None, "expand": EXPANDED, "expand_at": batch.filled,
+        "secrets_on_stdin": bool(plan.secrets), "expand": EXPANDED, "expand_at": batch.filled,
     }
 
 
@@ -157,7 +167,7 @@ def render_script(batch: BatchJob) -> str:
 def _directives(batch: BatchJob) -> list[str]:
     opts = batch.options
     lines = [f"--job-name={batch.plan.job_name}", f"--nodes={batch.plan.nnodes}", "--ntasks-per-node=1",
-             f"--output={batch.files.output_pattern}"]
+             f"--output={batch.files.output_pattern}", f"--export={','.join(PASSED_ENV)}"]
     lines += [f"--{key}={value}" for key, value in
               (("partition", opts.partition), ("time", opts.time), ("account", opts.account)) if value]
     if batch.gpus_per_node:
@@ -174,8 +184,9 @@ def _preamble(batch: BatchJob) -> list[str]:
     ]
     if batch.plan.secrets:
         names = ", ".join(sorted(batch.plan.secrets))
-        lines.append(f"# Secrets ({names}) are not in this file: the supervisors read "
-                     f"slurm/{batch.files.secrets.name} (mode 0600).")
+        lines.append(f"# Secrets ({names}) are not in this file: this script opens and removes "
+                     f"slurm/{batch.files.secrets.name} (mode 0600),")
+        lines.append("# then gives it to every node's task on srun's stdin.")
     return [*lines, ""]
 
 
@@ -189,17 +200,33 @@ def _body(batch: BatchJob) -> list[str]:
     launcher = shlex.join([batch.python, str(files.bootstrap), str(files.bundle), str(batch.bundle_size)])
     port = f"{batch.port} exact" if batch.port else str(DEFAULT_PORT)
     argv = batch.plan.hosts[0].argv
+    # The steps get the script's environment (its exports, MASTER_ADDR), not sbatch's --export list.
     return [
         f"DISTRUN=({launcher})",
+        *_take_secrets(files, batch.plan),
         "# The master is node 0 of the allocation (node rank 0); its port is chosen free there.",
-        f'master=$(srun --nodes=1 --ntasks=1 --relative=0 "${{DISTRUN[@]}}" port {port})',
+        f'master=$(srun --nodes=1 --ntasks=1 --relative=0 --export=ALL "${{DISTRUN[@]}}" port {port})',
         'read -r MASTER_ADDR MASTER_PORT <<<"$master"',
         "export MASTER_ADDR MASTER_PORT",
         'echo "distrun: master $MASTER_ADDR:$MASTER_PORT"',
         "",
         "# One supervisor per node starts torchrun; each node fills in the '$NAME' arguments itself.",
         "# --kill-on-bad-exit: when one node fails, Slurm ends the step on every node.",
-        f"srun --nodes={batch.plan.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
+        f"srun --nodes={batch.plan.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 --export=ALL \\",
         f'    "${{DISTRUN[@]}}" {shlex.quote(str(files.node_config))} -- \\',
-        f"    {shlex.join(argv)}",
+        f"    {shlex.join(argv)}" + (" <&3" if batch.plan.secrets else ""),
+    ]
+
+
+def _take_secrets(files: SlurmFiles, plan: LaunchPlan) -> list[str]:
+    """Open the secrets file on descriptor 3 and remove it; srun hands it to every task."""
+    if not plan.secrets:
+        return []
+    path = shlex.quote(str(files.secrets))
+    return [
+        "# The secrets leave the shared filesystem before anything runs; the last srun reads them from fd 3.",
+        f"[ -r {path} ] || {{ echo 'distrun: {files.secrets.name} is gone: secrets are read once, when the job "
+        "first starts (launch it again)' >&2; exit 1; }",
+        f"exec 3<{path}",
+        f"rm -f {path}",
     ]

@@ -41,13 +41,13 @@ from orchestrator.spec import (
 )
 from orchestrator.store import JobDir, JobRecord, JobState, controller_alive
 from orchestrator.terminal import Progress
-from orchestrator.transport import CommandResult, Transport, run_remote
+from orchestrator.transport import REMOTE_TIMEOUT, CommandResult, Transport, run_remote
 
 STOP_WAIT = 30.0
 AUTO_PORT_WINDOW = 1000
 # What a host's supervisor runs, dependencies first: with the telemetry sampler, or without.
-SUPERVISOR_MODULES = ["output", "sampler", "supervisor"]
-SUPERVISOR_ONLY = ["output", "supervisor"]
+SUPERVISOR_MODULES = ["output", "private", "sampler", "supervisor"]
+SUPERVISOR_ONLY = ["output", "private", "supervisor"]
 T = TypeVar("T")
 
 
@@ -249,6 +249,14 @@ class SshBackend(Backend):
             raise UsageError(f"{node}: job {record.id} ran on {', '.join(record.hosts)}")
         return on_record_hosts(record, lambda t: t.run(argv, timeout=timeout), only=[node]).check()[node]
 
+    def run_remote_near(self, record: JobRecord, nodes: Sequence[str], main: str, modules: list[str],
+                        args: Sequence[str] = (), timeout: float | None = None) -> GroupResult[str]:
+        """Run a remote program on the hosts of `nodes` (as the job's recorded inventory reaches them),
+        all at once; it gets `JOB_ID NODE *args`."""
+        limit = REMOTE_TIMEOUT if timeout is None else timeout
+        return on_record_hosts(record, lambda t: run_remote(t, main, modules, b"", record.id, t.name, *args,
+                                                            timeout=limit), only=list(nodes))
+
 
 def _absolute(path: str) -> str:
     """A file path made absolute so the record reloads it from anywhere; `<built-in>` as is."""
@@ -302,7 +310,7 @@ def rebuild(job_dir: JobDir, copies: dict[str, dict[str, str]]) -> None:
                 sink.line(node, line)
     finally:
         sink.close()
-    with open(job_dir.telemetry, "w", encoding="utf-8") as out:
+    with job_dir.open(job_dir.telemetry, "w", encoding="utf-8") as out:
         for node, copy in copies.items():
             for line in copy["telemetry"].splitlines():
                 out.write(json.dumps({**json.loads(line), "node": node}) + "\n")

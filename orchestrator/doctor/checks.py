@@ -285,6 +285,22 @@ def check_memlock(probed: Mapping[str, HostFacts], _ctx: Context) -> Check:
                    "memlock=-1)")
 
 
+def check_pyspy(probed: Mapping[str, HostFacts], _ctx: Context) -> Check:
+    """py-spy, which `distrun stack` and the hang watchdog run beside the ranks, and ptrace allowing it."""
+    problems: dict[str, str] = {}
+    shown: dict[str, str] = {}
+    for host, facts in probed.items():
+        if facts.pyspy is None:
+            continue
+        shown[host] = f"py-spy {facts.pyspy.path}"
+        problem = facts.pyspy.problem()
+        if problem is not None:
+            problems[host] = problem
+    return verdict("py-spy", problems, shown, Status.WARN,
+                   "pip install py-spy into the python the job runs (distrun stack and hang_timeout use it); "
+                   "a non-root user needs kernel.yama.ptrace_scope 0 or 1 and the ranks run as that user")
+
+
 def check_disk(probed: Mapping[str, HostFacts], ctx: Context) -> Check:
     """Free space in the job's workdir; a missing workdir is an error for a job that names it."""
     problems: dict[str, str] = {}
@@ -428,8 +444,8 @@ def check_entry(probed: Mapping[str, HostFacts], ctx: Context) -> Check:
 
 FACT_CHECKS: tuple[Callable[[Mapping[str, HostFacts], Context], Check], ...] = (
     check_python, check_torch, check_cuda, check_nccl, check_driver, check_backend, check_gpus,
-    check_gpu_busy, check_ecc, check_shm, check_memlock, check_disk, check_clock, check_iface, check_resolves,
-    check_port_free, check_port_reachable, check_entry,
+    check_gpu_busy, check_ecc, check_shm, check_memlock, check_pyspy, check_disk, check_clock, check_iface,
+    check_resolves, check_port_free, check_port_reachable, check_entry,
 )
 
 

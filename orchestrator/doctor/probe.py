@@ -11,6 +11,7 @@ would import it (`import_options`): the torch a check or the preflight names is 
 from __future__ import annotations
 
 import json
+import posixpath
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -27,7 +28,7 @@ from orchestrator.spec.model import JobSpec, NodeSpec
 from orchestrator.terminal import Progress
 from orchestrator.transport import RemoteProcess, Transport
 
-PROBE_MODULES = ["output", "probe"]  # what the probe runs, dependencies first
+PROBE_MODULES = ["output", "pyspy", "probe"]  # what the probe runs, dependencies first
 PROBE_TIMEOUT = 60.0
 LISTEN_SECONDS = 60.0
 POLL = 0.01
@@ -179,9 +180,12 @@ def import_options(nodes: Sequence[NodeSpec], job: JobSpec | None, workdir: str)
     """Each node's probe options `import_from` (find torch as the job would import it) and, for
     a job, `entry` (look for its script or module the same way).
 
-    That is the node's python, started in the job's workdir, with the inventory's env and the
-    job's over it (as the plan sets them; secrets stay out: they do not move an import). A job
-    with `sync: true` gets its workdir only after the probe, so its entry is not looked for.
+    That is the node's python with the directory its workers put first on sys.path (the
+    script's own directory; the workdir for a `module:` job, or without a job), and the
+    inventory's env with the job's over it (as the plan sets them; secrets stay out: they do not
+    move an import). torchrun itself runs with safe paths and searches neither. A relative
+    script is looked for in the workdir; a job with `sync: true` gets its workdir only after
+    the probe, so its entry is not looked for.
 
     Args:
         nodes: The nodes probed.
@@ -192,9 +196,10 @@ def import_options(nodes: Sequence[NodeSpec], job: JobSpec | None, workdir: str)
         {node name: {"import_from": {...}, "entry": {...}}}, as `probe_round` takes per host.
     """
     job_env = job.env if job else {}
+    first = posixpath.dirname(posixpath.join(workdir, job.script)) if job and job.script else workdir
     entry = ({} if job is None or job.sync else
-             {"entry": {"module": job.module} if job.module else {"script": job.script}})
-    return {n.name: {"import_from": {"python": n.python, "cwd": workdir, "env": {**n.env, **job_env}}, **entry}
+             {"entry": {"module": job.module} if job.module else {"script": job.script, "cwd": workdir}})
+    return {n.name: {"import_from": {"python": n.python, "cwd": first, "env": {**n.env, **job_env}}, **entry}
             for n in nodes}
 
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.display import fold_hosts, size_text
 from orchestrator.doctor.checks import Check, Context, Status
 from orchestrator.doctor.probe import HostResult
+from orchestrator.remote.redact import escape_controls
 
 if TYPE_CHECKING:
     from orchestrator.bandwidth import BandwidthReport
@@ -53,10 +54,15 @@ def _paint(text: str, status: Status, colour: bool) -> str:
 
 
 def render_check(check: Check, width: int, colour: bool = False) -> list[str]:
-    """A check's row, and its fix hint under it when it is not ok."""
-    lines = [f"{_paint(MARKS[check.status.value], check.status, colour)} {check.name:<{width}}  {check.detail}"]
+    """A check's row, and its fix hint under it when it is not ok.
+
+    Details and hints quote what hosts reported (versions, hostnames, errors): their control
+    characters are shown as text, so that no host can retitle or clear the operator's terminal.
+    """
+    detail = escape_controls(check.detail)
+    lines = [f"{_paint(MARKS[check.status.value], check.status, colour)} {check.name:<{width}}  {detail}"]
     if check.status is not Status.OK and check.hint:
-        lines.append(f"  {'':<{width}}  fix: {check.hint}")
+        lines.append(f"  {'':<{width}}  fix: {escape_controls(check.hint)}")
     return lines
 
 

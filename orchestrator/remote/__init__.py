@@ -3,6 +3,13 @@
 Nothing here imports the rest of the package. The controller sends a bundle (module names
 and their source) after a tiny bootstrap given in argv; the bootstrap installs the modules
 under their real dotted names, so they import each other on the host as they do here.
+
+Every Python distrun starts runs with safe paths: the directory Python would put first on
+sys.path (the working directory for `-c` and `-m`, a script's own directory) is not searched,
+so a module another user planted there (in /tmp, in a shared workdir) is never imported.
+`python -P` does that from Python 3.11 on; `SAFE_PATH` does the same as a program's first
+line on any Python 3, which is what the bootstrap (whose host python is not known yet) and
+`module_argv` on an older python use.
 """
 
 from __future__ import annotations
@@ -10,9 +17,12 @@ from __future__ import annotations
 import json
 from importlib import resources
 
+# What `-P` does, unless the interpreter already did it (-P, -I, PYTHONSAFEPATH): drop sys.path[0].
+# One line, so that a command line holding it stays one line (the dry run shows argv as comments).
+SAFE_PATH = "import sys;getattr(sys.flags,'safe_path',0) or sys.flags.isolated or sys.path.pop(0)"
 # The bootstrap reads a bundle of N bytes from stdin, installs its modules, runs `main()`.
-BOOTSTRAP = (
-    "import sys,json,types\n"
+BOOTSTRAP = SAFE_PATH + "\n" + (
+    "import json,types\n"
     "b=json.loads(sys.stdin.buffer.read(int(sys.argv[1])))\n"
     "for n in b['pkgs']:\n"
     " p=types.ModuleType(n);p.__path__=[];sys.modules[n]=p\n"
@@ -49,3 +59,17 @@ def bundle(main: str, modules: list[str], extra: dict[str, str] | None = None) -
 def bootstrap_argv(python: str, payload: bytes, *tags: str) -> list[str]:
     """argv that runs a bundle with the host's python; `tags` show up in `ps` (job id, role)."""
     return [python, "-c", BOOTSTRAP, str(len(payload)), *tags]
+
+
+def module_argv(python: str, module: str, dash_p: bool) -> list[str]:
+    """argv that runs `python -m module` with safe paths; the module's arguments follow.
+
+    Args:
+        python: The interpreter.
+        module: The module to run as __main__ (e.g. torch.distributed.run).
+        dash_p: The interpreter is Python 3.11 or newer: `-P -m module`. Else (older, or not
+            known) a `-c` line that drops sys.path[0] and runs the module as `-m` would.
+    """
+    if dash_p:
+        return [python, "-P", "-m", module]
+    return [python, "-c", f"{SAFE_PATH};import runpy;runpy.run_module({module!r},run_name='__main__',alter_sys=True)"]

@@ -14,11 +14,12 @@ Reads one JSON line of options on stdin:
     connect_later: read `{"connect_to": [addr, port] | null, "resolve": [...], "route_to": addr}`
         from stdin after gathering the facts, then connect, resolve and find the route as above
     import_from: {"python": PYTHON, "cwd": DIR, "env": {...}}: find torch as the job's python
-        would: PYTHON (the inventory's, a wrapper script included) started in DIR (torchrun's
-        `python -m` puts it first on sys.path) with ENV over this environment (its PYTHONPATH,
-        PYTHONSAFEPATH, ...); without it, as this python finds it
-    entry: {"script": PATH} or {"module": NAME}: whether the job's entry is there, found as
-        `import_from` finds modules: a script (relative to `import_from`'s cwd) that is a readable
+        would: PYTHON (the inventory's, a wrapper script included) with DIR first on sys.path
+        (where the job's workers have it: the script's own directory, the workdir for a
+        `module:` job) and ENV over this environment (its PYTHONPATH, PYTHONSAFEPATH, ...);
+        without it, as this python finds it
+    entry: {"script": PATH, "cwd": WORKDIR} or {"module": NAME}: whether the job's entry is
+        there, found as `import_from` finds modules: a script (relative to WORKDIR) that is a readable
         file, a module that `importlib.util.find_spec` finds (importing only its parent packages;
         for a package, its __main__), reported as `entry` {kind, name, ok, found, error}
 
@@ -29,7 +30,7 @@ Output: event lines (the byte 0x1e, then JSON with "ev": `listening` {port, ok, 
 interfaces, hostname} or `need` {module}), then one line with the facts as JSON.
 
 torch's version is that of the torch `import torch` finds, which is not always the installed
-distribution's (a source tree or a stand-in on PYTHONPATH, a torch/ in the workdir). It is
+distribution's (a source tree or a stand-in on PYTHONPATH, a torch/ beside the job's script). It is
 found without importing it (importlib's find_spec) and read from its version.py; only a torch
 without one is imported. With `full`, torch is also imported on hosts with an NVIDIA GPU,
 where the NCCL and cuDNN it loads matter; elsewhere the import's ~1.5 s of CPU is saved.
@@ -58,6 +59,7 @@ from collections.abc import Callable
 from importlib import util
 from typing import Any, BinaryIO
 
+from orchestrator.remote import pyspy
 from orchestrator.remote.output import Output
 
 PORT_SPAN = 200
@@ -323,17 +325,20 @@ def torch_from_files() -> dict[str, Any]:
 
 
 def job_sys_path(python: str, cwd: str | None, env: dict[str, str]) -> list[str] | None:
-    """sys.path of `python` started in `cwd` with `env` over this environment, the directory
-    written out as `python -m` has it; None when that python cannot tell."""
+    """sys.path of `python` started in `cwd` with `env` over this environment, `cwd` first as a
+    script's directory is (unless the env asks for safe paths); None when that python cannot tell.
+
+    The python asked imports nothing (`sys` is built in, the answer is a repr): a module planted
+    in `cwd` is looked up, never run."""
     where = os.path.expanduser(cwd) if cwd else None
     if where is not None and not os.path.isdir(where):
         where = None  # not made yet (sync makes it): nothing can be imported from it
     try:
-        result = subprocess.run([python, "-c", "import json, sys; print(json.dumps(sys.path))"],
+        result = subprocess.run([python, "-c", "import sys; print(repr(sys.path))"],
                                 env={**os.environ, **env}, cwd=where, capture_output=True, timeout=SUBPROCESS_WAIT,
                                 check=True)
-        found = json.loads(result.stdout.decode().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        found = ast.literal_eval(result.stdout.decode().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, SyntaxError, IndexError):
         return None
     return [entry or where for entry in found if entry or where]
 
@@ -658,6 +663,7 @@ def full_facts(options: dict[str, Any], inbox: Inbox, emit: Emit) -> dict[str, A
         "shm": space("/dev/shm") if os.path.isdir("/dev/shm") else None,
         "memlock": memlock(),
         "disk": space(options.get("workdir") or os.getcwd()),
+        "pyspy": pyspy.facts(),
     }
 
 
@@ -682,7 +688,7 @@ def facts(options: dict[str, Any], listener: Listener | None = None) -> dict[str
     if options.get("port_exact"):
         result["port_exact_free"] = listener.ok if listener else port_free(int(options["port_exact"]))
     if options.get("entry"):
-        result["entry"] = entry_facts(options["entry"], (options.get("import_from") or {}).get("cwd"))
+        result["entry"] = entry_facts(options["entry"], options["entry"].get("cwd"))
     return result
 
 

@@ -58,6 +58,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TextIO
 
+from orchestrator.remote.private import open_private
+
 MIN_INTERVAL = 0.25
 REDISCOVER_EVERY = 5  # samples between scans of /proc for the job's processes
 SHIPPED_NVML = "distrun_pynvml"  # the name the controller ships nvidia-ml-py's module under
@@ -526,7 +528,7 @@ def run(interval: float, job_id: str, emit: Callable[..., None], done: threading
     interval = max(float(interval), MIN_INTERVAL)
     host = HostSampler(job_id, interval, node=node)
     gpus = open_gpus(nvml)
-    kept = open(keep, "a", encoding="utf-8") if keep else None  # noqa: SIM115 - closed below
+    kept = open_private(keep, "a", encoding="utf-8") if keep else None  # closed below
     reported: set[str] = set()
     next_at = time.monotonic()
     try:

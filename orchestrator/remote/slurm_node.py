@@ -6,8 +6,9 @@ argv `port FROM` prints `NODE PORT`, the node's Slurm name and the first free po
 `port N exact` prints `NODE N` when N is free, else exits 3.
 
 NODE_CONFIG is a JSON file the controller wrote into the job directory, which every node sees
-(a shared filesystem): job_id, cwd, stop_grace, telemetry_interval, stream_dir, secrets (the
-path of a mode-0600 JSON file of secret variables, kept out of the batch script), expand:
+(a shared filesystem): job_id, cwd, stop_grace, telemetry_interval, stream_dir,
+secrets_on_stdin (the job's secret variables come as one JSON line on stdin: the batch script
+gives srun the secrets file, which it removed from the filesystem, as stdin), expand:
 names of variables that this node fills into the torchrun arguments (`$SLURM_NODEID` differs
 per node, so the batch shell cannot), and expand_at: the positions of the arguments it fills
 them into (torchrun's own options). Nothing else is expanded: the job's arguments stay literal.
@@ -25,9 +26,10 @@ import os
 import re
 import socket
 import sys
-from typing import Any
+from typing import Any, BinaryIO
 
 from orchestrator.remote.output import Output
+from orchestrator.remote.private import open_private
 from orchestrator.remote.probe import first_free_port, port_free
 from orchestrator.remote.supervisor import Supervisor
 
@@ -41,12 +43,14 @@ def expand(argv: list[str], names: list[str], env: dict[str, str], at: list[int]
             for i, arg in enumerate(argv)]
 
 
-def supervisor_config(cfg: dict[str, Any], node: str, argv: list[str], env: dict[str, str]) -> dict[str, Any]:
+def read_secrets(cfg: dict[str, Any], stdin: BinaryIO) -> dict[str, str]:
+    """The job's secret variables, from the line srun gives this task on stdin; {} when it has none."""
+    return json.loads(stdin.readline()) if cfg.get("secrets_on_stdin") else {}
+
+
+def supervisor_config(cfg: dict[str, Any], node: str, argv: list[str], env: dict[str, str],
+                      secrets: dict[str, str]) -> dict[str, Any]:
     """The supervisor's configuration for this node."""
-    secrets: dict[str, str] = {}
-    if cfg.get("secrets"):
-        with open(cfg["secrets"], encoding="utf-8") as fh:
-            secrets = json.load(fh)
     return {
         "job_id": cfg["job_id"], "node": node,
         "argv": expand(argv, cfg.get("expand", []), env, cfg.get("expand_at", [])),
@@ -93,8 +97,10 @@ def main(argv: list[str]) -> None:
     node = node_name()
     env = dict(os.environ)
     stream_path = os.path.join(cfg["stream_dir"], f"{node}.stream")
-    with open(stream_path, "ab") as stream:
-        supervisor = Supervisor(supervisor_config(cfg, node, command, env), Output(stream))
+    with open_private(stream_path, "ab") as stream:
+        # sys.stdin is the bundle file the bootstrap read from; srun's stdin is the process's own.
+        config = supervisor_config(cfg, node, command, env, read_secrets(cfg, sys.__stdin__.buffer))
+        supervisor = Supervisor(config, Output(stream))
         supervisor.run(sys.stdin.buffer)
     rc = supervisor.child.returncode if supervisor.child is not None else None
     # The supervisor's threads may still sit in blocking calls; leave without joining them.

@@ -29,6 +29,7 @@ import time
 from typing import Any, BinaryIO
 
 from orchestrator.remote.output import Output
+from orchestrator.remote.private import make_private_dirs, open_private
 
 HEARTBEAT_EVERY = 1.0
 CHUNK = 65536
@@ -106,8 +107,8 @@ class Supervisor:
         self.done = threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
         self.dir = os.path.expanduser(os.path.join(cfg.get("host_dir", "~/.distrun"), "jobs", self.job_id))
-        os.makedirs(self.dir, exist_ok=True)
-        self.log = open(os.path.join(self.dir, f"{cfg['node']}.log"), "ab")  # noqa: SIM115 - closed in run()
+        make_private_dirs(self.dir)
+        self.log = open_private(os.path.join(self.dir, f"{cfg['node']}.log"), "ab")  # closed in run()
 
     def start_child(self) -> None:
         env = dict(os.environ)
@@ -128,7 +129,7 @@ class Supervisor:
 
     def _write_state(self) -> None:
         state = {"job_id": self.job_id, "supervisor": os.getpid(), "pgid": self.child.pid if self.child else None}
-        with open(os.path.join(self.dir, f"{self.cfg['node']}.state.json"), "w") as fh:
+        with open_private(os.path.join(self.dir, f"{self.cfg['node']}.state.json"), "w") as fh:
             json.dump(state, fh)
 
     def relay(self) -> None:

@@ -101,6 +101,7 @@ def _job_readers(src: Source) -> dict[str, Reader]:
         **{name: lambda node, path: _backend_section(src, node, path) for name in backends.names()},
         "heartbeat_timeout": lambda node, path: src.number(node, path, 0, inclusive=False),
         "stop_grace": lambda node, path: src.number(node, path, 0),
+        "hang_timeout": lambda node, path: src.number(node, path, 1),
     }
 
 

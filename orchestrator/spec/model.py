@@ -108,5 +108,6 @@ class JobSpec:
     backend_sections: dict[str, Map] = field(default_factory=dict, compare=False, repr=False)
     heartbeat_timeout: float = 15.0
     stop_grace: float = 5.0
+    hang_timeout: float | None = None  # None: off (a silent but healthy phase must not be killed)
     # Key path -> line in the file ("nnodes", "select.names[0]"), for errors found later.
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)

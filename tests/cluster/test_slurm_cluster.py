@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -182,6 +183,41 @@ def test_a_batch_script_that_fails_before_torchrun_shows_slurms_error_in_the_sum
     assert "host: node0" in summary and "/nonexistent/python3" in summary
     assert record(slurm_cluster, tmp_path, "nopy-1")["state"] == "failed"
     assert slurm_cluster.queue() == []
+
+
+ENV_REPORT = """\
+import hashlib, json, os, sys
+token = os.environ.get("TOKEN", "")
+sys.stdout.write("ENV " + json.dumps({
+    "token_sha": hashlib.sha256(token.encode()).hexdigest(),
+    "copies": sorted(k for k, v in os.environ.items() if v == token and k != "TOKEN"),
+    "unrelated": "DISTRUN_TEST_UNRELATED" in os.environ,
+    "secrets_file": os.path.exists(sys.argv[1]),
+}) + "\\n")
+"""
+
+
+def test_the_job_gets_its_secret_but_not_the_controllers_environment_and_no_secrets_file_while_it_runs(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    secret = "slurm-sekrit-8128"
+    script = tmp_path / "env_report.py"
+    script.write_text(ENV_REPORT)
+    secrets_file = tmp_path / "home" / "jobs" / "env-1" / "slurm" / "secrets.json"
+    job = tmp_path / "env.yaml"
+    job.write_text(f"name: env\nscript: {script}\nargs: [{json.dumps(str(secrets_file))}]\nnnodes: 2\n"
+                   "nproc_per_node: 1\nenv: {TOKEN: '${env:DISTRUN_TEST_SOURCE}'}\ntelemetry: {enabled: false}\n")
+    inventory = slurm_cluster.cluster.write_inventory(tmp_path / "inventory.yaml")
+    result = distrun("launch", str(job), "--backend", "slurm", "-i", str(inventory), "--job-id", "env-1",
+                     home=tmp_path / "home", timeout=180,
+                     env={**slurm_cluster.env, "DISTRUN_TEST_SOURCE": secret, "DISTRUN_TEST_UNRELATED": "1"})
+
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    reports = [json.loads(line.split("ENV ", 1)[1]) for line in result.stdout.splitlines() if " ENV " in line]
+    assert len(reports) == 2
+    expected = {"token_sha": hashlib.sha256(secret.encode()).hexdigest(), "copies": [], "unrelated": False,
+                "secrets_file": False}
+    assert reports == [expected, expected]
+    assert not secrets_file.exists()
 
 
 LITERAL_ARGS = ["$SLURM_NODEID", "--master-addr", "$MASTER_ADDR", "${MASTER_PORT}", "`hostname`", "$(id -u)", "a b"]

@@ -1,0 +1,78 @@
+"""Dumps the Python stack of every rank of a job on this host with py-spy; used by `distrun stack`
+and by the launcher's hang watchdog. argv: JOB_ID NODE [--native].
+
+Ranks are the job's processes (DISTRUN_JOB_ID and DISTRUN_NODE in their environment, as the
+supervisor starts them) that torchrun gave a RANK. py-spy is looked for beside the host's python
+first (the venv that runs the job, where `pip install py-spy` puts it), then on PATH. Every rank
+is dumped at once, so a host's dump takes as long as its slowest rank's, not their sum.
+
+Prints one JSON line: {"pyspy": path or null, "ranks": [{"rank", "local_rank", "pid",
+"threads" (py-spy's --json output) or "error"}]}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+from orchestrator.remote.pyspy import find_pyspy
+from orchestrator.remote.supervisor import job_processes
+
+DUMP_TIMEOUT = 20.0
+
+
+def rank_env(pid: int) -> dict[str, str]:
+    """RANK and LOCAL_RANK of a process ({} when it has no RANK: torchrun itself, or gone)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            pairs = [item.split(b"=", 1) for item in fh.read().split(b"\0") if b"=" in item]
+    except OSError:
+        return {}
+    env = {k.decode(): v.decode(errors="replace") for k, v in pairs if k in (b"RANK", b"LOCAL_RANK")}
+    return env if "RANK" in env else {}
+
+
+def dump(pyspy: str, pid: int, native: bool) -> dict[str, object]:
+    """py-spy's JSON dump of one process, or {"error": its last line}."""
+    argv = [pyspy, "dump", "--pid", str(pid), "--json", *(["--native"] if native else [])]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=DUMP_TIMEOUT, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": f"py-spy did not finish within {DUMP_TIMEOUT:g} s"}
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"py-spy failed (exit code {done.returncode}): {last}"}
+    try:
+        return {"threads": json.loads(done.stdout)}
+    except ValueError:
+        return {"error": "py-spy printed no JSON"}
+
+
+def dump_ranks(job_id: str, node: str, native: bool) -> dict[str, object]:
+    """Every rank of the job on this host, dumped at once (one thread per rank)."""
+    pyspy = find_pyspy()
+    ranks = []
+    for pid in job_processes(job_id, os.getpid(), node):
+        env = rank_env(pid)
+        if env:
+            ranks.append({"rank": int(env["RANK"]), "local_rank": int(env.get("LOCAL_RANK", "0")), "pid": pid})
+    if pyspy is None:
+        return {"pyspy": None, "ranks": ranks}
+
+    def one(entry: dict[str, object]) -> None:
+        entry.update(dump(pyspy, int(str(entry["pid"])), native))
+
+    threads = [threading.Thread(target=one, args=(entry,)) for entry in ranks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return {"pyspy": pyspy, "ranks": sorted(ranks, key=lambda r: int(str(r["rank"])))}
+
+
+def main(argv: list[str]) -> None:
+    job_id, node = argv[0], argv[1]
+    sys.stdout.write(json.dumps(dump_ranks(job_id, node, "--native" in argv[2:])) + "\n")

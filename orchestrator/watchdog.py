@@ -1,0 +1,130 @@
+"""The progress watchdog: a job whose ranks stop making progress is stalled, then hung.
+
+Progress is a line from any rank (DISTRUN_METRICS lines included; torchrun's own lines are not
+a rank's) reaching the controller; the watchdog is armed by the first one, so a slow start
+(imports, rendezvous) is never a hang. With
+`hang_timeout: T` a job that made none for T/3 seconds is shown `stalled` (live view, `ps`); after
+T seconds `diagnose` dumps every rank's stack into the job directory (stacks/) and returns the
+failure of kind `hang`: the rank whose stack differs from the majority's, that stack, and where the
+others wait. The launcher (launch.py) calls `Watchdog.check` from its run loop and `diagnose` in a
+thread of its own, so the hosts keep being heartbeaten while their ranks are dumped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator import stack as stacks
+from orchestrator.errors import DistrunError, one_line
+from orchestrator.failures import Failure, FailureKind
+
+if TYPE_CHECKING:
+    from orchestrator.backends.base import Backend
+    from orchestrator.store import JobDir, JobRecord
+
+STALLED_FRACTION = 1 / 3
+
+
+class Progress(str, Enum):
+    """Where a job stands, as the watchdog sees it."""
+
+    MOVING = "moving"
+    STALLED = "stalled"
+    HUNG = "hung"
+
+
+@dataclass
+class Watchdog:
+    """Watches when the job last progressed.
+
+    Args:
+        timeout: hang_timeout in seconds (None: never stalled nor hung).
+        last_progress: When any rank last progressed (time.monotonic()); None before the first time.
+    """
+
+    timeout: float | None
+    last_progress: Callable[[], float | None]
+
+    def check(self, now: float | None = None) -> Progress:
+        """Moving, stalled (silent for a third of the timeout), or hung (silent for all of it)."""
+        last = self.last_progress()
+        if self.timeout is None or last is None:
+            return Progress.MOVING
+        silent = (time.monotonic() if now is None else now) - last
+        if silent >= self.timeout:
+            return Progress.HUNG
+        return Progress.STALLED if silent >= self.timeout * STALLED_FRACTION else Progress.MOVING
+
+    def silent_for(self) -> float:
+        last = self.last_progress()
+        return 0.0 if last is None else time.monotonic() - last
+
+
+def diagnose(backend: Backend, record: JobRecord, job_dir: JobDir, timeout: float,
+             addresses: dict[str, str]) -> Failure:
+    """Dump every rank's stack into the job directory and name the rank that is not where the others are.
+
+    Args:
+        backend: The job's backend (it reaches the ranks' hosts).
+        record: The job.
+        job_dir: Its directory; the stacks go to its stacks/ folder.
+        timeout: The hang_timeout that expired (for the reason's words).
+        addresses: Each node's address, for the failure.
+
+    Returns:
+        The failure of kind `hang`. Its host and rank are the odd rank's; when every rank waits in
+        the same place (or no stack could be taken), the first host's, without a rank.
+    """
+    reason = f"hang: no progress from any rank for {timeout:g} s"
+    try:
+        gathered = stacks.gather(backend, record)
+    except DistrunError as exc:
+        return Failure(record.hosts[0], FailureKind.HANG, reason=f"{reason}; no stacks: {one_line(exc)}",
+                       address=addresses.get(record.hosts[0], ""))
+    groups = stacks.fold(gathered.ranks)
+    lines = [f"{node}: no stacks: {why}" for node, why in gathered.failed.items()]
+    try:
+        keep(gathered, job_dir.stacks)
+    except OSError as exc:  # a full disk must not hide which rank hung
+        lines.append(f"stacks not kept in {job_dir.stacks}: {exc}")
+    if not groups:
+        return Failure(record.hosts[0], FailureKind.HANG, reason=f"{reason}; no rank's stack was taken",
+                       address=addresses.get(record.hosts[0], ""), stack=tuple(lines))
+    if len(groups) == 1:
+        only = groups[0]
+        return Failure(only.sample.node, FailureKind.HANG,
+                       reason=f"{reason}; every rank waits in the same place",
+                       address=addresses.get(only.sample.node, ""),
+                       stack=(f"{only.label()} wait in: {only.sample.where()}", *lines))
+    odd, majority = groups[0], groups[-1]
+    return Failure(odd.sample.node, FailureKind.HANG,
+                   rank=odd.sample.rank if len(odd.ranks) == 1 else None,
+                   reason=f"{reason}; {odd.label()} on {', '.join(odd.hosts())} is not where the others wait",
+                   address=addresses.get(odd.sample.node, ""),
+                   stack=tuple(odd_lines(odd, groups[1:], majority) + lines))
+
+
+def odd_lines(odd: stacks.StackGroup, rest: Sequence[stacks.StackGroup], majority: stacks.StackGroup) -> list[str]:
+    """The odd group's stack, then where every other group waits (the majority last)."""
+    lines = [f"stack of {odd.label()} ({odd.sample.where()}):", *stacks.stack_lines(odd.sample)]
+    for group in rest:
+        verb = "wait" if len(group.ranks) > 1 else "waits"
+        mark = " (the majority)" if group is majority and len(rest) > 1 else ""
+        lines.append(f"{group.label()}{mark} {verb} in: {group.sample.where()}")
+    return lines
+
+
+def keep(gathered: stacks.Gathered, folder: Path) -> None:
+    """Write every rank's stack (rank<R>.txt), the folded view (folded.txt) and the JSON (stacks.json)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank in gathered.ranks:
+        text = "\n".join([f"rank {rank.rank} on {rank.node} (pid {rank.pid})", *stacks.stack_lines(rank)])
+        (folder / f"rank{rank.rank}.txt").write_text(text + "\n", encoding="utf-8")
+    (folder / "folded.txt").write_text(stacks.render(gathered) + "\n", encoding="utf-8")
+    (folder / "stacks.json").write_text(json.dumps(stacks.to_json(gathered), indent=2) + "\n", encoding="utf-8")

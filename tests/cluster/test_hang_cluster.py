@@ -1,0 +1,113 @@
+"""Hangs on real hosts (3 namespace hosts x 2 ranks, gloo, CPU): the watchdog's root cause, and `distrun stack`."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import UsageError
+from orchestrator.store import Store
+from tests.cluster.test_launch_cluster import job_procs, output, record, start, wait_for, wait_for_line, write_job
+from tests.helpers import distrun
+
+HANG_WORKER = Path(__file__).parent / "jobs" / "hang_worker.py"
+HANG_TIMEOUT = 15
+
+
+def stored_state(home: Path, job_id: str) -> str | None:
+    """The job's state as its record says now (None before it is recorded)."""
+    path = home / "distrun.db"
+    if not path.exists():
+        return None
+    try:
+        return Store(home).get(job_id).state.value
+    except UsageError:
+        return None
+
+
+@pytest.fixture
+def inv(cluster3, tmp_path) -> Path:
+    return cluster3.write_inventory(tmp_path / "inv.yaml")
+
+
+def test_rank_3_stuck_outside_the_collective_is_named_with_its_function_within_the_bound(cluster3, inv, tmp_path):
+    home = tmp_path / "home"
+    job = write_job(tmp_path, "hang", ["--hang-rank", "3", "--hang-step", "30", "--steps", "100000"],
+                    extra=f"hang_timeout: {HANG_TIMEOUT}\n", script=HANG_WORKER)
+    proc = start(job, inv, home, "hang-1", "--no-live")
+    try:
+        # Stalled from a third of hang_timeout without progress on: in the record, and so in `distrun ps`.
+        assert wait_for(lambda: stored_state(home, "hang-1") == "stalled", 90, every=0.5), output(home, "hang-1")
+        ps = distrun("ps", home=home).stdout
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ended = time.time()
+    out = output(home, "hang-1")
+    assert proc.returncode == 1, out[-3000:]
+    assert re.search(r"^hang-1 +stalled ", ps, re.M), ps
+    began = float(re.search(r"HANG START (\d+\.\d+)", out).group(1))
+    assert ended - began <= HANG_TIMEOUT + 30, f"root cause {ended - began:.1f} s after the hang began"
+    summary = out[out.index("Root Cause"):]
+    assert "host: node1" in summary and "rank: 3" in summary
+    assert "rank 3 on node1 is not where the others wait" in summary
+    assert "load_batch (hang_worker.py:21)" in summary
+    assert re.search(r"ranks 0-2,4-5 wait in: all_reduce .*← main \(hang_worker\.py:37\)", summary), summary
+    root = record(home, "hang-1")["failures"][0]
+    assert (root["kind"], root["host"], root["rank"]) == ("hang", "node1", 3)
+    stacks = home / "jobs" / "hang-1" / "stacks"
+    assert sorted(p.name for p in stacks.glob("rank*.txt")) == [f"rank{r}.txt" for r in range(6)]
+    assert "load_batch" in (stacks / "rank3.txt").read_text()
+    assert all(not procs for procs in job_procs(cluster3, "hang-1").values())
+    print(f"MEASURED hang start to root cause: {ended - began:.1f} s (hang_timeout {HANG_TIMEOUT} s); "
+          f"stack dump of 6 ranks on 3 hosts: {json.loads((stacks / 'stacks.json').read_text())['seconds']} s")
+
+
+def test_stack_folds_the_six_ranks_of_a_healthy_job_into_one_group_and_ps_shows_it_running(cluster3, inv, tmp_path):
+    home = tmp_path / "home"
+    # Each step: a tiny all_reduce, then 2 s of sleep, where every rank is when it is dumped.
+    job = write_job(tmp_path, "healthy", ["--steps", "100000", "--step-time", "2"], script=HANG_WORKER)
+    proc = start(job, inv, home, "ok-1", "--no-live")
+    try:
+        wait_for_line(home, "ok-1", "step 2")
+        began = time.monotonic()
+        done = distrun("stack", "ok-1", "--json", home=home, timeout=60)
+        took = time.monotonic() - began
+        assert done.returncode == 0, done.stderr
+        groups = json.loads(done.stdout)["groups"]
+        assert [(g["ranks"], g["hosts"]) for g in groups] == [(list(range(6)), ["node0", "node1", "node2"])]
+        assert groups[0]["where"] == "main (hang_worker.py:42)"
+        text = distrun("stack", "ok-1", "--node", "node1", home=home, timeout=60).stdout.splitlines()
+        assert text[1] == "ranks 2-3 (on node1)"
+        assert record(home, "ok-1")["state"] == "running"
+    finally:
+        distrun("stop", "ok-1", home=home, timeout=60)
+        proc.wait(timeout=60)
+    assert all(not procs for procs in job_procs(cluster3, "ok-1").values())
+    print(f"MEASURED distrun stack --json, 6 ranks on 3 hosts: {took:.2f} s (the whole command)")
+
+
+def test_a_job_that_prints_only_metrics_lines_is_not_called_hung(cluster3, inv, tmp_path):
+    home = tmp_path / "home"
+    # 25 steps of 1 s: 2.5 times hang_timeout, with rank 0's DISTRUN_METRICS lines as the only output
+    # (after gloo's warnings at init, which arm the watchdog before the first step).
+    job = write_job(tmp_path, "quiet", ["--steps", "25", "--step-time", "1", "--metrics-only"],
+                    extra="hang_timeout: 10\n", script=HANG_WORKER)
+    proc = start(job, inv, home, "quiet-1", "--no-live")
+    try:
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = output(home, "quiet-1")
+    assert proc.returncode == 0, out[-3000:]
+    # It may show stalled for a moment (gloo's first all_reduce connects every pair of ranks), never hung.
+    assert "job hung" not in out and "hang:" not in out
+    rec = record(home, "quiet-1")
+    assert (rec["state"], rec["failures"]) == ("succeeded", [])
+    assert len((home / "jobs" / "quiet-1" / "metrics.jsonl").read_text().splitlines()) == 25

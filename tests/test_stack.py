@@ -1,0 +1,181 @@
+"""`distrun stack` and the hang watchdog: folding, and real py-spy dumps of processes started as a job's ranks.
+
+The ranks here are plain python processes with the environment torchrun and the supervisor give a
+rank (DISTRUN_JOB_ID, DISTRUN_NODE, RANK, LOCAL_RANK), dumped by the real py-spy through the local
+backend: no torch, a second or two. tests/cluster/test_hang_cluster.py runs real torchrun jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.backends.base import for_record
+from orchestrator.errors import InfraError, UsageError
+from orchestrator.failures import Failure, FailureKind
+from orchestrator.stack import (
+    Frame,
+    RankStack,
+    Thread,
+    fold,
+    gather,
+    headlines,
+    parse_frame,
+    parse_host,
+    rank_ranges,
+    render,
+)
+from orchestrator.store import JobRecord, JobState, Store
+from orchestrator.watchdog import Progress, Watchdog, diagnose
+from tests.helpers import distrun
+
+RANK_SCRIPT = """\
+import sys, time
+
+def wait_in_collective():
+    print("ready", flush=True)
+    time.sleep(120)
+
+def load_batch():
+    print("ready", flush=True)
+    time.sleep(120)
+
+(load_batch if sys.argv[1] == "odd" else wait_in_collective)()
+"""
+
+
+def stack_of(rank: int, *frames: tuple[str, str, int], node: str = "node0") -> RankStack:
+    return RankStack(node, rank, 1000 + rank, (Thread("MainThread", tuple(Frame(*f) for f in frames)),))
+
+
+COLLECTIVE = (("all_reduce", "torch/distributed/distributed_c10d.py", 2806), ("train_step", "train.py", 88))
+SLEEP = (("load_batch", "train.py", 40), ("train_step", "train.py", 85))
+
+
+def test_rank_ranges_fold_consecutive_ranks():
+    assert rank_ranges([5, 0, 1, 2, 4, 9]) == "0-2,4-5,9"
+    assert rank_ranges([3]) == "3"
+
+
+def test_the_odd_rank_comes_first_under_its_own_range_and_the_others_under_theirs():
+    ranks = [stack_of(r, *(SLEEP if r == 3 else COLLECTIVE), node=f"node{r // 2}") for r in range(6)]
+    ranks[0] = stack_of(0, (COLLECTIVE[0][0], COLLECTIVE[0][1], COLLECTIVE[0][2], True), COLLECTIVE[1])
+    groups = fold(ranks)
+    assert [g.label() for g in groups] == ["rank 3", "ranks 0-2,4-5"]
+    assert headlines(groups) == ["rank 3: load_batch (train.py:40)",
+                                 "ranks 0-2,4-5: all_reduce ← train_step (train.py:88)"]
+    assert groups[0].hosts() == ["node1"]
+
+
+def test_of_two_ranks_the_one_outside_the_collective_is_the_odd_one():
+    groups = fold([stack_of(0, *COLLECTIVE), stack_of(1, *SLEEP)])
+    assert [g.label() for g in groups] == ["rank 1", "rank 0"]
+
+
+def test_native_frames_are_not_taken_for_the_users_code():
+    stack = RankStack("node0", 3, 1, (Thread("MainThread", (
+        parse_frame({"name": "clock_nanosleep", "filename": "/usr/lib/x86_64-linux-gnu/libc.so.6",
+                     "short_filename": "libc.so.6", "line": 0}),
+        parse_frame({"name": "load_batch", "filename": "/work/train.py", "short_filename": "train.py", "line": 40}),
+    )),))
+    assert stack.where() == "clock_nanosleep ← load_batch (train.py:40)"
+
+
+def test_stacks_that_differ_only_in_addresses_fold_into_one_group():
+    a = stack_of(0, ("0x7f3a2c001234 (libc.so.6)", "libc.so.6", 0), *COLLECTIVE)
+    b = stack_of(1, ("0x7f99aa00ffee (libc.so.6)", "libc.so.6", 0), *COLLECTIVE)
+    assert [g.label() for g in fold([a, b])] == ["ranks 0-1"]
+
+
+def test_a_host_that_found_ranks_but_has_no_pyspy_says_how_to_install_it():
+    with pytest.raises(InfraError, match=r"node2: py-spy is not installed .* \(pip install py-spy"):
+        parse_host("node2", json.dumps({"pyspy": None, "ranks": [{"rank": 4, "local_rank": 0, "pid": 7}]}))
+
+
+def test_watchdog_is_stalled_after_a_third_of_the_timeout_and_hung_after_all_of_it():
+    dog = Watchdog(15.0, lambda: 100.0)
+    assert [dog.check(now) for now in (104.9, 105.0, 114.9, 115.0)] == [
+        Progress.MOVING, Progress.STALLED, Progress.STALLED, Progress.HUNG]
+    assert Watchdog(None, lambda: 0.0).check(1e9) is Progress.MOVING
+    assert Watchdog(15.0, lambda: None).check(1e9) is Progress.MOVING  # armed by the first line only
+
+
+def test_a_hang_failure_keeps_its_stack_through_the_record():
+    failure = Failure("node1", FailureKind.HANG, rank=3, reason="hang: no progress", stack=("stack of rank 3:",))
+    again = Failure.from_dict(json.loads(json.dumps(failure.to_dict())))
+    assert again == failure
+    assert "  stack of rank 3:" in again.render().splitlines()
+
+
+@pytest.fixture
+def ranks(tmp_path: Path) -> Iterator[tuple[Store, JobRecord]]:
+    """Four processes recorded as the ranks of a running local job; rank 3 is elsewhere than 0-2."""
+    script = tmp_path / "train.py"
+    script.write_text(RANK_SCRIPT)
+    store = Store(tmp_path / "home")
+    rec = JobRecord(id="stk-1", name="stk", spec_path="x.yaml", inventory="<built-in>", hosts=["localhost"],
+                    backend="local", state=JobState.RUNNING)
+    store.save(rec)
+    procs = []
+    for rank in range(4):
+        env = {**os.environ, "DISTRUN_JOB_ID": rec.id, "DISTRUN_NODE": "localhost", "RANK": str(rank),
+               "LOCAL_RANK": str(rank)}
+        procs.append(subprocess.Popen([sys.executable, str(script), "odd" if rank == 3 else "even"], env=env,
+                                      stdout=subprocess.PIPE, text=True))
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        yield store, rec
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_gather_dumps_every_rank_of_the_job_with_pyspy_and_folds_the_odd_one_first(ranks):
+    store, rec = ranks
+    gathered = gather(for_record(store, rec), rec)
+    assert gathered.failed == {}
+    assert [r.rank for r in gathered.ranks] == [0, 1, 2, 3]
+    text = render(gathered).splitlines()
+    assert text[1] == "rank 3 (on localhost)"
+    assert "    load_batch (train.py:9)" in text
+    assert "ranks 0-2 (on localhost)" in text
+
+
+def test_gather_refuses_a_node_the_job_did_not_run_on(ranks):
+    store, rec = ranks
+    with pytest.raises(UsageError, match="--node node7: job stk-1 ran on localhost"):
+        gather(for_record(store, rec), rec, ["node7"])
+
+
+def test_diagnose_names_the_odd_rank_shows_its_stack_and_where_the_others_wait_and_keeps_every_stack(ranks):
+    store, rec = ranks
+    job_dir = store.job_dir(rec.id)
+    failure = diagnose(for_record(store, rec), rec, job_dir, 15, {"localhost": "127.0.0.1"})
+    assert (failure.kind, failure.host, failure.rank, failure.address) == (FailureKind.HANG, "localhost", 3,
+                                                                           "127.0.0.1")
+    assert failure.reason == ("hang: no progress from any rank for 15 s; rank 3 on localhost is not where "
+                              "the others wait")
+    assert failure.stack[0] == "stack of rank 3 (load_batch (train.py:9)):"
+    assert failure.stack[-1] == "ranks 0-2 wait in: wait_in_collective (train.py:5)"
+    kept = sorted(p.name for p in job_dir.stacks.iterdir())
+    assert kept == ["folded.txt", "rank0.txt", "rank1.txt", "rank2.txt", "rank3.txt", "stacks.json"]
+    assert "load_batch (train.py:9)" in (job_dir.stacks / "rank3.txt").read_text()
+
+
+def test_stack_of_a_finished_job_is_refused_in_one_line(tmp_path: Path):
+    store = Store(tmp_path)
+    store.save(JobRecord(id="old-1", name="old", spec_path="x.yaml", inventory="<built-in>", hosts=["localhost"],
+                         backend="local", state=JobState.FAILED))
+    done = distrun("stack", "old-1", home=tmp_path, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"distrun: error: job old-1 is failed: only a running job's ranks have stacks (a hang's are kept in "
+        f"{tmp_path / 'jobs' / 'old-1' / 'stacks'})"]
