@@ -41,7 +41,7 @@ from orchestrator.store import JobRecord, JobState, Store, new_job_id
 
 DETACH_WAIT = 120.0
 PS_LIMIT = 20
-STATE_COLOURS = {"succeeded": 32, "failed": 31, "running": 36, "pending": 36, "stopped": 33, "lost": 33}
+STATE_COLOURS = {"succeeded": 32, "failed": 31, "running": 36, "pending": 36, "stopped": 33, "lost": 33, "stalled": 33}
 
 EPILOG = """\b
 Exit codes:

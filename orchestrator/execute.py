@@ -16,6 +16,9 @@ the terminal) are shown as text, `\x1b`; `--json` keeps the output exact, JSON-e
 - `error`: null when the command ran to its end, whatever its exit status; otherwise one
   line saying why not (unreachable, authentication failed, host key, timed out).
 
+The command runs under remote/guard.py in the host's python: after `--timeout`, Ctrl-C or a
+dropped connection, it ends with every process it started (no pty ends a remote command).
+
 Exit status: 3 when any host could not be reached or logged into, whatever the others did
 (the answer is incomplete); else 1 when the command failed on any host (non-zero exit, or
 it ran past `--timeout`); else 0.
@@ -32,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from orchestrator import remote
 from orchestrator.display import HostOutput, failure_summary, gather, render_blocks
 from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
 from orchestrator.group import Group, without_host
@@ -44,6 +48,7 @@ from orchestrator.transport import RemoteProcess, Transport
 from orchestrator.transport.base import ConnectError, reach_hint
 
 STOP_WAIT = 5.0  # after --timeout, how long a stopped command may take to report
+GUARD_MODULES = ["leader", "guard"]
 
 
 @dataclass(frozen=True)
@@ -139,11 +144,10 @@ def run_on_all(nodes: Sequence[NodeSpec], argv: Sequence[str], timeout: float | 
 
 def _run_on(transport: Transport, argv: Sequence[str], timeout: float | None, running: _Running) -> HostResult:
     node = transport.node
-    proc = running.add(transport.start(argv))
+    proc = running.add(start_guarded(transport, argv))
     out: list[str] = []
     errs: list[str] = []
     proc.stream(out.append, errs.append)
-    proc.close_stdin()
     rc = proc.wait(timeout)
     if rc is None:
         proc.terminate()
@@ -151,6 +155,20 @@ def _run_on(transport: Transport, argv: Sequence[str], timeout: float | None, ru
         return HostResult(node.name, node.host, None, "\n".join(out), "\n".join(errs),
                           error=f"{node.name}: timed out after {timeout:g} s", failure="timed out")
     return HostResult.finished(node, rc, "\n".join(out), "\n".join(errs))
+
+
+def start_guarded(transport: Transport, argv: Sequence[str]) -> RemoteProcess:
+    """Start `argv` on the host under remote/guard.py: the command and its process group end
+    when this command's channel closes (`terminate`, Ctrl-C, a dropped connection), which a
+    command run over SSH without a pty would not. Its stdin stays open: its end is that signal.
+
+    Raises:
+        InfraError: the command could not be started.
+    """
+    payload = remote.bundle("guard", GUARD_MODULES)
+    proc = transport.start(remote.bootstrap_argv(transport.node.python, payload, f"{STOP_WAIT:g}", *argv))
+    proc.write(payload)
+    return proc
 
 
 def _as_result(node: NodeSpec, outcome: HostResult | Exception) -> HostResult:

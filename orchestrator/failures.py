@@ -85,11 +85,16 @@ class Failure:
         return cls(host, FailureKind.EXIT, exit_code=returncode, **fields)
 
     def describe(self) -> str:
-        """What happened, in a few words: "exit code 1", "killed by signal SIGKILL", or the reason."""
+        """What happened, in a few words: "exit code 1", "killed by SIGSEGV", or the reason.
+
+        A SIGKILL is most often the kernel's OOM killer; when nothing tells more (no `reason`),
+        the words say so as a question: "killed by SIGKILL (out of memory?)".
+        """
         if self.kind is FailureKind.EXIT:
             return f"exit code {self.exit_code}"
         if self.kind is FailureKind.SIGNAL:
-            return f"killed by signal {self.signal}"
+            why = self.reason or ("out of memory?" if self.signal == "SIGKILL" else "")
+            return f"killed by {self.signal}" + (f" ({why})" if why else "")
         return self.reason or self.kind.value
 
     def brief(self) -> str:
@@ -140,6 +145,15 @@ class Failure:
             time=float(data.get("time") or 0.0), after_final=bool(data.get("after_final")),
             barrier_hosts=tuple(data.get("barrier_hosts") or ()), stack=tuple(data.get("stack") or ()),
         )
+
+
+def oom_reason(oom_kills: int | None) -> str:
+    """What a host's count of kernel OOM kills during the job says about a SIGKILL ("" when unknown)."""
+    if oom_kills is None:
+        return ""
+    if oom_kills > 0:
+        return f"out of memory: the kernel's OOM killer ended {oom_kills} process(es) on the host during the job"
+    return "not the kernel's OOM killer: no OOM kill on the host during the job"
 
 
 def signal_name(number: int) -> str:

@@ -9,20 +9,22 @@ leads with the root cause (failures.root_cause), as torch elastic's does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator import backends, telemetry
 from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, terminal_for
-from orchestrator.errors import ExitCode
-from orchestrator.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, failed_summary, root_cause
+from orchestrator.errors import DistrunError, ExitCode, InfraError
+from orchestrator.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, failed_summary, oom_reason, root_cause
 from orchestrator.interrupts import on_signals
 from orchestrator.logs import LogSink
 from orchestrator.plan import HostPlan, LaunchPlan
@@ -35,6 +37,11 @@ from orchestrator.watchdog import Progress, Watchdog, diagnose
 
 HEARTBEAT_EVERY = 1.0
 POLL = 0.05
+# A pause this long in the controller's own loop means it was stopped (SIGSTOP) or starved:
+# hosts' silence is then counted from when it woke, not blamed on them.
+FREEZE_GAP = 2.0
+# What a supervisor says when it ends the job because the controller asked it to.
+STOP_REQUESTED = "stopped by the controller"
 SETTLE = 1.5  # after a first failure, how long to wait for its peers' failures before blaming one
 EXIT_WAIT = 10.0  # beyond the stop grace, how long stopped hosts get to report their exit
 SUMMARY_LINES = 20
@@ -100,9 +107,25 @@ def execute(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Finished:
         started = backend.submit(ctx, plan)
         if started is None:
             return Finished(ctx.store.get(ctx.job_id).exit_code or 0)
-        launcher = Launcher(backend, ctx, started)
+        launcher = _launcher(backend, ctx, started)
         code = launcher.run()
     return Finished(code, launcher.final_metrics)
+
+
+def _launcher(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Launcher:
+    """The launcher of a recorded job, its files open; nothing has started on the hosts yet.
+
+    Raises:
+        InfraError: the job's files could not be opened (a full disk); the record says so.
+    """
+    try:
+        return Launcher(backend, ctx, plan)
+    except OSError as exc:
+        error = InfraError(f"cannot write the job's files into {ctx.store.job_dir(plan.job_id).root}: "
+                           f"{exc.strerror or exc} (free space under DISTRUN_HOME, or point DISTRUN_HOME elsewhere)")
+        with contextlib.suppress(DistrunError):
+            ctx.store.end(plan.job_id, JobState.FAILED, int(error.exit_code), f"job {plan.job_id} not started: {error}")
+        raise error from exc
 
 
 # ---------------------------------------------------------------- one host
@@ -124,7 +147,10 @@ class HostRun:
     last_progress: float | None = None  # when a rank's line (not torchrun's own) last arrived; None: none yet
     exit_rc: int | None = None
     exit_error: str | None = None
+    exit_reason: str | None = None  # why the supervisor ended the job itself, if it did
+    oom_kills: int | None = None  # the kernel's OOM kills on the host during the job, as its supervisor counted
     exit_time: float | None = None  # when the exit event arrived (time.time())
+    link_up: Callable[[], bool] | None = None  # whether the connection to the host still works (backend's)
     stop_sent: bool = False  # the controller asked this host to stop (before or after its exit)
     workers_at_stop: int | None = None  # the job's processes besides torchrun when the stop came (see supervisor)
     failed_attempts: int = 0
@@ -183,6 +209,8 @@ class HostRun:
             self.exit_time = time.time()
             self.exit_rc = int(event.get("rc", 1))
             self.exit_error = event.get("error")
+            self.exit_reason = event.get("reason")
+            self.oom_kills = event.get("oom_kills")
             self.workers_at_stop = event.get("workers_at_stop")
             if self.exit_error:
                 self.sink.note(self.node, self.exit_error)
@@ -202,26 +230,52 @@ class HostRun:
     def channel_closed(self) -> bool:
         return self.proc is not None and self.proc.wait(0) is not None and not self.exited.is_set()
 
+    def silent_for(self, awake_since: float = 0.0) -> float:
+        """Seconds since anything came from the host, counted only while the controller was awake."""
+        return time.monotonic() - max(self.last_seen, awake_since)
+
+    def reporting(self, lost_after: float, awake_since: float = 0.0) -> bool:
+        """Whether the host may still report its exit: not ended, its channel open, not silent."""
+        return not self.exited.is_set() and not self.channel_closed() and self.silent_for(awake_since) <= lost_after
+
     def last_lines(self, rank: int | None) -> tuple[str, ...]:
         """The last SUMMARY_LINES lines of a rank of this host, else of the host itself."""
         if rank is not None and rank in self.sink.rank_tail:
             return tuple(list(self.sink.rank_tail[rank])[-SUMMARY_LINES:])
         return tuple(list(self.sink.node_tail.get(self.node, []))[-SUMMARY_LINES:])
 
-    def failure(self, lost_after: float) -> Failure | None:
-        """This host's failure as seen now: a non-zero exit, a closed channel, or silence; else None."""
+    def failure(self, lost_after: float, awake_since: float = 0.0) -> Failure | None:
+        """This host's failure as seen now: a non-zero exit, a stop its supervisor decided alone,
+        a closed channel, or silence (counted from `awake_since`); else None."""
         if self.exited.is_set():
-            if not self.exit_rc:
-                return None
-            rc = self.root_exit or self.exit_rc
-            return Failure.from_returncode(self.node, rc, rank=self.root_rank, reason=self.exit_error or "",
-                                           address=self.plan.host, last_lines=self.last_lines(self.root_rank),
-                                           time=self.exit_time or time.time())
+            return self._exit_failure()
         if self.channel_closed():
-            return self.lost("connection to the host closed")
-        if time.monotonic() - self.last_seen > lost_after:
+            return self.lost(self._closed_reason())
+        if self.silent_for(awake_since) > lost_after:
             return self.lost(f"host lost: nothing heard for {lost_after:g} s (network cut or host down)")
         return None
+
+    def _exit_failure(self) -> Failure | None:
+        if self.ended_itself:
+            return Failure(self.node, FailureKind.INFRA, reason=f"its supervisor ended the job: {self.exit_reason}",
+                           address=self.plan.host, last_lines=self.last_lines(None),
+                           time=self.exit_time or time.time())
+        if not self.exit_rc:
+            return None
+        rc = self.root_exit or self.exit_rc
+        reason = self.exit_error or (oom_reason(self.oom_kills) if rc == -signal.SIGKILL else "")
+        return Failure.from_returncode(self.node, rc, rank=self.root_rank, reason=reason, address=self.plan.host,
+                                       last_lines=self.last_lines(self.root_rank), time=self.exit_time or time.time())
+
+    @property
+    def ended_itself(self) -> bool:
+        """The supervisor ended the job without being asked (the controller's heartbeat stopped, a signal)."""
+        return bool(self.exit_reason) and not self.stop_sent and self.exit_reason != STOP_REQUESTED
+
+    def _closed_reason(self) -> str:
+        if self.link_up is not None and self.link_up():
+            return "its supervisor ended without reporting an exit (killed?); the connection to the host is up"
+        return "connection to the host closed"
 
     def lost(self, reason: str, kind: FailureKind = FailureKind.LOST) -> Failure:
         """A failure of this host that it did not report itself."""
@@ -231,6 +285,8 @@ class HostRun:
         """How the host ended, for the summary's `Other hosts` line."""
         if self.stop_sent and self.exited.is_set():
             return STOPPED_BY_DISTRUN
+        if self.exited.is_set() and self.ended_itself:
+            return f"its supervisor ended the job: {self.exit_reason}"
         if self.exit_rc is None:
             return "no exit status"
         if self.exit_rc < 0:
@@ -263,6 +319,10 @@ class Launcher:
         self.telemetry_file = self.dir.open(self.dir.telemetry, "a", encoding="utf-8")  # closed in run()
         self.wake = threading.Event()
         self.hosts = [HostRun(h, self.sink, self._on_telemetry, wake=self.wake) for h in plan.hosts]
+        self.awake_since = 0.0  # when the controller last woke from a freeze (monotonic; 0: never froze)
+        self.ended = threading.Event()
+        self.heartbeat = threading.Thread(target=self._heartbeats, daemon=True)
+        self.stopped_hosts = False
         self.last_metrics: dict[str, Any] | None = None
         self.final_metrics: dict[str, Any] | None = None
         self.watchdog = Watchdog(plan.hang_timeout, self._last_progress)
@@ -296,24 +356,58 @@ class Launcher:
         with self.telemetry_lock:
             self.record.alerts.append(alert.record())
             alerts = list(self.record.alerts)
-        self.store.update(self.plan.job_id, alerts=alerts)
+        try:
+            self.store.update(self.plan.job_id, alerts=alerts)
+        except DistrunError as exc:
+            self.sink.note(alert.node, f"warning: alert not recorded: {exc}")
 
     def _running(self, node: str) -> bool:
         return any(h.node == node and not h.exited.is_set() for h in self.hosts)
 
     def run(self) -> int:
-        """Start every host, follow the job to its end, stop what is left; the exit code."""
+        """Start every host, follow the job to its end, stop what is left; the exit code.
+
+        Whatever fails in the controller on the way, every host still running is stopped before
+        the error goes on.
+        """
         try:
             self.monitor.start()
             return self._run()
+        except BaseException as exc:
+            if not self.stopped_hosts:
+                self._stop_all(f"distrun failed: {type(exc).__name__}: {exc}")
+            raise
         finally:
+            self.ended.set()
             self.monitor.stop()
             self.sink.close()
             self.telemetry_file.close()
 
+    def _heartbeats(self) -> None:
+        """Heartbeat every host each HEARTBEAT_EVERY seconds, apart from the run loop, so that a
+        slow database or terminal never silences the controller; a longer pause means this
+        process was frozen (see `_woke`)."""
+        last = time.monotonic()
+        while not self.ended.wait(HEARTBEAT_EVERY):
+            last = self._woke(last)
+            for host in self.hosts:
+                host.send({"op": "hb"})
+
+    def _woke(self, last: float) -> float:
+        """Note a pause since `last` longer than FREEZE_GAP (the controller was stopped or starved):
+        the hosts' silence is counted from now. Returns now."""
+        now = time.monotonic()
+        if now - last > FREEZE_GAP:
+            self.awake_since = now
+        return now
+
     def _run(self) -> int:
         failed = self.backend.start(self)
-        self.store.update(self.plan.job_id, state=JobState.RUNNING)
+        self.heartbeat.start()
+        try:
+            self.store.update(self.plan.job_id, state=JobState.RUNNING)
+        except DistrunError as exc:
+            self.sink.note(self.hosts[0].node, f"warning: the job's record still says pending: {exc}")
         if not failed:
             failed = self._watch()
         if self.interrupted is not None:
@@ -333,13 +427,9 @@ class Launcher:
             The failures seen (the first and those that followed it within SETTLE seconds),
             in host order; [] when every host ended well or distrun was interrupted.
         """
-        next_hb = 0.0
+        last = time.monotonic()
         while self.interrupted is None:
-            now = time.monotonic()
-            if now >= next_hb:
-                for host in self.hosts:
-                    host.send({"op": "hb"})
-                next_hb = now + HEARTBEAT_EVERY
+            last = self._woke(last)
             failed = self.backend.failures(self)
             if failed:
                 return self._settle(failed)
@@ -400,6 +490,7 @@ class Launcher:
 
     def _stop_all(self, reason: str) -> None:
         """Have the backend end every host still running, each told why in its log."""
+        self.stopped_hosts = True
         live = [h for h in self.hosts if not h.exited.is_set()]
         for host in live:
             self.sink.note(host.node, f"stopping ({reason})")
@@ -415,8 +506,12 @@ class Launcher:
         mask = Masker(self.plan.secrets.values())
         detail = mask.text("\n".join([detail, *extra, *telemetry.summary_lines(self.record.alerts)]))
         restarts = max((h.restarts for h in self.hosts), default=0)
-        self.store.end(self.plan.job_id, state, code, detail, restarts=restarts,
-                       failures=[_masked(f, mask).to_dict() for f in failures or []])
+        try:
+            self.store.end(self.plan.job_id, state, code, detail, restarts=restarts,
+                           failures=[_masked(f, mask).to_dict() for f in failures or []])
+        except DistrunError as exc:
+            # The hosts are stopped and the summary is known: say it, and why it is not recorded.
+            detail += f"\ndistrun: warning: the job's end is not recorded: {exc}"
         self.sink.summary(detail)
         self._say(detail)
         return code

@@ -14,7 +14,13 @@ from typing import Any
 from orchestrator import remote
 from orchestrator.errors import UsageError
 from orchestrator.facts import HostFacts
-from orchestrator.spec.model import DEFAULT_SYNC_MAX_SIZE, JobSpec, NodeSpec
+from orchestrator.spec.model import (
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_STOP_GRACE,
+    DEFAULT_SYNC_MAX_SIZE,
+    JobSpec,
+    NodeSpec,
+)
 
 DEFAULT_PORT = 29500
 CPU_NPROC = 2
@@ -52,8 +58,8 @@ class LaunchPlan:
     nnodes: int
     hosts: list[HostPlan]
     secrets: dict[str, str] = field(repr=False, compare=False)
-    heartbeat_timeout: float = 15.0
-    stop_grace: float = 5.0
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
+    stop_grace: float = DEFAULT_STOP_GRACE
     hang_timeout: float | None = None  # no progress from any rank for this long: a hang (None: off)
     telemetry_interval: float | None = 2.0
     sync: bool = False

@@ -15,13 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import remote
 from orchestrator.errors import InfraError, UsageError, one_line
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Backend
     from orchestrator.store import JobRecord
 
-STACK_MODULES = ["output", "supervisor", "pyspy", "stack"]
+# What `stack` runs on a host, dependencies first: it finds the ranks as the supervisor does.
+STACK_MODULES = [*remote.SUPERVISOR_IMPORTS, "supervisor", "pyspy", "stack"]
 # A dump of every rank of a host takes well under this; py-spy itself gives up on a rank after 20 s.
 GATHER_TIMEOUT = 40.0
 ADDRESS = re.compile(r"0x[0-9a-fA-F]+")

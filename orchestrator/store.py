@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import sqlite3
 import stat
 import time
@@ -24,7 +25,7 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
-from orchestrator.errors import UsageError
+from orchestrator.errors import InfraError, UsageError
 from orchestrator.remote.private import FILE_MODE, make_private_dirs, open_private, write_private
 
 
@@ -39,7 +40,11 @@ class JobState(str, Enum):
 
     @property
     def finished(self) -> bool:
-        return self not in (JobState.PENDING, JobState.RUNNING, JobState.STALLED)
+        return self not in UNFINISHED
+
+
+# A record's state moves only out of these: once a job's end is recorded, nothing overwrites it.
+UNFINISHED = (JobState.PENDING, JobState.RUNNING, JobState.STALLED)
 
 
 @dataclass
@@ -52,6 +57,8 @@ class JobRecord:
         detail: The summary people read (also in the job directory's summary.txt).
         failures: `Failure.to_dict()` of each failure, the root cause first; [] when none.
         alerts: Telemetry alerts raised while the job ran.
+        controller_start: When the controller process started (`process_start`): with
+            `controller_pid`, the identity of the controller; a reused pid has another start.
         internal: A run distrun made for itself (doctor --bandwidth's all-reduce): never `last`,
             listed only by `ps --all`.
         command: The `distrun launch` arguments that start the job again on the same hosts
@@ -76,6 +83,7 @@ class JobRecord:
     detail: str = ""
     alerts: list[str] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
+    controller_start: str | None = None
     internal: bool = False
     command: list[str] = field(default_factory=list)
 
@@ -93,9 +101,12 @@ class JobRecord:
 
 _COLUMNS = ("id", "name", "spec_path", "inventory", "hosts", "master_addr", "master_port", "backend",
             "state", "started", "ended", "exit_code", "controller_pid", "restarts", "backend_ref",
-            "detail", "alerts", "failures", "internal", "command")
+            "detail", "alerts", "failures", "controller_start",
+            "internal", "command")
 _JSON_COLUMNS = ("hosts", "alerts", "failures", "command")
 AMBIGUOUS_SHOWN = 8
+
+BUSY_TIMEOUT = 30.0  # seconds a write waits for another process's lock on the database
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -103,15 +114,18 @@ CREATE TABLE IF NOT EXISTS jobs (
     master_addr TEXT, master_port INTEGER, backend TEXT, state TEXT NOT NULL,
     started REAL NOT NULL, ended REAL, exit_code INTEGER, controller_pid INTEGER,
     restarts INTEGER DEFAULT 0, backend_ref TEXT, detail TEXT DEFAULT '', alerts TEXT DEFAULT '[]',
-    failures TEXT DEFAULT '[]', internal INTEGER DEFAULT 0,
+    failures TEXT DEFAULT '[]', controller_start TEXT, internal INTEGER DEFAULT 0,
     command TEXT DEFAULT '[]'
 )
 """
 # Columns renamed since a release wrote them: old name -> new name.
 _RENAMED = {"slurm_id": "backend_ref"}
 # Columns added since the first release: name -> its definition.
-_ADDED = {"failures": "TEXT DEFAULT '[]'", "internal": "INTEGER DEFAULT 0",
+_ADDED = {"failures": "TEXT DEFAULT '[]'", "controller_start": "TEXT", "internal": "INTEGER DEFAULT 0",
           "command": "TEXT DEFAULT '[]'"}
+
+
+ID_RANDOM_BYTES = 3
 
 
 def distrun_home() -> Path:
@@ -119,9 +133,14 @@ def distrun_home() -> Path:
 
 
 def new_job_id(name: str, now: float | None = None) -> str:
-    """A readable, unique id: `resnet50-20261121-143012-a3f9`."""
+    """A readable id, unique in practice: `resnet50-20261121-143012-a3f9c2`.
+
+    24 random bits on a 1-second stamp: two launches of one job name in the same second
+    collide once in about 16 million. `Store.save` refuses an id already recorded, so a
+    collision is an error, never an overwritten record.
+    """
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now or time.time()))
-    return f"{name}-{stamp}-{secrets.token_hex(2)}"
+    return f"{name}-{stamp}-{secrets.token_hex(ID_RANDOM_BYTES)}"
 
 
 class JobDir:
@@ -163,12 +182,25 @@ class JobDir:
         """Where a hang's stacks are kept: rank<R>.txt for each rank, folded.txt, stacks.json."""
         return self.root / "stacks"
 
+    @property
+    def end(self) -> Path:
+        """How the job ended, as its controller recorded it (written before the database is)."""
+        return self.root / "end.json"
+
     def write_plan(self, plan: dict[str, Any], facts: dict[str, Any] | None = None) -> None:
-        """plan.json (the plan with its secrets masked) and, when given, facts.json (what each host's probe found)."""
-        self.create()
-        write_private(self.plan, json.dumps(plan, indent=2) + "\n")
-        if facts is not None:
-            write_private(self.facts, json.dumps(facts, indent=2) + "\n")
+        """plan.json (the plan with its secrets masked) and, when given, facts.json (what each host's probe found).
+
+        Raises:
+            InfraError: the files could not be written (a full disk): nothing was started.
+        """
+        try:
+            self.create()
+            write_private(self.plan, json.dumps(plan, indent=2) + "\n")
+            if facts is not None:
+                write_private(self.facts, json.dumps(facts, indent=2) + "\n")
+        except OSError as exc:
+            raise InfraError(f"cannot write the job's files into {self.root}: {exc.strerror or exc} "
+                             "(free space under DISTRUN_HOME, or point DISTRUN_HOME elsewhere)") from exc
 
     def node_log(self, node: str) -> Path:
         return self.root / "nodes" / f"{node}.log"
@@ -207,12 +239,22 @@ class Store:
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.db_path, timeout=30)
+        """A short connection in one transaction.
+
+        Raises:
+            InfraError: the database stayed locked by another process for BUSY_TIMEOUT seconds,
+                or cannot be written (a full disk).
+        """
         try:
-            with db:
-                yield db
-        finally:
-            db.close()
+            db = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT)
+            try:
+                with db:
+                    yield db
+            finally:
+                db.close()
+        except sqlite3.OperationalError as exc:
+            raise InfraError(f"job database {self.db_path}: {exc} (another process may hold it, or its disk "
+                             "is full)") from exc
 
     def _migrate(self) -> None:
         """Bring a database written by an older distrun up to `_SCHEMA`.
@@ -220,7 +262,7 @@ class Store:
         Two processes may open an old database at once: the first takes the write lock
         (BEGIN IMMEDIATE) and migrates; the second then finds nothing left to do.
         """
-        db = sqlite3.connect(self.db_path, timeout=30, isolation_level=None)
+        db = sqlite3.connect(self.db_path, timeout=BUSY_TIMEOUT, isolation_level=None)
         try:
             if set(_RENAMED.values()) | set(_ADDED) <= self._columns(db):
                 return
@@ -244,24 +286,64 @@ class Store:
         return JobDir(self.home / "jobs" / job_id)
 
     def save(self, rec: JobRecord) -> None:
+        """Record a new job.
+
+        Raises:
+            UsageError: a job with this id is already recorded (records are never replaced).
+            InfraError: the database could not be written.
+        """
         row = (rec.id, rec.name, rec.spec_path, rec.inventory, json.dumps(rec.hosts), rec.master_addr,
                rec.master_port, rec.backend, rec.state.value, rec.started, rec.ended, rec.exit_code,
                rec.controller_pid, rec.restarts, rec.backend_ref, rec.detail, json.dumps(rec.alerts),
-               json.dumps(rec.failures), int(rec.internal), json.dumps(rec.command))
+               json.dumps(rec.failures), rec.controller_start, int(rec.internal), json.dumps(rec.command))
         marks = ",".join("?" * len(_COLUMNS))
-        with self._connect() as db:
-            db.execute(f"INSERT OR REPLACE INTO jobs ({','.join(_COLUMNS)}) VALUES ({marks})", row)
+        try:
+            with self._connect() as db:
+                db.execute(f"INSERT INTO jobs ({','.join(_COLUMNS)}) VALUES ({marks})", row)
+        except sqlite3.IntegrityError:
+            raise UsageError(f"job id {rec.id} is already recorded (see `distrun ps --all`; choose another id)") \
+                from None
 
-    def update(self, job_id: str, **fields: Any) -> None:
-        """Set some fields of a record (enum and list values are stored as the record does)."""
+    def update(self, job_id: str, **fields: Any) -> bool:
+        """Set some fields of a record (enum and list values are stored as the record does).
+
+        A `state` is set only on a record that is still pending or running (with the other
+        fields of the same call): a recorded end is never overwritten, whoever comes later.
+
+        Returns:
+            Whether the record was changed.
+
+        Raises:
+            InfraError: the database could not be written.
+        """
+        return self._set(job_id, UNFINISHED if "state" in fields else None, fields)
+
+    def settle_lost(self, job_id: str, state: JobState, **fields: Any) -> bool:
+        """Set the final state of a job recorded as pending, running or lost (its controller died
+        and how it ended was unknown): `distrun stop` ended it on its hosts, or its scheduler says.
+
+        Returns:
+            Whether the record was changed.
+        """
+        return self._set(job_id, (*UNFINISHED, JobState.LOST), {"state": state, **fields})
+
+    def _set(self, job_id: str, only_from: tuple[JobState, ...] | None, fields: dict[str, Any]) -> bool:
         values = [json.dumps(v) if isinstance(v, list) else (v.value if isinstance(v, Enum) else v)
                   for v in fields.values()]
         sets = ",".join(f"{k}=?" for k in fields)
+        where, args = "id=?", [job_id]
+        if only_from is not None:
+            where += f" AND state IN ({','.join('?' * len(only_from))})"
+            args += [s.value for s in only_from]
         with self._connect() as db:
-            db.execute(f"UPDATE jobs SET {sets} WHERE id=?", [*values, job_id])
+            return db.execute(f"UPDATE jobs SET {sets} WHERE {where}", [*values, *args]).rowcount > 0
 
-    def end(self, job_id: str, state: JobState, exit_code: int, detail: str, **fields: Any) -> None:
-        """Record how a job ended and write its summary.txt (the same `detail`).
+    def end(self, job_id: str, state: JobState, exit_code: int, detail: str, **fields: Any) -> bool:
+        """Record how a job ended: summary.txt and end.json in its directory first, then the record.
+
+        The files come first so that an end the database could not take (locked by another
+        process, a full disk) is still known: `recorded_end` reads it back, and `ps` then
+        settles the record from it once its controller is gone.
 
         Args:
             job_id: The job.
@@ -269,11 +351,40 @@ class Store:
             exit_code: What its controller exits with.
             detail: The summary people read.
             fields: Other fields to set (e.g. failures, restarts).
+
+        Returns:
+            Whether the record took the end (False: it had ended already).
+
+        Raises:
+            InfraError: the database could not be written (the files may have been).
         """
-        self.update(job_id, state=state, exit_code=exit_code, ended=time.time(), detail=detail, **fields)
+        values = {"state": state.value, "exit_code": exit_code, "ended": time.time(), "detail": detail, **fields}
         job_dir = self.job_dir(job_id)
-        make_private_dirs(job_dir.root)
-        write_private(job_dir.summary, detail + "\n")
+        problems = []
+        try:
+            make_private_dirs(job_dir.root)
+            write_private(job_dir.summary, detail + "\n")
+            _write_atomically(job_dir.end, json.dumps(values) + "\n")
+        except OSError as exc:
+            problems.append(f"cannot write into {job_dir.root}: {exc.strerror or exc}")
+        try:
+            changed = self.update(job_id, **{**values, "state": state})
+        except InfraError as exc:
+            problems.append(str(exc))
+            changed = False
+        if problems:
+            raise InfraError(f"the end of job {job_id} is not recorded: {'; '.join(problems)}")
+        return changed
+
+    def recorded_end(self, job_id: str) -> dict[str, Any] | None:
+        """The end a controller wrote into the job's directory (`end`), or None when it wrote none."""
+        try:
+            data = json.loads(self.job_dir(job_id).end.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(data, dict) or data.get("state") not in {s.value for s in JobState}:
+            return None
+        return {key: value for key, value in data.items() if key in _COLUMNS and key != "id"}
 
     def list(self, limit: int | None = None, *, internal: bool = False) -> list[JobRecord]:
         """Records, newest first.
@@ -379,12 +490,62 @@ def _record(row: tuple[Any, ...]) -> JobRecord:
     return JobRecord(**data)
 
 
-def controller_alive(rec: JobRecord) -> bool:
-    """Whether the process recorded as the job's controller still runs distrun."""
-    if not rec.controller_pid:
-        return False
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    write_private(tmp, text)
+    os.replace(tmp, path)
+
+
+def process_start(pid: int) -> str | None:
+    """When process `pid` started, as `<boot id>:<clock ticks since boot>`; None when it is gone.
+
+    With the pid, it names one process: a pid reused later has another start, and the
+    boot id tells ticks of one boot from another's.
+    """
     try:
-        cmdline = Path(f"/proc/{rec.controller_pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()
+    return f"{boot}:{fields[19]}" if len(fields) > 19 else None
+
+
+def controller_alive(rec: JobRecord) -> bool:
+    """Whether the job's controller still runs: the recorded pid is alive and started when the
+    recorded controller did. A record without a start (an older distrun's) names no process
+    that can be told apart from a reused pid, so its controller counts as gone."""
+    if not rec.controller_pid or not rec.controller_start:
+        return False
+    return process_start(rec.controller_pid) == rec.controller_start
+
+
+def signal_controller(rec: JobRecord, signum: int = signal.SIGTERM) -> bool:
+    """Send `signum` to the job's controller if, and only if, it is the recorded process.
+
+    The pid is pinned with a pidfd before its start time is compared, so a pid that is reused
+    between the check and the signal cannot receive it (where pidfds exist: Linux 5.3+).
+
+    Returns:
+        Whether the controller was signalled.
+    """
+    if not controller_alive(rec) or rec.controller_pid is None:
+        return False
+    pidfd_open = getattr(os, "pidfd_open", None)
+    send = getattr(signal, "pidfd_send_signal", None)
+    try:
+        if pidfd_open is None or send is None:
+            os.kill(rec.controller_pid, signum)
+            return True
+        fd = pidfd_open(rec.controller_pid)
     except OSError:
         return False
-    return b"orchestrator" in cmdline or b"distrun" in cmdline
+    try:
+        if process_start(rec.controller_pid) != rec.controller_start:
+            return False
+        send(fd, signum)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)

@@ -26,9 +26,10 @@ from orchestrator.backends.options import Option, OptionType, from_command_line
 from orchestrator.backends.slurm import SlurmBackend
 from orchestrator.backends.slurm_script import SlurmOptions
 from orchestrator.cli import cli
-from orchestrator.errors import SpecError, UsageError
+from orchestrator.errors import InfraError, SpecError, UsageError
 from orchestrator.failures import Failure
 from orchestrator.launch import HostRun, Launcher
+from orchestrator.logs import LogSink
 from orchestrator.plan import LaunchPlan, build_plan
 from orchestrator.spec import job_from_text
 from orchestrator.spec.model import NodeSpec
@@ -135,7 +136,8 @@ class ScriptedBackend(Backend):
 
     NAME = "scripted"
     DESCRIPTION = "test double"
-    OPTIONS = (Option("fail", OptionType.TEXT, "the host that exits 1"),)
+    OPTIONS = (Option("fail", OptionType.TEXT, "the host that exits 1"),
+               Option("itself", OptionType.TEXT, "the host whose supervisor ends the job on its own"))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -167,12 +169,15 @@ class ScriptedBackend(Backend):
 
     def _play(self, host: HostRun) -> None:
         host.on_stdout("[r0]hello" if host.node == "h0" else "[r1]hello")
-        if host.node == self.options.get("fail"):
+        if host.node == self.options.get("itself"):
+            host.on_stdout("\x1e" + json.dumps({"ev": "exit", "rc": 0, "reason": "controller heartbeat silent for "
+                                                "more than 4 s"}))
+        elif host.node == self.options.get("fail"):
             host.on_stdout("[r1]RuntimeError: scripted failure")
             for line in TORCHRUN_ROOT_CAUSE:
                 host.on_stdout(line)
             host.on_stdout("\x1e" + json.dumps({"ev": "exit", "rc": 1}))
-        elif not self.options.get("fail"):
+        elif not self.options.get("fail") and not self.options.get("itself"):
             host.on_stdout("\x1e" + json.dumps({"ev": "exit", "rc": 0}))
 
     def stop(self, run: Launcher, hosts: list[HostRun]) -> None:
@@ -239,6 +244,50 @@ def test_a_failed_host_is_the_root_cause_and_the_host_distrun_stopped_says_so(sc
     assert Store().job_dir("s-2").summary.read_text() == record.detail + "\n"
 
 
+def test_a_host_whose_supervisor_ended_the_job_itself_failed_and_says_why(scripted, tmp_path: Path):
+    request = LaunchRequest(job_file(tmp_path, "scripted: {itself: h1}\n"), backend="scripted", job_id="s-4",
+                            live=False, skip_preflight=True, quiet=True)
+    assert launch.launch(request) == 1
+    root = Failure.from_dict(Store().get("s-4").failures[0])
+    assert (root.host, root.kind.value, root.describe()) == (
+        "h1", "infra", "its supervisor ended the job: controller heartbeat silent for more than 4 s")
+
+
+def test_the_end_is_shown_even_when_the_database_cannot_take_it(scripted, tmp_path: Path, capsys, monkeypatch):
+    def locked(*_args: Any, **_kwargs: Any) -> bool:
+        raise InfraError("job database x.db: database is locked")
+
+    monkeypatch.setattr(Store, "end", locked)
+    code = launch.launch(LaunchRequest(job_file(tmp_path), backend="scripted", job_id="s-5", live=False))
+    out = capsys.readouterr().out
+    assert code == 0 and "job s-5 succeeded" in out
+    assert "distrun: warning: the job's end is not recorded: job database x.db: database is locked" in out
+
+
+def test_whatever_fails_in_the_controller_every_host_is_stopped_first(scripted, tmp_path: Path, monkeypatch):
+    def broken(self: Backend, run: Launcher) -> list[Failure]:
+        raise RuntimeError("the run loop broke")
+
+    monkeypatch.setattr(ScriptedBackend, "failures", broken)
+    request = LaunchRequest(job_file(tmp_path, "scripted: {fail: nobody}\n"), backend="scripted", job_id="s-6",
+                            live=False, quiet=True)
+    with pytest.raises(RuntimeError, match="the run loop broke"):
+        launch.launch(request)
+    assert scripted[0].calls == ["prepare", "preflight", "stage", "submit", "start", "stop h0,h1", "release"]
+
+
+def test_silence_while_the_controller_itself_was_frozen_is_not_a_lost_host(tmp_path: Path):
+    job = job_from_text(f"name: s\nscript: {__file__}\n", "j.yaml")
+    nodes = [NodeSpec(name="h0", host="10.9.0.0")]
+    plan = build_plan(job, nodes, {}, job_id="s-7", inventory_path="i", master=nodes[0], master_addr="10.9.0.0",
+                      master_port=1, controller_cwd="/", controller_env={})
+    host = HostRun(plan.hosts[0], LogSink(Store(tmp_path).job_dir("s-7")))
+    host.last_seen = time.monotonic() - 30
+    assert host.failure(4, awake_since=time.monotonic()) is None
+    lost = host.failure(4)
+    assert lost is not None and lost.describe() == "host lost: nothing heard for 4 s (network cut or host down)"
+
+
 def test_a_dry_run_only_prepares_and_releases(scripted, tmp_path: Path, capsys):
     code = launch.launch(LaunchRequest(job_file(tmp_path), backend="scripted", job_id="s-3", dry_run=True))
 
@@ -288,6 +337,22 @@ def test_a_slurm_job_that_slurm_cannot_be_asked_about_counts_as_alive(tmp_path: 
     rec = record(store, "sl-1", "slurm", None, backend_ref="42")
     refresh_lost(store, [rec])
     assert store.get("sl-1").state is JobState.RUNNING
+
+
+@pytest.mark.parametrize(("slurm_state", "state", "code"), [("COMPLETED", JobState.SUCCEEDED, 0),
+                                                             ("CANCELLED by 0", JobState.STOPPED, 143),
+                                                             ("TIMEOUT", JobState.FAILED, 1)])
+def test_a_slurm_job_whose_controller_died_takes_slurms_final_state(tmp_path: Path, monkeypatch, slurm_state: str,
+                                                                     state: JobState, code: int):
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho 'JobId=42 JobState={slurm_state} Reason=None NodeList=n0 BatchHost=n0'\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    store = Store(tmp_path)
+    rec = record(store, "sl-3", "slurm", 2 ** 22 + 1, backend_ref="42")
+    refresh_lost(store, [rec])
+    assert (rec.state, rec.exit_code) == (state, code)
+    assert f"Slurm job 42 ended {slurm_state.split()[0]} after its controller died" in rec.detail
 
 
 def test_recover_is_refused_by_a_backend_without_host_copies(tmp_path: Path):

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from orchestrator.cli import cli
-from orchestrator.store import JobRecord, JobState, Store
+from orchestrator.store import JobRecord, JobState, Store, process_start
 from tests.helpers import distrun
 
 # Options whose long name means something else on some commands, so their words differ there.
@@ -287,7 +287,8 @@ def test_prune_removes_old_finished_jobs_here_and_on_the_host_never_a_running_on
         rec = JobRecord(id=f"{name}-1", name=name, spec_path="j.yaml", inventory="<built-in>", hosts=["localhost"],
                         backend="local", started=started,
                         state=JobState.RUNNING if name == "running" else JobState.SUCCEEDED,
-                        ended=None if name == "running" else started + 60, controller_pid=controller.pid)
+                        ended=None if name == "running" else started + 60, controller_pid=controller.pid,
+                        controller_start=process_start(controller.pid))
         store.save(rec)
         store.job_dir(rec.id).create()
         (host_home / ".distrun" / "jobs" / rec.id).mkdir(parents=True)

@@ -180,6 +180,20 @@ def test_timeout_stops_the_command_and_fails(cluster3: Cluster, tmp_path: Path) 
     assert (entry["rc"], entry["stdout"], entry["error"]) == (None, "started", "node0: timed out after 1 s")
 
 
+def test_timeout_ends_the_remote_command_and_its_children_on_the_host(cluster3: Cluster, tmp_path: Path) -> None:
+    result = run_exec(cluster3, tmp_path, "--timeout", "1", "--nodes", "node1", "--",
+                      "sh", "-c", "sleep 311 & sleep 312")
+    assert result.returncode == 1
+
+    def left() -> list[str]:
+        return [" ".join(p.cmdline) for p in cluster3.processes(1) if {"311", "312"} & set(p.cmdline)]
+
+    deadline = time.monotonic() + 10
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left(), "the remote command outlived --timeout"
+
+
 def test_missing_command_is_a_usage_error(cluster3: Cluster, tmp_path: Path) -> None:
     result = run_exec(cluster3, tmp_path)
     assert result.returncode == 2

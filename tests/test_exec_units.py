@@ -145,3 +145,57 @@ def test_a_command_that_starts_after_ctrl_c_is_ended_at_once():
     with pytest.raises(InfraError, match="interrupted before the command started"):
         running.add(Proc("late"))  # type: ignore[arg-type]
     assert ended == ["early", "late"]
+
+
+def with_arg(marker: str) -> list[int]:
+    """Pids of processes whose command line has `marker` as an argument."""
+    found = []
+    for path in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker.encode() in path.read_bytes().split(b"\0"):
+                found.append(int(path.parent.name))
+        except OSError:
+            continue
+    return found
+
+
+def test_timeout_ends_the_command_and_every_process_it_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DISTRUN_INVENTORY", raising=False)
+    out, err = io.StringIO(), io.StringIO()
+    script = "echo started; sleep 301 & sleep 302"
+    assert execute(ExecRequest(argv=("sh", "-c", script), timeout=1.0), out=out, err=err) == ExitCode.FAILED
+    assert "started" in out.getvalue() and "timed out after 1 s" in out.getvalue()
+    deadline = time.monotonic() + 10
+    while (with_arg("301") or with_arg("302")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not with_arg("301") and not with_arg("302"), "the command (or its child) outlived --timeout"
+
+
+def test_ctrl_c_ends_the_command_and_every_process_it_started() -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "exec", "--", "sh", "-c", "sleep 303 & sleep 304"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (with_arg("303") and with_arg("304")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 10
+    while (with_arg("303") or with_arg("304")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.returncode == 130 and not with_arg("303") and not with_arg("304")
+
+
+def test_a_command_killed_by_a_signal_exits_as_a_shell_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DISTRUN_INVENTORY", raising=False)
+    out = io.StringIO()
+    execute(ExecRequest(argv=("sh", "-c", "kill -9 $$"), as_json=True), out=out)
+    assert json.loads(out.getvalue())[0]["rc"] == 128 + signal.SIGKILL
+
+
+def test_a_missing_command_exits_127_saying_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DISTRUN_INVENTORY", raising=False)
+    out = io.StringIO()
+    execute(ExecRequest(argv=("no-such-command-here",), as_json=True), out=out)
+    entry = json.loads(out.getvalue())[0]
+    assert entry["rc"] == 127
+    assert entry["stderr"] == "distrun: cannot run no-such-command-here: No such file or directory"

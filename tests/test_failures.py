@@ -42,7 +42,7 @@ def test_a_process_killed_by_a_signal_is_blamed_over_an_exit_code_seen_at_the_sa
     failures = [exit_failure("node0", 7.0, rank=0, lines=("RuntimeError: gloo timeout",)),
                 Failure.from_returncode("node1", -9, rank=2, time=7.0)]
     cause = root_cause(failures)
-    assert cause.host == "node1" and cause.describe() == "killed by signal SIGKILL"
+    assert cause.host == "node1" and cause.describe() == "killed by SIGKILL (out of memory?)"
 
 
 def test_a_rank_ended_by_sigterm_is_an_echo_and_the_exit_code_elsewhere_is_blamed():

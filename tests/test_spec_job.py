@@ -225,7 +225,14 @@ def replace_line(prefix: str, new: str) -> str:
         (
             "telemetry",
             "telemetry: {interval: 0.1}",
-            "jobs/x.yaml:11: telemetry.interval: must be a number >= 0.25, got 0.1",
+            "jobs/x.yaml:11: telemetry.interval: must be a number from 0.25 to 3600, got 0.1 "
+            "(seconds between two samples of each host)",
+        ),
+        (
+            "telemetry",
+            "telemetry: {interval: 1.0e+300}",
+            "jobs/x.yaml:11: telemetry.interval: must be a number from 0.25 to 3600, got 1.0e+300 "
+            "(seconds between two samples of each host)",
         ),
         (
             "telemetry",
@@ -270,9 +277,19 @@ def test_bad_value_is_reported_at_its_line_with_its_key_path(prefix: str, line: 
             f"jobs/x.yaml:12: backend: must be one of {', '.join(backends.names())}, got string 'slrum' "
             "(did you mean 'slurm'?)",
         ),
-        ("heartbeat_timeout: 0", "jobs/x.yaml:12: heartbeat_timeout: must be a number > 0, got 0"),
-        ("stop_grace: -1", "jobs/x.yaml:12: stop_grace: must be a number >= 0, got -1"),
-        ("hang_timeout: 0.5", "jobs/x.yaml:12: hang_timeout: must be a number >= 1, got 0.5"),
+        ("heartbeat_timeout: 0.5", "jobs/x.yaml:12: heartbeat_timeout: must be a number from 3 to 86400, got 0.5 "
+                                   "(seconds of silence after which a host counts as lost; heartbeats go once a "
+                                   "second, so a shorter timeout would call a busy host lost)"),
+        ("heartbeat_timeout: 1.0e+300", "jobs/x.yaml:12: heartbeat_timeout: must be a number from 3 to 86400, "
+                                        "got 1.0e+300 (seconds of silence after which a host counts as lost; "
+                                        "heartbeats go once a second, so a shorter timeout would call a busy host "
+                                        "lost)"),
+        ("stop_grace: -1", "jobs/x.yaml:12: stop_grace: must be a number from 0 to 3600, got -1 "
+                           "(seconds between SIGTERM and SIGKILL when a job is stopped)"),
+        ("stop_grace: 1.0e+300", "jobs/x.yaml:12: stop_grace: must be a number from 0 to 3600, got 1.0e+300 "
+                                 "(seconds between SIGTERM and SIGKILL when a job is stopped)"),
+        ("hang_timeout: 0.5", "jobs/x.yaml:12: hang_timeout: must be a number from 1 to 604800, got 0.5 "
+                              "(seconds without progress from any rank before the job is a hang)"),
         ("stop_grace: false", "jobs/x.yaml:12: stop_grace: must be a number, got boolean false"),
         ("slurm: [--exclusive]", "jobs/x.yaml:12: slurm: must be a mapping, got a list (the slurm backend's "
                                  "options, e.g. slurm: {key: value})"),

@@ -1,16 +1,33 @@
-"""The job database: records round-trip, and databases written by an older distrun are migrated."""
+"""The job database: records round-trip, databases written by an older distrun are migrated, the controller
+is identified by pid and start time, a recorded end is final, ids are unique."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 import sqlite3
+import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import UsageError
+from orchestrator import store as store_module
+from orchestrator.backends.base import refresh_lost
+from orchestrator.errors import InfraError, UsageError
 from orchestrator.failures import Failure, FailureKind
-from orchestrator.store import JobRecord, JobState, Store, prunable
+from orchestrator.store import (
+    JobRecord,
+    JobState,
+    Store,
+    controller_alive,
+    new_job_id,
+    process_start,
+    prunable,
+    signal_controller,
+)
 
 # The schema distrun wrote before records kept a generic backend reference and failures.
 OLD_SCHEMA = """
@@ -85,6 +102,121 @@ def test_opening_a_current_database_changes_nothing(tmp_path: Path) -> None:
     assert Store(tmp_path).get("a-1").backend_ref == "77"
 
 
+# ---------------------------------------------------------------- identity, transitions, ids
+
+
+def running_record(store: Store, job_id: str, pid: int | None, start: str | None) -> JobRecord:
+    rec = JobRecord(id=job_id, name="x", spec_path="x.yaml", inventory="<built-in>", hosts=["localhost"],
+                    state=JobState.RUNNING, controller_pid=pid, controller_start=start)
+    store.save(rec)
+    return rec
+
+
+def test_stop_never_signals_a_process_that_reused_the_controller_pid(tmp_path: Path) -> None:
+    stranger = subprocess.Popen(["sleep", "30"])
+    try:
+        # The pid is the stranger's, the start time the controller's that had it before.
+        rec = running_record(Store(tmp_path), "j-1", stranger.pid, "another-boot:12345")
+        assert not controller_alive(rec)
+        assert not signal_controller(rec, signal.SIGTERM)
+        time.sleep(0.2)
+        assert stranger.poll() is None, "the stranger was signalled"
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_the_recorded_controller_is_alive_and_signalled(tmp_path: Path) -> None:
+    controller = subprocess.Popen(["sleep", "30"])
+    try:
+        rec = running_record(Store(tmp_path), "j-2", controller.pid, process_start(controller.pid))
+        assert controller_alive(rec)
+        assert signal_controller(rec, signal.SIGTERM)
+        assert controller.wait(timeout=5) == -signal.SIGTERM
+        assert not controller_alive(rec)
+    finally:
+        controller.kill()
+        controller.wait()
+
+
+def test_a_record_without_a_start_time_names_no_live_controller(tmp_path: Path) -> None:
+    rec = running_record(Store(tmp_path), "j-3", os.getpid(), None)
+    assert not controller_alive(rec) and not signal_controller(rec, 0)
+
+
+def test_a_recorded_end_is_never_overwritten_by_a_later_state(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    running_record(store, "j-4", None, None)
+    assert store.end("j-4", JobState.SUCCEEDED, 0, "job j-4 succeeded")
+    assert not store.update("j-4", state=JobState.LOST)
+    assert not store.end("j-4", JobState.FAILED, 1, "late")
+    rec = store.get("j-4")
+    assert (rec.state, rec.exit_code, rec.detail) == (JobState.SUCCEEDED, 0, "job j-4 succeeded")
+    assert store.update("j-4", alerts=["a"]) and store.get("j-4").alerts == ["a"]
+
+
+def test_a_lost_job_can_be_settled_as_stopped_but_a_finished_one_cannot(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    running_record(store, "j-5", None, None)
+    store.update("j-5", state=JobState.LOST)
+    assert store.settle_lost("j-5", JobState.STOPPED)
+    assert not store.settle_lost("j-5", JobState.LOST)
+    assert store.get("j-5").state is JobState.STOPPED
+
+
+def test_saving_an_id_already_recorded_is_refused_never_replaced(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    running_record(store, "j-6", None, None)
+    store.end("j-6", JobState.SUCCEEDED, 0, "done")
+    with pytest.raises(UsageError, match="job id j-6 is already recorded"):
+        running_record(store, "j-6", None, None)
+    assert store.get("j-6").state is JobState.SUCCEEDED
+
+
+def test_job_ids_made_in_the_same_second_differ() -> None:
+    ids = {new_job_id("resnet50", now=1_800_000_000.0) for _ in range(2000)}
+    assert len(ids) == 2000
+    assert all(re.fullmatch(r"resnet50-\d{8}-\d{6}-[0-9a-f]{6}", i) for i in ids)
+
+
+def test_an_end_the_database_could_not_take_is_settled_from_the_job_directory(tmp_path: Path, monkeypatch) -> None:
+    store = Store(tmp_path)
+    running_record(store, "j-7", 2 ** 22 + 1, "gone:1")
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT", 0.2)
+    holder = sqlite3.connect(tmp_path / "distrun.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(InfraError, match=r"end of job j-7 is not recorded: job database .*locked"):
+            store.end("j-7", JobState.FAILED, 1, "job j-7 FAILED", failures=[{"host": "node1", "kind": "exit"}])
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
+    assert store.job_dir("j-7").summary.read_text() == "job j-7 FAILED\n"
+    stale = store.get("j-7")
+    assert stale.state is JobState.RUNNING
+    refresh_lost(store, [stale])
+    assert (stale.state, stale.exit_code, stale.failures) == (JobState.FAILED, 1, [{"host": "node1", "kind": "exit"}])
+
+
+def test_refresh_never_overwrites_an_end_recorded_after_the_record_was_read(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    stale = running_record(store, "j-8", 2 ** 22 + 1, "gone:1")
+    store.update("j-8", state=JobState.SUCCEEDED, exit_code=0)  # the controller ends the job, then exits
+    refresh_lost(store, [stale])
+    assert stale.state is JobState.SUCCEEDED and store.get("j-8").state is JobState.SUCCEEDED
+
+
+def test_a_locked_database_is_an_infrastructure_error_naming_it(tmp_path: Path, monkeypatch) -> None:
+    store = Store(tmp_path)
+    monkeypatch.setattr(store_module, "BUSY_TIMEOUT", 0.2)
+    holder = sqlite3.connect(tmp_path / "distrun.db", isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(InfraError, match=f"job database {tmp_path / 'distrun.db'}: database is locked"):
+            running_record(store, "j-9", None, None)
+    finally:
+        holder.execute("COMMIT")
+        holder.close()
 # ---------------------------------------------------------------- last, prefixes, internal runs, prune
 
 

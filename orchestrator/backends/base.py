@@ -22,7 +22,8 @@ A launch calls, in this order (`launch.launch` and `launch.Launcher`):
 Per-job operations, for jobs recorded earlier (their controller may be gone):
 
     stop_job(record) -> exit code         `distrun stop`
-    job_alive(record) -> bool             whether the job still runs; `ps` marks dead ones lost
+    job_alive(record) -> bool             whether the job still runs (its controller, or its scheduler)
+    ended_as(record) -> Settled           how a job that no longer runs ended; `ps` records it (default: lost)
     recover(record) -> {node: lines}      `distrun logs --recover`
     remove_copies(records) -> {id: error} `distrun prune`: what the hosts keep of finished jobs
     run_near(record, node, argv)          a command next to the job's ranks
@@ -39,7 +40,7 @@ import os
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, TextIO
 
@@ -55,7 +56,7 @@ from orchestrator.spec import load_job
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.overrides import apply_overrides, is_script, job_from_script
 from orchestrator.spec.select import Guard, HostSelection
-from orchestrator.store import JobRecord, JobState, Store, controller_alive
+from orchestrator.store import JobRecord, JobState, Store, controller_alive, process_start
 from orchestrator.transport.base import CommandResult
 
 if TYPE_CHECKING:
@@ -156,8 +157,8 @@ class LaunchContext:
             values.setdefault("command", self.request.reproduce(values["hosts"], plan.inventory_path))
         record = JobRecord(id=plan.job_id, name=plan.job_name, spec_path=plan.spec_path,
                            inventory=plan.inventory_path, backend=plan.backend, state=JobState.PENDING,
-                           controller_pid=os.getpid(), backend_ref=backend_ref, internal=self.request.internal,
-                           **values)
+                           controller_pid=os.getpid(), controller_start=process_start(os.getpid()),
+                           backend_ref=backend_ref, internal=self.request.internal, **values)
         self.store.save(record)
         return record
 
@@ -178,6 +179,21 @@ class Ending:
 
     failures: list[Failure] = field(default_factory=list)
     stopped: str | None = None
+
+
+@dataclass(frozen=True)
+class Settled:
+    """How a recorded job that no longer runs ended, as far as its backend can tell (`ended_as`).
+
+    Attributes:
+        state: The final state; `lost` when nothing tells how the job ended.
+        detail: A summary line for the record ("" keeps the record's own).
+        exit_code: The exit code to record, when known.
+    """
+
+    state: JobState
+    detail: str = ""
+    exit_code: int | None = None
 
 
 class Backend(ABC):
@@ -266,7 +282,7 @@ class Backend(ABC):
 
     def failures(self, run: Launcher) -> list[Failure]:
         """Every host's failure as seen now (exit, closed channel, silence), in host order."""
-        found = (host.failure(run.plan.heartbeat_timeout) for host in run.hosts)
+        found = (host.failure(run.plan.heartbeat_timeout, run.awake_since) for host in run.hosts)
         return [failure for failure in found if failure is not None]
 
     def conclude(self, run: Launcher, failures: list[Failure]) -> Ending:
@@ -293,8 +309,14 @@ class Backend(ABC):
         """Stop a recorded job: through its controller when alive, else directly. Returns the exit code."""
 
     def job_alive(self, record: JobRecord) -> bool:
-        """Whether an unfinished job still runs. By default a job lives with its controller."""
+        """Whether an unfinished job still runs. By default a job lives with its controller
+        (the recorded pid, started at the recorded time: `store.controller_alive`)."""
         return controller_alive(record)
+
+    def ended_as(self, record: JobRecord) -> Settled:
+        """How an unfinished job that no longer runs (`job_alive` is False) ended. By default
+        nothing else knows: the job is lost (its hosts end it themselves when the heartbeat stops)."""
+        return Settled(JobState.LOST)
 
     def recover(self, record: JobRecord) -> dict[str, int]:
         """Rebuild a job's log files from the copies its hosts kept.
@@ -371,14 +393,31 @@ def for_record(store: Store, record: JobRecord) -> Backend:
 
 
 def refresh_lost(store: Store, records: list[JobRecord]) -> None:
-    """Mark unfinished jobs that no longer run (their backend says so: `job_alive`) as `lost`."""
+    """Settle the records of unfinished jobs that no longer run (`job_alive` says), in place.
+
+    The end a controller wrote into the job's directory when the database could not take it
+    (`Store.end`) comes first; else the backend tells how the job ended (`ended_as`: `lost`
+    when nothing knows). A record that ended meanwhile is never overwritten (`Store.update`
+    sets a state only on an unfinished record); each record is read back as it is now.
+    """
     for record in records:
         if record.state.finished:
             continue
         try:
-            alive = for_record(store, record).job_alive(record)
+            backend = for_record(store, record)
+            if backend.job_alive(record):
+                continue
+            settled = backend.ended_as(record)
         except UsageError:
             continue  # a backend this distrun does not know: leave its record as it is
-        if not alive:
-            record.state = JobState.LOST
-            store.update(record.id, state=JobState.LOST)
+        written = store.recorded_end(record.id)
+        if written is not None:
+            store.update(record.id, **{**written, "state": JobState(written["state"])})
+        else:
+            extra = {"detail": settled.detail} if settled.detail else {}
+            if settled.exit_code is not None:
+                extra["exit_code"] = settled.exit_code
+            store.update(record.id, state=settled.state, **extra)
+        fresh = store.get(record.id)
+        for item in fields(record):
+            setattr(record, item.name, getattr(fresh, item.name))

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import remote, telemetry
-from orchestrator.backends.base import Backend, Ending, LaunchContext, LaunchRequest
+from orchestrator.backends.base import Backend, Ending, LaunchContext, LaunchRequest, Settled
 from orchestrator.backends.options import Option, OptionType
 from orchestrator.backends.slurm_script import (
     BOOTSTRAP,
@@ -622,8 +622,8 @@ class SlurmBackend(Backend):
         while time.monotonic() < deadline and not self._stopped(record, alive):
             time.sleep(0.2)
         if not alive:
-            self.store.update(record.id, state=JobState.STOPPED, ended=time.time(),
-                              detail=f"Slurm job {record.backend_ref} cancelled by `distrun stop`")
+            self.store.settle_lost(record.id, JobState.STOPPED, ended=time.time(),
+                                   detail=f"Slurm job {record.backend_ref} cancelled by `distrun stop`")
         print(f"job {record.id} stopped (Slurm job {record.backend_ref} cancelled)")
         return int(ExitCode.OK)
 
@@ -643,6 +643,21 @@ class SlurmBackend(Backend):
         except InfraError:
             return True
         return job is not None and not job.distrun_state.finished
+
+    def ended_as(self, record: JobRecord) -> Settled:
+        """Slurm's own final state for a job whose controller died: COMPLETED is succeeded, CANCELLED
+        stopped, FAILED/TIMEOUT/... failed; lost only when Slurm forgot the job or cannot be asked."""
+        try:
+            job = query_job(record.backend_ref or "")
+        except InfraError:
+            job = None
+        if job is None or not job.distrun_state.finished:
+            return Settled(JobState.LOST, f"job {record.id} lost: its controller died and Slurm no longer "
+                           f"knows job {record.backend_ref}")
+        state = job.distrun_state
+        codes = {JobState.SUCCEEDED: ExitCode.OK, JobState.STOPPED: ExitCode.TERMINATED}
+        return Settled(state, f"job {record.id} {state.value}: Slurm job {record.backend_ref} ended {job.state} "
+                       "after its controller died", int(codes.get(state, ExitCode.FAILED)))
 
     def recover(self, record: JobRecord) -> dict[str, int]:
         raise UsageError(f"--recover: job {record.id} ran on Slurm, whose nodes wrote into the job directory itself")

@@ -27,7 +27,7 @@ from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
 from orchestrator.facts import HostFacts
 from orchestrator.failures import Failure, FailureKind
 from orchestrator.group import Group, GroupError, GroupResult, parallel
-from orchestrator.launch import EXIT_WAIT, HostRun, Launcher
+from orchestrator.launch import EXIT_WAIT, POLL, HostRun, Launcher
 from orchestrator.logs import LogSink
 from orchestrator.plan import DEFAULT_PORT, LaunchPlan, build_plan
 from orchestrator.spec import (
@@ -39,15 +39,17 @@ from orchestrator.spec import (
     resolve_inventory_path,
     select_nodes,
 )
-from orchestrator.store import JobDir, JobRecord, JobState, controller_alive
+from orchestrator.spec.model import DEFAULT_STOP_GRACE
+from orchestrator.store import JobDir, JobRecord, JobState, signal_controller
 from orchestrator.terminal import Progress
 from orchestrator.transport import REMOTE_TIMEOUT, CommandResult, Transport, run_remote
 
 STOP_WAIT = 30.0
+CLEANUP_WAIT = 15.0  # beyond the stop grace, how long ending a job's processes on a host may take
 AUTO_PORT_WINDOW = 1000
 # What a host's supervisor runs, dependencies first: with the telemetry sampler, or without.
-SUPERVISOR_MODULES = ["output", "private", "sampler", "supervisor"]
-SUPERVISOR_ONLY = ["output", "private", "supervisor"]
+SUPERVISOR_MODULES = [*remote.SUPERVISOR_IMPORTS, "sampler", "supervisor"]
+SUPERVISOR_ONLY = [*remote.SUPERVISOR_IMPORTS, "supervisor"]
 T = TypeVar("T")
 
 
@@ -163,20 +165,43 @@ class SshBackend(Backend):
             "cwd": host.plan.workdir, "heartbeat_timeout": plan.heartbeat_timeout, "stop_grace": plan.stop_grace,
             "telemetry_interval": plan.telemetry_interval,
         }
-        host.attach(self.group[host.node].start(argv))
+        transport = self.group[host.node]
+        host.link_up = transport.connected
+        host.attach(transport.start(argv))
         host.send_raw(payload + json.dumps(config).encode() + b"\n")
 
     def stop(self, run: Launcher, hosts: list[HostRun]) -> None:
-        """Tell each supervisor to stop; wait for their exits; close their stdin (a supervisor
-        that never heard the stop ends the job when its stdin closes)."""
+        """Tell each supervisor to stop and wait for the exits of those that can still report
+        one (a lost host cannot: it ends the job itself when the heartbeat stops); end the job
+        directly where a supervisor died on a host still reachable; close every stdin (a
+        supervisor that never heard the stop ends the job when its stdin closes)."""
         for host in hosts:
             host.send({"op": "stop"})
         deadline = time.monotonic() + run.plan.stop_grace + EXIT_WAIT
-        for host in hosts:
-            host.exited.wait(max(0.0, deadline - time.monotonic()))
+        while time.monotonic() < deadline and any(
+                h.reporting(run.plan.heartbeat_timeout, run.awake_since) for h in hosts):
+            run.wake.wait(POLL)
+            run.wake.clear()
+        self.end_orphans(run, [h for h in hosts if h.channel_closed()])
         for host in hosts:
             if host.proc is not None:
                 host.proc.close_stdin()
+
+    def end_orphans(self, run: Launcher, hosts: list[HostRun]) -> None:
+        """End the job's processes on hosts whose supervisor died (its channel closed without an
+        exit) while the connection still works: nothing on the host would end them otherwise."""
+        reachable = [h for h in hosts if self.group[h.node].connected()]
+        if not reachable:
+            return
+        grace = run.plan.stop_grace
+        results = self.group.run(lambda t: json.loads(_cleanup(t, run.plan.job_id, grace).strip().splitlines()[-1]),
+                                 only=[h.node for h in reachable])
+        for node, result in results.items():
+            if isinstance(result, Exception):
+                run.sink.note(node, f"its supervisor died; the job's processes there could not be ended: {result}")
+            else:
+                run.sink.note(node, f"its supervisor died; distrun ended the {result['found']} process(es) of the "
+                              f"job left there ({result['killed']} needed SIGKILL)")
 
     # ---------------------------------------------------------------- recorded jobs
 
@@ -185,8 +210,7 @@ class SshBackend(Backend):
         if record.state.finished and record.state is not JobState.LOST:
             print(f"job {record.id} already ended ({record.state.value})")
             return int(ExitCode.OK)
-        if controller_alive(record) and record.controller_pid:
-            os.kill(record.controller_pid, signal.SIGTERM)
+        if signal_controller(record, signal.SIGTERM):
             deadline = time.monotonic() + STOP_WAIT
             while time.monotonic() < deadline and not self.store.get(record.id).state.finished:
                 time.sleep(0.2)
@@ -200,7 +224,7 @@ class SshBackend(Backend):
         results = on_record_hosts(record, lambda t: _cleanup(t, record.id))
         if results.failed:
             print(GroupError(results).render(), file=sys.stderr)
-        self.store.update(record.id, state=JobState.STOPPED, ended=time.time())
+        self.store.settle_lost(record.id, JobState.STOPPED, ended=time.time())
         print(f"job {record.id} stopped on {len(results.succeeded)} of {len(results)} host(s)")
         return int(ExitCode.INFRA) if results.failed else int(ExitCode.OK)
 
@@ -342,5 +366,6 @@ def record_inventory(path: str) -> Inventory:
     return default_inventory() if path == "<built-in>" else load_inventory(path)
 
 
-def _cleanup(transport: Transport, job_id: str) -> str:
-    return run_remote(transport, "cleanup", [*SUPERVISOR_ONLY, "cleanup"], {}, job_id, transport.name)
+def _cleanup(transport: Transport, job_id: str, grace: float = DEFAULT_STOP_GRACE) -> str:
+    return run_remote(transport, "cleanup", [*SUPERVISOR_ONLY, "cleanup"], {}, job_id, transport.name, f"{grace:g}",
+                      timeout=grace + CLEANUP_WAIT)

@@ -32,6 +32,9 @@ BOOTSTRAP = SAFE_PATH + "\n" + (
 )
 
 _PACKAGES = ["orchestrator", "orchestrator.remote"]
+# What remote/supervisor.py imports, dependencies first: shipped before it wherever it runs or
+# where a program finds a job's processes through it.
+SUPERVISOR_IMPORTS = ["output", "private", "leader"]
 
 
 def module_source(name: str) -> str:

@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any, BinaryIO
 
+from orchestrator.remote.leader import Leader
 from orchestrator.remote.output import Output
 from orchestrator.remote.private import make_private_dirs, open_private
 
@@ -35,31 +36,63 @@ HEARTBEAT_EVERY = 1.0
 CHUNK = 65536
 
 
+def _markers(job_id: str, node: str | None) -> tuple[bytes, bytes]:
+    marker = f"DISTRUN_JOB_ID={job_id}".encode()
+    return marker, f"DISTRUN_NODE={node}".encode() if node else marker
+
+
+def _is_job_process(pid: int | str, markers: tuple[bytes, bytes]) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            env = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return markers[0] in env and markers[1] in env
+
+
 def job_processes(job_id: str, exclude: int, node: str | None = None) -> list[int]:
     """Pids of every process whose environment has DISTRUN_JOB_ID=job_id (and DISTRUN_NODE=node)."""
-    marker = f"DISTRUN_JOB_ID={job_id}".encode()
-    node_marker = f"DISTRUN_NODE={node}".encode() if node else marker
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == exclude:
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as fh:
-                env = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if marker in env and node_marker in env:
-            found.append(int(entry))
-    return found
+    markers = _markers(job_id, node)
+    return [int(entry) for entry in os.listdir("/proc")
+            if entry.isdigit() and int(entry) != exclude and _is_job_process(entry, markers)]
 
 
-def _signal_all(pgid: int | None, pids: list[int], sig: int) -> None:
-    if pgid is not None:
-        with contextlib.suppress(OSError):
-            os.killpg(pgid, sig)
-    for pid in pids:
+def signal_job_process(pid: int, sig: int, job_id: str, node: str | None) -> None:
+    """Signal `pid` only while it is a process of the job.
+
+    A pid found by a scan of /proc may exit and be reused before the signal is sent: the pid
+    is pinned with a pidfd, and its environment read again, before the signal goes through
+    the pidfd (Python 3.9+ on Linux 5.3+; elsewhere the window is the one since the scan).
+    """
+    pidfd_open = getattr(os, "pidfd_open", None)
+    send = getattr(signal, "pidfd_send_signal", None)
+    if pidfd_open is None or send is None:
         with contextlib.suppress(OSError):
             os.kill(pid, sig)
+        return
+    try:
+        fd = pidfd_open(pid)
+    except OSError:
+        return
+    try:
+        if _is_job_process(pid, _markers(job_id, node)):
+            send(fd, sig)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def oom_kills() -> int | None:
+    """Processes the kernel's OOM killer has ended on this host since boot (None: unknown)."""
+    try:
+        with open("/proc/vmstat", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"oom_kill "):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _alive(pid: int) -> bool:
@@ -71,23 +104,37 @@ def _alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-def end_job(job_id: str, node: str, pgid: int | None, grace: float, reap: Any = None) -> int:
+def _signal_all(job_id: str, node: str, leader: Leader | None, pids: list[int], sig: int) -> None:
+    if leader is not None:
+        leader.signal_group(sig)
+    for pid in pids:
+        signal_job_process(pid, sig, job_id, node)
+
+
+def end_job(job_id: str, node: str, leader: Leader | None, grace: float) -> int:
     """SIGTERM the job's processes, SIGKILL what is left after `grace` seconds.
+
+    Args:
+        job_id: The job (DISTRUN_JOB_ID in its processes' environment).
+        node: The job's node on this host (DISTRUN_NODE).
+        leader: torchrun, when this process started it: its group is signalled too, and it
+            is reaped as it exits.
+        grace: Seconds between SIGTERM and SIGKILL.
 
     Returns:
         How many processes were still alive after the grace period.
     """
     me = os.getpid()
-    _signal_all(pgid, job_processes(job_id, me, node), signal.SIGTERM)
+    _signal_all(job_id, node, leader, job_processes(job_id, me, node), signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if reap is not None:
-            reap()
+        if leader is not None:
+            leader.poll()
         if not [p for p in job_processes(job_id, me, node) if _alive(p)]:
             return 0
         time.sleep(0.05)
     left = [p for p in job_processes(job_id, me, node) if _alive(p)]
-    _signal_all(pgid, left, signal.SIGKILL)
+    _signal_all(job_id, node, leader, left, signal.SIGKILL)
     return len(left)
 
 
@@ -96,41 +143,88 @@ class Supervisor:
         self.cfg = cfg
         self.out = out
         self.job_id: str = cfg["job_id"]
+        self.node: str = cfg["node"]
         self.grace = float(cfg.get("stop_grace", 5.0))
         # None: a scheduler (Slurm) owns the job's lifetime; no controller heartbeat on stdin.
         timeout = cfg.get("heartbeat_timeout", 15.0)
         self.hb_timeout = None if timeout is None else float(timeout)
         self.last_hb = time.monotonic()
+        self.oom_at_start = oom_kills()
         self.stop_reason: str | None = None
         self.workers_at_stop: int | None = None
         self.stopping = threading.Event()
         self.done = threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
+        self.leader: Leader | None = None
+        self.ender: threading.Thread | None = None
         self.dir = os.path.expanduser(os.path.join(cfg.get("host_dir", "~/.distrun"), "jobs", self.job_id))
-        make_private_dirs(self.dir)
-        self.log = open_private(os.path.join(self.dir, f"{cfg['node']}.log"), "ab")  # closed in run()
+        self.log: BinaryIO | None = self._open_copy()
+
+    # ---------------------------------------------------------------- the host-side copy
+
+    def _open_copy(self) -> BinaryIO | None:
+        """The host-side copy of the node's lines (private to its owner); None (and a warning) where it
+        cannot be written."""
+        path = os.path.join(self.dir, f"{self.node}.log")
+        try:
+            make_private_dirs(self.dir)
+            return open_private(path, "ab")
+        except OSError as exc:
+            self._copy_failed(exc)
+            return None
+
+    def keep(self, data: bytes) -> None:
+        """Append to the host-side copy. A failure to write it (a full disk) is a warning and
+        ends the copy, never the job: the lines still go to the controller."""
+        if self.log is None:
+            return
+        try:
+            self.log.write(data)
+        except OSError as exc:
+            self._copy_failed(exc)
+
+    def _copy_failed(self, exc: OSError) -> None:
+        if self.log is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.log.close()
+        self.log = None
+        path = os.path.join(self.dir, f"{self.node}.log")
+        self.out.event("note", msg=f"warning: the host-side copy {path} stopped: {exc.strerror or exc}; "
+                                   "the job goes on (`distrun logs --recover` will lack what follows)")
+
+    def _close_copy(self) -> None:
+        if self.log is None:
+            return
+        try:
+            self.log.close()
+        except OSError as exc:
+            self._copy_failed(exc)
+        self.log = None
+
+    # ---------------------------------------------------------------- the job
 
     def start_child(self) -> None:
+        """Start torchrun in a process group of its own, in the job's workdir (`~` is the host's home).
+
+        Raises:
+            OSError: it could not be started (nothing of the job runs then).
+        """
         env = dict(os.environ)
         env.update(self.cfg.get("env", {}))
         env["DISTRUN_JOB_ID"] = self.job_id
-        env["DISTRUN_NODE"] = self.cfg["node"]
+        env["DISTRUN_NODE"] = self.node
+        cwd = self.cfg.get("cwd")
         self.child = subprocess.Popen(
             self.cfg["argv"],
             env=env,
-            cwd=self.cfg.get("cwd") or None,
+            cwd=os.path.expanduser(cwd) if cwd else None,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-        self._write_state()
+        self.leader = Leader(self.child)
         self.out.event("started", pid=self.child.pid, supervisor=os.getpid(), host=os.uname().nodename)
-
-    def _write_state(self) -> None:
-        state = {"job_id": self.job_id, "supervisor": os.getpid(), "pgid": self.child.pid if self.child else None}
-        with open_private(os.path.join(self.dir, f"{self.cfg['node']}.state.json"), "w") as fh:
-            json.dump(state, fh)
 
     def relay(self) -> None:
         """Copy torchrun's output to stdout and the host-side log, whole lines at a time."""
@@ -144,12 +238,11 @@ class Supervisor:
             cut = data.rfind(b"\n") + 1
             rest = data[cut:]
             if cut:
-                self.log.write(data[:cut])
+                self.keep(data[:cut])
                 self.out.raw(data[:cut])
         if rest:
-            self.log.write(rest + b"\n")
+            self.keep(rest + b"\n")
             self.out.raw(rest + b"\n")
-        self.log.flush()
 
     def control(self, stdin: BinaryIO) -> None:
         """Read heartbeats and stop requests; end of stdin means the controller is gone."""
@@ -175,38 +268,61 @@ class Supervisor:
             return
         self.stop_reason = reason
         self.stopping.set()
-        threading.Thread(target=self._end, daemon=True).start()
+        self.ender = threading.Thread(target=self._end, daemon=True)
+        self.ender.start()
 
     def _end(self) -> None:
-        pgid = self.child.pid if self.child else None
         if self.child is not None and self.child.poll() is None:
-            workers = job_processes(self.job_id, os.getpid(), self.cfg["node"])
-            self.workers_at_stop = len([p for p in workers if p != pgid and _alive(p)])
-        left = end_job(self.job_id, self.cfg["node"], pgid, self.grace, reap=self.child.poll if self.child else None)
+            workers = job_processes(self.job_id, os.getpid(), self.node)
+            self.workers_at_stop = len([p for p in workers if p != self.child.pid and _alive(p)])
+        left = end_job(self.job_id, self.node, self.leader, self.grace)
         self.out.event("note", msg=f"job processes ended ({self.stop_reason}); {left} needed SIGKILL")
 
-    def run(self, stdin: BinaryIO) -> int:
+    def _catch_signals(self) -> None:
         for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda signum, _frame: self.stop(f"supervisor got signal {signum}"))
+
+    def run(self, stdin: BinaryIO) -> int:
+        """Start torchrun, follow it to its end, and end whatever of the job is left, whatever
+        failed on the way (a `finally`): a job never outlives its supervisor's run."""
+        self._catch_signals()
+        error: str | None = None
+        sampler: threading.Thread | None = None
         try:
             self.start_child()
-        except OSError as exc:
-            self.out.event("exit", rc=127, error=f"cannot start {self.cfg['argv'][0]}: {exc}")
-            return 127
-        if self.hb_timeout is not None:
-            threading.Thread(target=self.control, args=(stdin,), daemon=True).start()
-        threading.Thread(target=self.watchdog, daemon=True).start()
-        sampler = start_telemetry(self.cfg, self.out, self.done, self.dir)
-        self.relay()
-        rc = self.child.wait()
-        # Whatever the job left behind (a worker in its own session) goes with it.
-        end_job(self.job_id, self.cfg["node"], self.child.pid, min(self.grace, 2.0))
+            if self.hb_timeout is not None:
+                threading.Thread(target=self.control, args=(stdin,), daemon=True).start()
+            threading.Thread(target=self.watchdog, daemon=True).start()
+            sampler = start_telemetry(self.cfg, self.out, self.done, self.dir)
+            self.relay()
+            self.leader.wait()  # type: ignore[union-attr]  # set by start_child
+        except Exception as exc:
+            what = "supervisor failed" if self.leader is not None else f"cannot start {self.cfg['argv'][0]}"
+            error = f"{what}: {type(exc).__name__}: {exc}" if self.leader else f"{what}: {exc}"
+        finally:
+            rc = self._finish(sampler)
+        self.out.event("exit", rc=rc, reason=self.stop_reason, oom_kills=self._oom_kills_since_start(),
+                       workers_at_stop=self.workers_at_stop, **({"error": error} if error else {}))
+        return 0
+
+    def _oom_kills_since_start(self) -> int | None:
+        now = oom_kills()
+        return None if now is None or self.oom_at_start is None else now - self.oom_at_start
+
+    def _finish(self, sampler: threading.Thread | None) -> int:
+        """End every process of the job still running, then release the rest; torchrun's status
+        (127 when it never started)."""
+        if self.ender is not None:
+            self.ender.join()
+        if self.leader is not None:
+            # Whatever the job left behind (a worker in its own session) goes with it.
+            end_job(self.job_id, self.node, self.leader, min(self.grace, 2.0))
+        rc = self.leader.wait() if self.leader is not None else 127
         self.done.set()
         if sampler is not None:
             sampler.join(timeout=2)
-        self.log.close()
-        self.out.event("exit", rc=rc, reason=self.stop_reason, workers_at_stop=self.workers_at_stop)
-        return 0
+        self._close_copy()
+        return rc
 
 
 def start_telemetry(cfg: dict[str, Any], out: Output, done: threading.Event, keep_dir: str) -> threading.Thread | None:

@@ -242,29 +242,35 @@ class Source:
             return None
         return self.integer(node, path, low, high, kind="'auto' or an integer")
 
-    def number(self, node: Node, path: str, low: float, *, inclusive: bool = True) -> float:
-        """Read a finite number, at least `low` (above it when not `inclusive`).
+    def number(self, node: Node, path: str, low: float, high: float | None = None, *, inclusive: bool = True,
+               hint: str = "") -> float:
+        """Read a finite number, at least `low` (above it when not `inclusive`) and at most `high`.
 
         Args:
             node: The value.
             path: Its key path.
-            low: The bound.
+            low: The lower bound.
+            high: The upper bound; None for no limit.
             inclusive: Whether `low` itself is valid.
+            hint: How to fix a value out of bounds.
 
         Returns:
             The number as a float.
 
         Raises:
-            SpecError: Not a number (booleans are not), not finite, or too small.
+            SpecError: Not a number (booleans are not), not finite, or out of bounds.
         """
         value = node.value if isinstance(node, Scalar) else None
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise self.error(node.line, path, f"must be a number, got {describe(node)}")
         if not math.isfinite(value):
             raise self.error(node.line, path, f"must be a finite number, got {shown(node.text)}")
-        if value < low or (value == low and not inclusive):
+        too_low = value < low or (value == low and not inclusive)
+        if too_low or (high is not None and value > high):
             bound = f">= {low:g}" if inclusive else f"> {low:g}"
-            raise self.error(node.line, path, f"must be a number {bound}, got {shown(node.text)}")
+            if high is not None:
+                bound = f"from {low:g} to {high:g}" if inclusive else f"{bound} and <= {high:g}"
+            raise self.error(node.line, path, f"must be a number {bound}, got {shown(node.text)}", hint)
         return float(value)
 
     def boolean(self, node: Node, path: str) -> bool:

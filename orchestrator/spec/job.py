@@ -26,9 +26,14 @@ JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 SECRET_REF = re.compile(r"\$\{env:([^}]*)\}")
 RENDEZVOUS_BACKENDS = ("static", "c10d")
+# Timing bounds, in seconds. Heartbeats go once a second each way, so a host is declared lost
+# only after several are missed; past the upper bounds a value is a typo (and 1e300 overflows a wait).
+HEARTBEAT_TIMEOUT_BOUNDS = (3.0, 86400.0)
+STOP_GRACE_BOUNDS = (0.0, 3600.0)
+TELEMETRY_INTERVAL_BOUNDS = (0.25, 3600.0)
+HANG_TIMEOUT_BOUNDS = (1.0, 7 * 86400.0)
 SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-MIN_TELEMETRY_INTERVAL = 0.25
 _NEEDS = "a job needs at least 'name' and 'script' or 'module'"
 _ENTRY_KEYS = ("script", "module")
 
@@ -99,9 +104,14 @@ def _job_readers(src: Source) -> dict[str, Reader]:
         "sync_max_size": lambda node, path: _size(src, node, path),
         "backend": lambda node, path: src.choice(node, path, backends.names()),
         **{name: lambda node, path: _backend_section(src, node, path) for name in backends.names()},
-        "heartbeat_timeout": lambda node, path: src.number(node, path, 0, inclusive=False),
-        "stop_grace": lambda node, path: src.number(node, path, 0),
-        "hang_timeout": lambda node, path: src.number(node, path, 1),
+        "heartbeat_timeout": lambda node, path: src.number(
+            node, path, *HEARTBEAT_TIMEOUT_BOUNDS,
+            hint="seconds of silence after which a host counts as lost; heartbeats go once a second, so a "
+                 "shorter timeout would call a busy host lost"),
+        "stop_grace": lambda node, path: src.number(
+            node, path, *STOP_GRACE_BOUNDS, hint="seconds between SIGTERM and SIGKILL when a job is stopped"),
+        "hang_timeout": lambda node, path: src.number(
+            node, path, *HANG_TIMEOUT_BOUNDS, hint="seconds without progress from any rank before the job is a hang"),
     }
 
 
@@ -113,7 +123,9 @@ def _rendezvous_readers(src: Source) -> dict[str, Reader]:
 
 
 def _telemetry_readers(src: Source) -> dict[str, Reader]:
-    return {"interval": lambda node, path: src.number(node, path, MIN_TELEMETRY_INTERVAL), "enabled": src.boolean}
+    return {"interval": lambda node, path: src.number(node, path, *TELEMETRY_INTERVAL_BOUNDS,
+                                                      hint="seconds between two samples of each host"),
+            "enabled": src.boolean}
 
 
 def _backend_section(src: Source, node: Node, path: str) -> Map:

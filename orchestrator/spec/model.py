@@ -8,6 +8,11 @@ from enum import Enum
 
 from orchestrator.spec.yamlsrc import Map
 
+# Seconds a host may be silent before it counts as lost, and between SIGTERM and SIGKILL when a
+# job is stopped (a job file's `heartbeat_timeout` and `stop_grace`; bench/results/faults.md
+# has the measurements behind them).
+DEFAULT_HEARTBEAT_TIMEOUT = 6.0
+DEFAULT_STOP_GRACE = 5.0
 # `sync_max_size`: more than a project's code and configuration, less than a dataset or a
 # checkpoint sent by mistake to every host.
 DEFAULT_SYNC_MAX_SIZE = 512 << 20
@@ -106,8 +111,8 @@ class JobSpec:
     # The job file's section for each backend that has one (`slurm: {...}`), as read: each
     # backend checks its own section against the options it declares (backends/options.py).
     backend_sections: dict[str, Map] = field(default_factory=dict, compare=False, repr=False)
-    heartbeat_timeout: float = 15.0
-    stop_grace: float = 5.0
+    heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
+    stop_grace: float = DEFAULT_STOP_GRACE
     hang_timeout: float | None = None  # None: off (a silent but healthy phase must not be killed)
     # Key path -> line in the file ("nnodes", "select.names[0]"), for errors found later.
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)

@@ -151,6 +151,10 @@ class Transport(ABC):
     def close(self) -> None:  # noqa: B027 - a hook: the local transport has nothing to release
         """Release the connection; the default has nothing to release."""
 
+    def connected(self) -> bool:
+        """Whether the connection is open and working now (the default has none to lose)."""
+        return True
+
     def run(
         self,
         argv: Sequence[str],

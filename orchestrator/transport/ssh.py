@@ -704,6 +704,11 @@ class SSHTransport(Transport):
             self._home = sftp.normalize(".")
         return self._home + remote[1:]
 
+    def connected(self) -> bool:
+        """Whether the connection (and each jump host's) is open: a closed or dropped one is not."""
+        links = self._links
+        return not self._closed and bool(links) and all(link.is_active() for link in links)
+
     def peer_address(self) -> str:
         """The IP address this connection reached (through jumps: the node's, as resolved here)."""
         self.connect()

@@ -133,6 +133,21 @@ def test_stop_cancels_a_detached_running_job_in_slurm_and_leaves_no_process(
     assert slurm_cluster.queue() == [] and job_processes(slurm_cluster, "stop-1") == []
 
 
+def test_a_job_whose_controller_died_shows_slurms_own_state_running_then_succeeded(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    submitted = launch(slurm_cluster, tmp_path, write_job(tmp_path, "orphan", ["--sleep", "10"]), "orphan-1",
+                       "--detach", timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    assert wait_for(lambda: "[node1 r3] step 3" in combined(tmp_path, "orphan-1").read_text(), 120)
+    os.kill(record(slurm_cluster, tmp_path, "orphan-1")["controller_pid"], 9)
+    time.sleep(0.5)
+    assert record(slurm_cluster, tmp_path, "orphan-1")["state"] == "running"  # Slurm still runs it
+    assert wait_for(lambda: slurm_cluster.queue() == [], 120)
+    rec = record(slurm_cluster, tmp_path, "orphan-1")
+    assert (rec["state"], rec["exit_code"]) == ("succeeded", 0)
+    assert "ended COMPLETED after its controller died" in rec["detail"]
+
+
 def test_a_job_waiting_for_busy_nodes_shows_why_and_can_be_stopped_while_pending(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     busy = write_job(tmp_path, "busy", ["--sleep", "300"])

@@ -1,0 +1,69 @@
+"""The fault matrix's training script: numbered ticks, a chosen failure, a slow stop; stdlib only.
+
+Every line a rank prints is `tick <rank> <n>` (n = 0, 1, 2, ...), so a test can tell a line
+that was lost from one that was never printed: each rank's lines in the job's files must be
+0..k with no gap. The ranks do not talk to each other (the faults are about processes and
+hosts, and torchrun's own rendezvous still gathers every host before a rank starts), which
+keeps a cell's start cheap on a small machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--every", type=float, default=0.25, help="seconds between ticks")
+    parser.add_argument("--ticks", type=int, default=-1, help="end well after this many ticks (-1: never)")
+    parser.add_argument("--until", help="end well once this file exists")
+    parser.add_argument("--fail-rank", type=int, default=-1, help="this rank exits 1 ...")
+    parser.add_argument("--fail-at", type=int, default=0, help="... at this tick")
+    parser.add_argument("--linger", type=float, default=0.0,
+                        help="on SIGTERM, go on for this long first (not on the failing rank's host)")
+    parser.add_argument("--chatty", type=int, default=0, help="extra lines printed with each tick")
+    parser.add_argument("--spin", type=float, default=0.0, help="keep a core busy this long after each tick")
+    args = parser.parse_args()
+    rank = int(os.environ["RANK"])
+    # The failing rank's own torchrun stops its other ranks before it reports the failure, and
+    # would wait 30 s for one that lingers: only the hosts distrun stops take their time.
+    per_host = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if args.linger and rank // per_host != args.fail_rank // per_host:
+        signal.signal(signal.SIGTERM, lambda *_: linger(rank, args.linger))
+    n = 0
+    while args.ticks < 0 or n < args.ticks:
+        if args.until and os.path.exists(args.until):
+            break
+        if rank == args.fail_rank and n == args.fail_at:
+            sys.stdout.write(f"rank {rank} fails on purpose\n")
+            sys.exit(1)
+        sys.stdout.write(f"tick {rank} {n}\n")
+        for i in range(args.chatty):
+            sys.stdout.write(f"chat {rank} {n} {i} {'x' * 60}\n")
+        n += 1
+        spin(args.spin)
+        time.sleep(args.every)
+    sys.stdout.write(f"done {rank}\n")
+
+
+def spin(seconds: float) -> None:
+    """Compute for `seconds`, as a training step keeps its core busy."""
+    deadline = time.perf_counter() + seconds
+    total = 0
+    while time.perf_counter() < deadline:
+        total += sum(range(1000))
+
+
+def linger(rank: int, seconds: float) -> None:
+    """A rank that takes its time to stop: it says so, waits, then exits as SIGTERM would."""
+    sys.stdout.write(f"rank {rank} got SIGTERM; stopping in {seconds:g} s\n")
+    time.sleep(seconds)
+    sys.exit(128 + signal.SIGTERM)
+
+
+if __name__ == "__main__":
+    main()

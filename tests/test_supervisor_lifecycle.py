@@ -1,0 +1,129 @@
+"""The supervisor's lifecycle on this machine: it ends the job whatever fails, a full disk for its copy is
+a warning, `~` in the workdir is the home, and it signals only what is certainly the job's."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import remote
+from orchestrator.backends.ssh import SUPERVISOR_ONLY
+from orchestrator.remote.leader import Leader
+from orchestrator.remote.output import EVENT, Output
+from orchestrator.remote.supervisor import Supervisor, job_processes, signal_job_process
+
+
+def config(tmp_path: Path, argv: list[str], **more: Any) -> dict[str, Any]:
+    return {"job_id": f"sv-{os.getpid()}-{time.monotonic_ns()}", "node": "n0", "argv": argv,
+            "heartbeat_timeout": None, "stop_grace": 1.0, "telemetry_interval": None,
+            "host_dir": str(tmp_path / "host"), **more}
+
+
+def run_shipped(cfg: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Run the supervisor as a host does (the bundle through the bootstrap); its lines and events."""
+    payload = remote.bundle("supervisor", SUPERVISOR_ONLY)
+    argv = remote.bootstrap_argv(sys.executable, payload, "distrun-supervisor", cfg["job_id"], cfg["node"])
+    done = subprocess.run(argv, input=payload + json.dumps(cfg).encode() + b"\n", capture_output=True, timeout=60,
+                          check=False)
+    lines = done.stdout.decode().split("\n")[:-1]
+    events = [json.loads(line[1:]) for line in lines if line.startswith("\x1e")]
+    return [line for line in lines if not line.startswith("\x1e")], events
+
+
+def events_of(out: io.BytesIO) -> list[dict[str, Any]]:
+    return [json.loads(line[1:]) for line in out.getvalue().split(b"\n") if line.startswith(EVENT)]
+
+
+def test_a_full_disk_for_the_host_copy_is_a_warning_and_the_job_runs_to_its_end(tmp_path: Path) -> None:
+    cfg = config(tmp_path, [sys.executable, "-c", "import sys\nfor i in range(5000): sys.stdout.write(f'line {i}\\n')"])
+    copy_dir = tmp_path / "host" / "jobs" / cfg["job_id"]
+    copy_dir.mkdir(parents=True)
+    (copy_dir / "n0.log").symlink_to("/dev/full")  # every write there fails with ENOSPC
+
+    lines, events = run_shipped(cfg)
+
+    assert lines == [f"line {i}" for i in range(5000)]
+    notes = [e["msg"] for e in events if e["ev"] == "note"]
+    assert any("host-side copy" in n and "No space left on device" in n and "the job goes on" in n for n in notes)
+    assert [e for e in events if e["ev"] == "exit"] == [{"ev": "exit", "rc": 0, "reason": None,
+                                                          "oom_kills": events[-1]["oom_kills"]}]
+
+
+def test_the_job_ends_with_its_supervisor_whatever_fails(tmp_path: Path, monkeypatch) -> None:
+    cfg = config(tmp_path, ["sh", "-c", "sleep 300 & exec sleep 301"])
+    monkeypatch.setattr(Supervisor, "_catch_signals", lambda self: None)
+
+    def broken_relay(self: Supervisor) -> None:
+        time.sleep(0.3)  # the job and its child are running
+        raise RuntimeError("relay broke")
+
+    monkeypatch.setattr(Supervisor, "relay", broken_relay)
+    out = io.BytesIO()
+    supervisor = Supervisor(cfg, Output(out))
+
+    supervisor.run(io.BytesIO())
+
+    assert job_processes(cfg["job_id"], os.getpid(), "n0") == []
+    exit_event = events_of(out)[-1]
+    assert exit_event["ev"] == "exit" and exit_event["error"] == "supervisor failed: RuntimeError: relay broke"
+    assert exit_event["rc"] == -signal.SIGTERM
+
+
+def test_a_job_that_cannot_start_reports_why_and_leaves_nothing(tmp_path: Path) -> None:
+    _, events = run_shipped(config(tmp_path, ["/no/such/program"]))
+    assert events[-1]["ev"] == "exit" and events[-1]["rc"] == 127
+    assert events[-1]["error"].startswith("cannot start /no/such/program: [Errno 2] No such file or directory")
+
+
+def test_a_workdir_under_tilde_is_the_hosts_home(tmp_path: Path, monkeypatch) -> None:
+    home = tmp_path / "home"
+    (home / "project").mkdir(parents=True)
+    cfg = config(tmp_path, [sys.executable, "-c", "import os; print(os.getcwd())"], cwd="~/project")
+    monkeypatch.setenv("HOME", str(home))
+    lines, events = run_shipped(cfg)
+    assert lines == [str(home / "project")] and events[-1]["rc"] == 0
+
+
+def test_a_process_group_is_signalled_until_its_leader_is_reaped_and_never_after(monkeypatch) -> None:
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "killpg", lambda pgid, sig: sent.append((pgid, sig)))
+    leader = Leader(subprocess.Popen(["true"], start_new_session=True))
+
+    leader.wait_exit()  # exited, not reaped: the pid (and so the group) is still this job's
+    leader.signal_group(signal.SIGTERM)
+    assert leader.wait() == 0
+    leader.signal_group(signal.SIGKILL)  # reaped: the pid may belong to anyone now
+
+    assert sent == [(leader.pid, signal.SIGTERM)]
+
+
+def test_a_process_without_the_jobs_marks_is_never_signalled() -> None:
+    stranger = subprocess.Popen(["sleep", "30"])
+    member = subprocess.Popen(["sleep", "30"], env={**os.environ, "DISTRUN_JOB_ID": "j-42", "DISTRUN_NODE": "n0"})
+    try:
+        deadline = time.monotonic() + 5
+        while member.pid not in job_processes("j-42", os.getpid(), "n0") and time.monotonic() < deadline:
+            time.sleep(0.01)  # until it has exec'd with its own environment
+        signal_job_process(stranger.pid, signal.SIGTERM, "j-42", "n0")
+        signal_job_process(member.pid, signal.SIGTERM, "j-42", "n0")
+        assert member.wait(timeout=5) == -signal.SIGTERM
+        with pytest.raises(subprocess.TimeoutExpired):
+            stranger.wait(timeout=0.3)
+    finally:
+        for proc in (stranger, member):
+            proc.kill()
+            proc.wait()
+
+
+def test_the_exit_event_counts_the_hosts_oom_kills_during_the_job(tmp_path: Path) -> None:
+    _, events = run_shipped(config(tmp_path, ["true"]))
+    assert events[-1]["oom_kills"] == 0
