@@ -92,7 +92,7 @@ def test_a_rank_that_died_after_the_final_line_says_so_and_names_the_hosts_stopp
     failure = Failure("node1", FailureKind.SIGNAL, rank=3, signal="SIGABRT", last_lines=("step 10/10",),
                       after_final=True, barrier_hosts=("node0", "node2"))
     assert failure.render().splitlines() == [
-        "  host: node1", "  rank: 3", "  exit: killed by signal SIGABRT",
+        "  host: node1", "  rank: 3", "  exit: killed by SIGABRT",
         "  when: at exit, after the job's final metrics line (its work was done)",
         "  finished: every rank of node[0,2] had exited; distrun stopped those hosts in torchrun's exit barrier",
         "  last 1 lines of rank 3:", "    step 10/10"]

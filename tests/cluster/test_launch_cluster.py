@@ -171,7 +171,7 @@ def test_a_rank_aborting_after_its_last_step_fails_and_the_summary_says_the_work
     result = distrun("launch", str(job), "-i", str(inv), "--job-id", "abort-1", home=home, timeout=90)
     assert result.returncode == 1, result.stdout[-3000:]
     summary = result.stdout[result.stdout.index("FAILED") :]
-    assert "host: node2" in summary and "rank: 2" in summary and "exit: killed by signal SIGABRT" in summary
+    assert "host: node2" in summary and "rank: 2" in summary and "exit: killed by SIGABRT" in summary
     assert "when: at exit, after the job's final metrics line (its work was done)" in summary
     assert ("finished: every rank of node[0-1] had exited; distrun stopped those hosts in torchrun's exit barrier"
             in summary)
