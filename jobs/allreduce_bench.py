@@ -15,6 +15,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from quick_exit import quick_exit
 
 
 def parse_args() -> argparse.Namespace:
@@ -70,3 +71,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Not a plain return: interpreter teardown can abort a rank whose work is done (see quick_exit).
+    quick_exit(0)

@@ -62,6 +62,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from quick_exit import quick_exit
 from resnet_model import MODEL_NAMES, build_model, shard_units
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
@@ -538,4 +539,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Not sys.exit: interpreter teardown can abort a rank whose work is done (see quick_exit).
+    quick_exit(main())

@@ -8,7 +8,7 @@ the report) uses the typed fields. `raw` keeps the JSON as it came, for facts.js
 Sizes are bytes; None means unknown (or, where a field says so, unlimited / not probed).
 The fast facts (hostname .. port_exact_free) come from every probe; the full ones (os ..
 disk) only from doctor's `full` probe; listen/connect/resolved only from a probe round where
-the master listened and the others connected to it.
+the master listened and the others connected to it; entry only when the job's entry was asked for.
 """
 
 from __future__ import annotations
@@ -159,6 +159,22 @@ class Resolved:
 
 
 @dataclass(frozen=True)
+class Entry:
+    """The job's script or module as the host's python would find it (probe option `entry`)."""
+
+    kind: str = "script"  # script | module
+    name: str = ""
+    ok: bool = False
+    found: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def from_probe(cls, data: Mapping[str, Any]) -> Entry:
+        return cls(kind=str(data.get("kind") or "script"), name=str(data.get("name") or ""),
+                   ok=bool(data.get("ok")), found=_str(data.get("found")), error=_str(data.get("error")))
+
+
+@dataclass(frozen=True)
 class PySpy:
     """py-spy on a host: its path (None: not found), kernel.yama.ptrace_scope, the probing user's uid."""
 
@@ -195,6 +211,7 @@ class HostFacts:
         memlock: The soft `ulimit -l`; None: unlimited (or not probed).
         pyspy: py-spy on the host (for `distrun stack` and the hang watchdog); None: not probed.
         clock_skew: Seconds the host's clock is ahead of the controller's (added by the controller).
+        entry: The job's entry on the host, when the probe was asked to look for it.
         raw: The probe's JSON as it came.
     """
 
@@ -225,6 +242,7 @@ class HostFacts:
     listen: Listen | None = None
     connect: Connect | None = None
     resolved: dict[str, Resolved] = field(default_factory=dict)
+    entry: Entry | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -251,6 +269,7 @@ class HostFacts:
             connect=Connect(_str(connect.get("addr")), _int(connect.get("port")), bool(connect.get("ok")),
                             _str(connect.get("error")), _float(connect.get("ms"))) if connect else None,
             resolved={str(name): Resolved.from_probe(_dict(r)) for name, r in _dict(data.get("resolved")).items()},
+            entry=Entry.from_probe(data["entry"]) if isinstance(data.get("entry"), Mapping) else None,
             raw=dict(data),
         )
 

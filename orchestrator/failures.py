@@ -56,6 +56,11 @@ class Failure:
         address: The host's address as the controller reached it ("" when unknown).
         last_lines: The failed rank's (else the host's) last lines of output.
         time: When the failure was observed (seconds since the epoch).
+        after_final: The job's final metrics line (`DISTRUN_METRICS {"final": true, ...}`) had
+            arrived before this failure: the work was done and the process died at exit. Still
+            a failure; the summary says so.
+        barrier_hosts: Other hosts that distrun stopped while their torchrun waited in its exit
+            barrier, every worker there already exited: their ranks had finished.
         stack: For a hang: the odd rank's stack, then where the other ranks wait (lines to show).
     """
 
@@ -68,6 +73,8 @@ class Failure:
     address: str = ""
     last_lines: tuple[str, ...] = ()
     time: float = field(default_factory=time.time)
+    after_final: bool = False
+    barrier_hosts: tuple[str, ...] = ()
     stack: tuple[str, ...] = ()
 
     @classmethod
@@ -103,6 +110,11 @@ class Failure:
             lines.append(f"  rank: {self.rank}")
         label = "exit" if self.kind in (FailureKind.EXIT, FailureKind.SIGNAL) else "reason"
         lines.append(f"  {label}: {self.describe()}")
+        if self.after_final:
+            lines.append("  when: at exit, after the job's final metrics line (its work was done)")
+        if self.barrier_hosts:
+            lines.append(f"  finished: every rank of {fold_hosts(self.barrier_hosts)} had exited; distrun stopped "
+                         "those hosts in torchrun's exit barrier")
         lines += [f"  {line}" for line in self.stack]
         if self.last_lines:
             whose = f"rank {self.rank}" if self.rank is not None else self.host
@@ -114,7 +126,8 @@ class Failure:
         """JSON-ready data (kept in the job's record); `from_dict` reads it back."""
         return {"host": self.host, "kind": self.kind.value, "rank": self.rank, "exit_code": self.exit_code,
                 "signal": self.signal, "reason": self.reason, "address": self.address,
-                "last_lines": list(self.last_lines), "time": self.time, "stack": list(self.stack)}
+                "last_lines": list(self.last_lines), "time": self.time, "after_final": self.after_final,
+                "barrier_hosts": list(self.barrier_hosts), "stack": list(self.stack)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Failure:
@@ -129,7 +142,8 @@ class Failure:
             host=str(data["host"]), kind=FailureKind(data.get("kind")), rank=data.get("rank"),
             exit_code=data.get("exit_code"), signal=data.get("signal"), reason=str(data.get("reason") or ""),
             address=str(data.get("address") or ""), last_lines=tuple(data.get("last_lines") or ()),
-            time=float(data.get("time") or 0.0), stack=tuple(data.get("stack") or ()),
+            time=float(data.get("time") or 0.0), after_final=bool(data.get("after_final")),
+            barrier_hosts=tuple(data.get("barrier_hosts") or ()), stack=tuple(data.get("stack") or ()),
         )
 
 

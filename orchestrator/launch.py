@@ -157,6 +157,7 @@ class HostRun:
     exit_time: float | None = None  # when the exit event arrived (time.time())
     link_up: Callable[[], bool] | None = None  # whether the connection to the host still works (backend's)
     stop_sent: bool = False  # the controller asked this host to stop (before or after its exit)
+    workers_at_stop: int | None = None  # the job's processes besides torchrun when the stop came (see supervisor)
     failed_attempts: int = 0
     exited: threading.Event = field(default_factory=threading.Event)
     wake: threading.Event | None = None  # set on exit, so the launcher need not wait for its next poll
@@ -260,6 +261,7 @@ class HostRun:
             self.exit_error = event.get("error")
             self.exit_reason = event.get("reason")
             self.oom_kills = event.get("oom_kills")
+            self.workers_at_stop = event.get("workers_at_stop")
             if self.exit_error:
                 self._guard(self.sink.note)(self.node, self.exit_error)
             self._guard(self.sink.ended)(self.node)
@@ -591,12 +593,19 @@ class Launcher:
         if root.host in {h.node for h in self.hosts}:
             # Lines that arrived while the others were stopped belong to the root cause's story too.
             root = replace(root, last_lines=self.host(root.host).last_lines(root.rank) or root.last_lines)
+        root = replace(root, after_final=self._final_before(root.time), barrier_hosts=tuple(
+            h.node for h in self.hosts if h.node != root.host and h.stop_sent and h.workers_at_stop == 0))
         own = {f.host: f for f in failures}
         others = {h.node: own[h.node].describe() if h.node in own else h.end()
                   for h in self.hosts if h.node != root.host}
         ordered = [root, *(f for f in failures if f.host != root.host)]
         return self._finish(JobState.FAILED, int(ExitCode.FAILED), failed_summary(self.plan.job_id, root, others),
                             ordered)
+
+    def _final_before(self, when: float) -> bool:
+        """Whether the job's final metrics line had arrived by `when` (seconds since the epoch)."""
+        final = self.final_metrics
+        return final is not None and float(final.get("t", when)) <= when
 
     def _finish_succeeded(self) -> int:
         lines = [f"job {self.plan.job_id} succeeded: {self.plan.nnodes} host(s), world size {self.plan.world_size}"]

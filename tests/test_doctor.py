@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+from dataclasses import replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from orchestrator.doctor.checks import Check, Context, Status, bandwidth_check, 
 from orchestrator.doctor.command import exit_code
 from orchestrator.doctor.probe import HostResult, import_options, probe_round
 from orchestrator.doctor.render import render_table, to_json
-from orchestrator.facts import Connect, HostFacts, Listen
+from orchestrator.facts import Connect, Entry, HostFacts, Listen
 from orchestrator.group import Group
 from orchestrator.plan import HostPlan, LaunchPlan
 from orchestrator.spec import job_from_text
@@ -48,6 +49,7 @@ def host_facts(index: int, gpus: int = 0) -> dict[str, Any]:
         "gpu": {"source": "nvml" if gpus else "none", "driver": "570.86.15" if gpus else None,
                 "devices": [device(i) for i in range(gpus)]},
         "shm": {"path": "/dev/shm", "exists": True, "total": 64 * GIB, "free": 64 * GIB},
+        "entry": {"kind": "script", "name": "train.py", "ok": True, "found": "/work/train.py", "error": None},
         "memlock": None,
         "pyspy": {"path": "/opt/venv/bin/py-spy", "ptrace_scope": 1, "uid": 1000},
         "disk": {"path": "/work", "exists": True, "total": 900 * GIB, "free": 500 * GIB},
@@ -102,7 +104,7 @@ def test_healthy_hosts_pass_every_check(gpus):
     assert [c.name for c in checks if c.status is not Status.OK] == []
     assert {c.name for c in checks} == {
         "reachable", "probe", "python", "torch", "cuda", "nccl", "driver", "backend", "gpus", "gpu-busy", "ecc",
-        "shm", "memlock", "py-spy", "disk", "clock", "iface", "master-resolves", "port-free", "port-reachable"}
+        "shm", "memlock", "py-spy", "disk", "clock", "iface", "master-resolves", "port-free", "port-reachable", "entry"}
 
 
 def test_identical_values_are_gathered_into_one_host_range():
@@ -339,7 +341,7 @@ def test_the_table_marks_each_status_and_puts_the_fix_under_each_failure():
     assert "fix: install the same torch" in lines[torch + 1]
     assert any(line.startswith("! clock") for line in lines)
     assert any(line.startswith("✓ python") and "node[0-2]: python 3.11.7" in line for line in lines)
-    assert lines[-1] == "18 ok, 1 warning(s), 1 error(s) in 1.5 s"
+    assert lines[-1] == "19 ok, 1 warning(s), 1 error(s) in 1.5 s"
     assert "\x1b[" not in table
     assert "\x1b[31m✗\x1b[0m" in render_table(run_checks(results, ctx), ctx, 1.5, colour=True)
 
@@ -352,7 +354,7 @@ def test_json_has_the_documented_keys_and_the_same_statuses_as_the_checks():
     assert data["master"] == {"node": "node0", "addr": MASTER_ADDR, "port": PORT}
     assert {c["name"]: c["status"] for c in data["checks"]} == {c.name: c.status.value for c in checks}
     assert data["hosts"]["node2"]["facts"]["torch_info"]["version"] == "2.12.0"
-    assert data["summary"] == {"ok": 19, "warn": 0, "error": 1, "skip": 0} and data["exit_code"] == 1
+    assert data["summary"] == {"ok": 20, "warn": 0, "error": 1, "skip": 0} and data["exit_code"] == 1
 
 
 # ---------------------------------------------------------------- bandwidth
@@ -435,6 +437,28 @@ def test_preflight_refuses_with_doctors_message_when_torch_differs():
     assert caught.value.exit_code == 1
 
 
+def test_preflight_refuses_a_missing_entry_with_exit_2_naming_the_host():
+    entries = {"local0": Entry("script", "train.py", ok=True, found="/work/train.py"),
+               "local1": Entry("script", "train.py", error="no such file")}
+    facts = {name: HostFacts(name, python="3.11.7", torch="2.13.0", listen=Listen(PORT, ok=True),
+                             connect=Connect(MASTER_ADDR, PORT, ok=True), entry=entry)
+             for name, entry in entries.items()}
+    with pytest.raises(doctor.PreflightError) as caught:
+        preflight(PORT, facts)
+    assert "✗ entry  local1: script train.py: no such file" in str(caught.value)
+    assert caught.value.exit_code == 2
+
+
+def test_the_entry_check_says_why_it_did_not_look():
+    results, ctx = make()
+    results = {name: HostResult(name, facts=replace(r.facts, entry=None)) for name, r in results.items()}
+    skipped = check("entry", results, ctx)
+    assert skipped.status is Status.SKIP and skipped.detail.startswith("skipped: no job given")
+    job = job_from_text("name: j\nmodule: train\nsync: true\n", "job.yaml")
+    assert "sync: true" in check("entry", results, Context(ctx.nodes, ctx.master, job=job)).detail
+    assert import_options(ctx.nodes, job, "/w")["node0"].keys() == {"import_from"}
+
+
 def test_preflight_refuses_when_the_rendezvous_port_was_taken_during_the_launch_round():
     with socket.socket() as holder:
         holder.bind(("0.0.0.0", 0))
@@ -455,13 +479,15 @@ def standin_torch(where: Path) -> Path:
     return where
 
 
-def test_each_probe_imports_as_its_job_would_with_the_jobs_env_over_the_inventorys_and_no_secret():
+def test_each_probe_imports_and_looks_for_the_entry_as_its_job_would_with_the_jobs_env_and_no_secret():
     nodes = [NodeSpec(name="a", host="a", python="/opt/py/bin/python", env={"PYTHONPATH": "/inv", "X": "1"}),
              NodeSpec(name="b", host="b")]
     job = job_from_text("name: t\nmodule: m\nenv: {PYTHONPATH: /job, TOKEN: '${env:TOKEN}'}\n", "j.yaml")
     assert import_options(nodes, job, "/work") == {
-        "a": {"import_from": {"python": "/opt/py/bin/python", "cwd": "/work", "env": {"PYTHONPATH": "/job", "X": "1"}}},
-        "b": {"import_from": {"python": "python3", "cwd": "/work", "env": {"PYTHONPATH": "/job"}}},
+        "a": {"import_from": {"python": "/opt/py/bin/python", "cwd": "/work", "env": {"PYTHONPATH": "/job", "X": "1"}},
+              "entry": {"module": "m"}},
+        "b": {"import_from": {"python": "python3", "cwd": "/work", "env": {"PYTHONPATH": "/job"}},
+              "entry": {"module": "m"}},
     }
 
 
@@ -529,7 +555,7 @@ def test_with_no_host_reached_every_check_is_skipped_and_none_is_ok():
     assert statuses.pop("reachable") is Status.ERROR
     assert set(statuses.values()) == {Status.SKIP}
     table = render_table(checks, ctx, 3.1)
-    assert "✓" not in table and "0 ok, 0 warning(s), 1 error(s), 19 skipped in 3.1 s" in table
+    assert "✓" not in table and "0 ok, 0 warning(s), 1 error(s), 20 skipped in 3.1 s" in table
 
 
 def test_hosts_unreachable_for_the_same_reason_share_one_line_with_the_fix():

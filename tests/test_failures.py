@@ -68,9 +68,10 @@ def test_root_cause_of_nothing_is_an_error():
 
 def test_a_failure_survives_its_dict_and_json():
     failure = Failure("node1", FailureKind.SIGNAL, rank=3, signal="SIGSEGV", address="10.0.0.11",
-                      last_lines=("a", "b"), time=1700000000.5)
+                      last_lines=("a", "b"), time=1700000000.5, after_final=True, barrier_hosts=("node0",))
     data = json.loads(json.dumps(failure.to_dict()))
     assert data["kind"] == "signal" and data["signal"] == "SIGSEGV" and data["last_lines"] == ["a", "b"]
+    assert data["after_final"] is True and data["barrier_hosts"] == ["node0"]
     assert Failure.from_dict(data) == failure
 
 
@@ -85,6 +86,16 @@ def test_render_leads_with_host_rank_and_exit_then_the_last_lines():
     assert failure.render().splitlines() == [
         "  host: node1 (10.0.0.11)", "  rank: 3", "  exit: exit code 1", "  last 2 lines of rank 3:",
         "    Traceback (most recent call last):", "    RuntimeError: deliberate failure on rank 3"]
+
+
+def test_a_rank_that_died_after_the_final_line_says_so_and_names_the_hosts_stopped_in_the_barrier():
+    failure = Failure("node1", FailureKind.SIGNAL, rank=3, signal="SIGABRT", last_lines=("step 10/10",),
+                      after_final=True, barrier_hosts=("node0", "node2"))
+    assert failure.render().splitlines() == [
+        "  host: node1", "  rank: 3", "  exit: killed by SIGABRT",
+        "  when: at exit, after the job's final metrics line (its work was done)",
+        "  finished: every rank of node[0,2] had exited; distrun stopped those hosts in torchrun's exit barrier",
+        "  last 1 lines of rank 3:", "    step 10/10"]
 
 
 def test_a_lost_host_renders_its_reason_not_an_exit():

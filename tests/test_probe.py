@@ -313,3 +313,43 @@ def test_a_torch_in_the_workdir_is_the_jobs_unless_safe_path_keeps_the_workdir_o
     workdir = standin_torch(tmp_path / "work")
     assert import_like({"cwd": str(workdir), "env": {}}) == [STANDIN, True]
     assert import_like({"cwd": str(workdir), "env": {"PYTHONSAFEPATH": "1"}}) == [torch.__version__, False]
+
+
+def job_workdir(where: Path) -> Path:
+    """A workdir holding a script and a package whose import prints (the probe's output must not carry it)."""
+    (where / "pkg").mkdir(parents=True)
+    (where / "pkg" / "__init__.py").write_text("print('pkg imported')\n")
+    (where / "pkg" / "train.py").write_text("raise SystemExit('the module ran')\n")
+    (where / "app").mkdir()
+    (where / "app" / "__init__.py").write_text("")
+    (where / "app" / "__main__.py").write_text("raise SystemExit('the package ran')\n")
+    (where / "train.py").write_text("raise SystemExit('the script ran')\n")
+    return where
+
+
+@pytest.mark.parametrize(("entry", "error"), [
+    ({"module": "pkg.train"}, None),
+    ({"module": "app"}, None),
+    ({"module": "pkg.trian"}, "No module named 'pkg.trian'"),
+    ({"module": "pgk.train"}, "ModuleNotFoundError: No module named 'pgk'"),
+    ({"module": "pkg"}, "pkg is a package without a __main__ module"),
+    ({"script": "train.py"}, None),
+    ({"script": "trian.py"}, "no such file"),
+    ({"script": "pkg"}, "not a file"),
+])
+def test_the_entry_is_looked_for_in_the_jobs_workdir_without_running_it(tmp_path, entry, error):
+    workdir = job_workdir(tmp_path / "work")
+    where = {"cwd": str(workdir)} if "script" in entry else {}
+    run = ProbeRun(local_transport(), {"import_from": {"python": PYTHON, "cwd": str(workdir), "env": {}},
+                                       "entry": {**entry, **where}})
+    run.start()
+    found = run.finish(30)["entry"]
+    assert (found["kind"], found["name"]) == next(iter(entry.items()))
+    assert (found["ok"], found["error"]) == (error is None, error)
+    if error is None:
+        assert Path(found["found"]).is_relative_to(workdir)
+
+
+def test_a_script_entry_in_a_workdir_not_made_yet_says_so(tmp_path):
+    found = probe.entry_facts({"script": "train.py"}, str(tmp_path / "missing"))
+    assert found["error"] == f"no such file (the workdir {tmp_path / 'missing'} does not exist)"

@@ -69,9 +69,22 @@ def weights(result: subprocess.CompletedProcess[str]) -> list[float]:
     return [record["weights"] for record in sorted(records(result, "DISTRUN_CHECKSUM"), key=lambda r: r["rank"])]
 
 
+# Loaded by every worker through PYTHONPATH: says it is armed, and what would run at teardown.
+EXIT_PROBE = """import atexit, os, sys
+if "LOCAL_RANK" in os.environ:
+    rank = os.environ["RANK"]
+    print(f"exit probe armed on rank {rank}", file=sys.stderr, flush=True)
+    atexit.register(print, f"exit probe: interpreter teardown ran on rank {rank}", file=sys.stderr, flush=True)
+"""
+
+
 @pytest.fixture(scope="module")
-def ddp_run() -> subprocess.CompletedProcess[str]:
-    return train(*TINY, "--steps", "4", "--log-every", "2", "--print-checksum", nproc=2)
+def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """A finished 2-rank run; its workers carry the exit probe (a sitecustomize module)."""
+    probe = tmp_path_factory.mktemp("exit-probe")
+    (probe / "sitecustomize.py").write_text(EXIT_PROBE)
+    return train(*TINY, "--steps", "4", "--log-every", "2", "--print-checksum", nproc=2,
+                 env={"PYTHONPATH": str(probe)})
 
 
 def test_bundled_resnet50_matches_torchvision_parameter_count_and_blocks() -> None:
@@ -101,6 +114,16 @@ def test_two_ddp_ranks_end_with_the_same_weights_and_a_working_all_reduce(ddp_ru
     assert sorted(r["rank"] for r in checksums) == [0, 1]
     assert {r["allreduce"] for r in checksums} == {3.0}
     assert len(set(weights(ddp_run))) == 1
+
+
+def test_finished_ranks_skip_interpreter_teardown_after_flushing_their_last_lines(ddp_run) -> None:
+    # gloo's threads outlive destroy_process_group(); one that releases a tensor while the
+    # interpreter finalizes aborts the rank (SIGABRT) after its work is done. The job leaves
+    # with quick_exit instead, which must still deliver the lines printed just before it.
+    assert ddp_run.returncode == 0, ddp_run.stderr[-3000:]
+    assert ddp_run.stderr.count("exit probe armed on rank") == 2
+    assert "interpreter teardown ran" not in ddp_run.stderr
+    assert sorted(r["rank"] for r in records(ddp_run, "DISTRUN_CHECKSUM")) == [0, 1]
 
 
 def test_fsdp_on_two_ranks_trains_the_same_weights_as_ddp(ddp_run) -> None:

@@ -422,10 +422,30 @@ def check_port_reachable(probed: Mapping[str, HostFacts], ctx: Context) -> Check
                    "security groups), or set `iface:` to the network the hosts share")
 
 
+def check_entry(probed: Mapping[str, HostFacts], ctx: Context) -> Check:
+    """The job's script or module is there on every host, as the job's python, env and workdir find it."""
+    entries = {h: f.entry for h, f in probed.items() if f.entry is not None}
+    if not entries:
+        if ctx.job is None:
+            why = "no job given (doctor --job JOB.yaml looks for its script or module on every host)"
+        elif ctx.job.sync:
+            why = "sync: true brings the workdir at launch, so the entry is not looked for on the hosts before"
+        else:
+            why = "the probe did not look for the entry"
+        return Check("entry", Status.SKIP, [], f"skipped: {why}")
+    problems = {h: f"{e.kind} {e.name}: {e.error}" for h, e in entries.items() if not e.ok}
+    shown = {h: f"{e.kind} {e.name} found" for h, e in entries.items()}
+    kind = next(iter(entries.values())).kind
+    hint = ("install it into the node's python or fix the job's `module:` (looked for as `python -m` would, "
+            "in the job's workdir with its env)") if kind == "module" else (
+            "put the script in the job's workdir on those hosts (or set `sync: true`), or fix the job's `script:`")
+    return verdict("entry", problems, shown, Status.ERROR, hint)
+
+
 FACT_CHECKS: tuple[Callable[[Mapping[str, HostFacts], Context], Check], ...] = (
     check_python, check_torch, check_cuda, check_nccl, check_driver, check_backend, check_gpus,
     check_gpu_busy, check_ecc, check_shm, check_memlock, check_pyspy, check_disk, check_clock, check_iface,
-    check_resolves, check_port_free, check_port_reachable,
+    check_resolves, check_port_free, check_port_reachable, check_entry,
 )
 
 

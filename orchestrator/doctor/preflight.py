@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from orchestrator.doctor.checks import (
     Context,
     Status,
+    check_entry,
     check_port_free,
     check_port_reachable,
     check_python,
@@ -25,10 +26,17 @@ class PreflightError(DistrunError):
     exit_code = ExitCode.FAILED
 
 
+class EntryMissingError(PreflightError):
+    """The job's script or module is not there on some host: the job file is wrong, exit 2."""
+
+    exit_code = ExitCode.USAGE
+
+
 def launch_preflight(plan: LaunchPlan, nodes: Mapping[str, NodeSpec], facts: Mapping[str, HostFacts],
                      master_addr_error: str | None = None) -> None:
-    """Python and torch alike on every host; on several hosts, the rendezvous port was free on the
-    master and every other host connected to it (the launch's probe round tested both).
+    """Python and torch alike on every host, the job's script or module there; on several hosts, the
+    rendezvous port was free on the master and every other host connected to it (the launch's probe
+    round tested all of it).
 
     Args:
         plan: The job's plan (its hosts, master and address).
@@ -37,15 +45,16 @@ def launch_preflight(plan: LaunchPlan, nodes: Mapping[str, NodeSpec], facts: Map
         master_addr_error: Why no address of the master could be chosen, if so.
 
     Raises:
-        PreflightError: listing every failed check as doctor shows it.
+        PreflightError: listing every failed check as doctor shows it (EntryMissingError, exit 2,
+            when the entry is one of them).
     """
     ctx = Context(tuple(nodes[h.node] for h in plan.hosts), plan.master_node, plan.master_addr, master_addr_error)
-    checks = [check_python(facts, ctx), check_torch(facts, ctx)]
+    checks = [check_python(facts, ctx), check_torch(facts, ctx), check_entry(facts, ctx)]
     if len(plan.hosts) > 1:
         checks += [check_port_free(facts, ctx), check_port_reachable(facts, ctx)]
     failed = [c for c in checks if c.status is Status.ERROR]
     if failed:
         width = max(len(c.name) for c in failed)
         rows = [line for c in failed for line in render_check(c, width)]
-        raise PreflightError("preflight failed; nothing was started (--skip-preflight starts anyway):\n"
-                             + "\n".join(rows))
+        error = EntryMissingError if any(c.name == "entry" for c in failed) else PreflightError
+        raise error("preflight failed; nothing was started (--skip-preflight starts anyway):\n" + "\n".join(rows))

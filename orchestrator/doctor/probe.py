@@ -177,12 +177,15 @@ class Round:
 
 
 def import_options(nodes: Sequence[NodeSpec], job: JobSpec | None, workdir: str) -> dict[str, dict[str, Any]]:
-    """Each node's probe option `import_from`: find torch as the job would import it.
+    """Each node's probe options `import_from` (find torch as the job would import it) and, for
+    a job, `entry` (look for its script or module the same way).
 
     That is the node's python with the directory its workers put first on sys.path (the
     script's own directory; the workdir for a `module:` job, or without a job), and the
     inventory's env with the job's over it (as the plan sets them; secrets stay out: they do not
-    move an import). torchrun itself runs with safe paths and searches neither.
+    move an import). torchrun itself runs with safe paths and searches neither. A relative
+    script is looked for in the workdir; a job with `sync: true` gets its workdir only after
+    the probe, so its entry is not looked for.
 
     Args:
         nodes: The nodes probed.
@@ -190,11 +193,13 @@ def import_options(nodes: Sequence[NodeSpec], job: JobSpec | None, workdir: str)
         workdir: The directory the job runs in on every host.
 
     Returns:
-        {node name: {"import_from": {...}}}, as `probe_round` takes per host.
+        {node name: {"import_from": {...}, "entry": {...}}}, as `probe_round` takes per host.
     """
     job_env = job.env if job else {}
     first = posixpath.dirname(posixpath.join(workdir, job.script)) if job and job.script else workdir
-    return {n.name: {"import_from": {"python": n.python, "cwd": first, "env": {**n.env, **job_env}}}
+    entry = ({} if job is None or job.sync else
+             {"entry": {"module": job.module} if job.module else {"script": job.script, "cwd": workdir}})
+    return {n.name: {"import_from": {"python": n.python, "cwd": first, "env": {**n.env, **job_env}}, **entry}
             for n in nodes}
 
 

@@ -18,6 +18,10 @@ Reads one JSON line of options on stdin:
         (where the job's workers have it: the script's own directory, the workdir for a
         `module:` job) and ENV over this environment (its PYTHONPATH, PYTHONSAFEPATH, ...);
         without it, as this python finds it
+    entry: {"script": PATH, "cwd": WORKDIR} or {"module": NAME}: whether the job's entry is
+        there, found as `import_from` finds modules: a script (relative to WORKDIR) that is a readable
+        file, a module that `importlib.util.find_spec` finds (importing only its parent packages;
+        for a package, its __main__), reported as `entry` {kind, name, ok, found, error}
 
 Later stdin lines are control messages: `{"stop": true}`, the `connect_to` message above, and
 `{"module": "pynvml", "source": TEXT | null}`, the reply to a `need` event.
@@ -403,6 +407,55 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
+# ---------------------------------------------------------------- the job's entry
+
+
+def entry_facts(entry: dict[str, Any], cwd: str | None) -> dict[str, Any]:
+    """Whether the job's script or module is there: {kind, name, ok, found, error}.
+
+    Args:
+        entry: {"script": PATH} or {"module": NAME}, as the job names it.
+        cwd: The job's workdir, which a relative script is relative to (None: this directory).
+
+    Returns:
+        `found` is the file (the module's origin) when `ok`; `error` says why not otherwise.
+    """
+    if entry.get("module"):
+        name = str(entry["module"])
+        found, error = find_module(name)
+        return {"kind": "module", "name": name, "ok": error is None, "found": found, "error": error}
+    name = str(entry.get("script") or "")
+    path = os.path.join(os.path.expanduser(cwd or "."), os.path.expanduser(name))
+    error = None
+    if not os.path.exists(path):
+        error = "no such file" if cwd is None or os.path.isdir(os.path.expanduser(cwd)) \
+            else f"no such file (the workdir {cwd} does not exist)"
+    elif not os.path.isfile(path):
+        error = "not a file"
+    elif not os.access(path, os.R_OK):
+        error = "not readable"
+    return {"kind": "script", "name": name, "ok": error is None, "found": os.path.abspath(path), "error": error}
+
+
+def find_module(name: str) -> tuple[str | None, str | None]:
+    """(where the module is, None) or (None, why it cannot be found), as `python -m NAME` would
+    look for it. Parent packages are imported (their output goes to stderr, not the facts)."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            spec = util.find_spec(name)
+            if spec is not None and spec.submodule_search_locations is not None:
+                # `python -m package` runs package.__main__
+                main_spec = util.find_spec(f"{name}.__main__")
+                if main_spec is None:
+                    return None, f"{name} is a package without a __main__ module"
+                spec = main_spec
+    except Exception as exc:  # a parent package that fails to import fails in any way; reported
+        return None, _one_line(exc)
+    if spec is None:
+        return None, f"No module named {name!r}"
+    return spec.origin, None
+
+
 # ---------------------------------------------------------------- GPUs
 
 
@@ -634,6 +687,8 @@ def facts(options: dict[str, Any], listener: Listener | None = None) -> dict[str
         result["free_port"] = listener.port if listener else first_free_port(int(options["port_from"]))
     if options.get("port_exact"):
         result["port_exact_free"] = listener.ok if listener else port_free(int(options["port_exact"]))
+    if options.get("entry"):
+        result["entry"] = entry_facts(options["entry"], options["entry"].get("cwd"))
     return result
 
 

@@ -7,7 +7,10 @@ Output (stdout, remote/stream.py): batches of whole lines framed by rank and str
 (`started`, `hb`, `tel`, `exit`, `note`). remote/relay.py carries the job's lines from
 torchrun's per-rank files to the host-side copy and stdout. Events go out ahead of queued
 batches, so heartbeats and telemetry never wait behind a flood, and nothing that decides the
-job's fate (the watchdog, a stop) waits on stdout.
+job's fate (the watchdog, a stop) waits on stdout. An `exit` after a stop carries
+`workers_at_stop`: how many of the job's processes besides torchrun were alive when the stop
+came while torchrun still ran (0: every worker had exited and torchrun waited in its exit
+barrier for the other hosts); null when torchrun had already exited or no stop came.
 
 The job's processes are found two ways: torchrun's process group, and every process whose
 environment carries `DISTRUN_JOB_ID=<id>` and `DISTRUN_NODE=<node>` (torchrun starts each
@@ -151,6 +154,7 @@ class Supervisor:
         self.last_hb = time.monotonic()
         self.oom_at_start = oom_kills()
         self.stop_reason: str | None = None
+        self.workers_at_stop: int | None = None
         self.stopping = threading.Event()
         self.done = threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
@@ -217,6 +221,9 @@ class Supervisor:
         self.ender.start()
 
     def _end(self) -> None:
+        if self.child is not None and self.child.poll() is None:
+            workers = job_processes(self.job_id, os.getpid(), self.node)
+            self.workers_at_stop = len([p for p in workers if p != self.child.pid and _alive(p)])
         left = end_job(self.job_id, self.node, self.leader, self.grace)
         self.out.event("note", msg=f"job processes ended ({self.stop_reason}); {left} needed SIGKILL")
 
@@ -244,7 +251,8 @@ class Supervisor:
         finally:
             rc = self._finish(sampler)
         self.out.end("exit", self.last_words_wait(), rc=rc, reason=self.stop_reason,
-                     oom_kills=self._oom_kills_since_start(), **({"error": error} if error else {}))
+                     oom_kills=self._oom_kills_since_start(), workers_at_stop=self.workers_at_stop,
+                     **({"error": error} if error else {}))
         return 0
 
     def _oom_kills_since_start(self) -> int | None:

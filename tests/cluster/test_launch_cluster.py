@@ -164,6 +164,24 @@ def test_a_rank_raising_on_one_host_stops_all_hosts_and_names_host_and_rank(clus
     assert all(not procs for procs in job_procs(cluster3, "fail-1").values())
 
 
+def test_a_rank_aborting_after_its_last_step_fails_and_the_summary_says_the_work_was_done(cluster3, inv, tmp_path):
+    home = tmp_path / "home"
+    job = tmp_path / "abort.yaml"
+    job.write_text(f"name: abort\nscript: {WORKER.parent / 'abort_at_exit.py'}\nnproc_per_node: 1\nstop_grace: 3\n")
+    result = distrun("launch", str(job), "-i", str(inv), "--job-id", "abort-1", home=home, timeout=90)
+    assert result.returncode == 1, result.stdout[-3000:]
+    summary = result.stdout[result.stdout.index("FAILED") :]
+    assert "host: node2" in summary and "rank: 2" in summary and "exit: killed by SIGABRT" in summary
+    assert "when: at exit, after the job's final metrics line (its work was done)" in summary
+    assert ("finished: every rank of node[0-1] had exited; distrun stopped those hosts in torchrun's exit barrier"
+            in summary)
+    assert "rank 2: step 2/2 done" in summary
+    assert "Other hosts: node[0-1]: stopped by distrun" in summary
+    root = record(home, "abort-1")["failures"][0]
+    assert (root["host"], root["rank"], root["signal"]) == ("node2", 2, "SIGABRT")
+    assert root["after_final"] is True and root["barrier_hosts"] == ["node0", "node1"]
+
+
 def test_cutting_one_hosts_link_stops_the_others_within_20_s_and_it_cleans_itself(cluster3, inv, tmp_path):
     home = tmp_path / "home"
     proc = start(write_job(tmp_path, args=["--sleep", "120"]), inv, home, "cut-1")
@@ -378,3 +396,29 @@ def test_unreachable_host_at_launch_is_exit_3_naming_it_and_nothing_starts(clust
     assert result.returncode == 3
     assert "node1" in result.stderr and "Traceback" not in result.stderr
     assert all(not p for p in job_procs(cluster3, "down-1").values())
+
+
+def test_a_misspelt_module_or_a_script_missing_on_a_host_fails_the_preflight_within_10_s_naming_it(
+        make_cluster, tmp_path):
+    cluster = make_cluster(2, private_dirs=True)
+    inv = cluster.write_inventory(tmp_path / "inv.yaml")
+    project = tmp_path / "project"
+    (project / "pkg").mkdir(parents=True)
+    (project / "train.py").write_text("print('trained')\n")
+    for i, files in ((0, "pkg/__init__.py pkg/train.py train.py"), (1, "pkg/__init__.py pkg/train.py")):
+        cluster.host_run(i, ["sh", "-c", f"mkdir -p /srv/node/project/pkg && cd /srv/node/project && touch {files}"])
+    home = tmp_path / "home"
+    cases = {"module: pkg.trian": "✗ entry  node[0-1]: module pkg.trian: No module named 'pkg.trian'",
+             "script: train.py": "✗ entry  node1: script train.py: no such file"}
+    for n, (entry, line) in enumerate(cases.items()):
+        job = project / f"job{n}.yaml"
+        job.write_text(f"name: entry\n{entry}\nnproc_per_node: 1\nworkdir: /srv/node/project\n")
+        began = time.monotonic()
+        result = distrun("launch", str(job), "-i", str(inv), "--job-id", f"entry-{n}", home=home, cwd=project)
+        seconds = time.monotonic() - began
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert line in result.stderr and "Traceback" not in result.stderr
+        assert seconds < 10
+        assert all(not p for p in job_procs(cluster, f"entry-{n}").values())
+    doctor = distrun("doctor", "-i", str(inv), "--job", str(job), home=home, cwd=project)
+    assert doctor.returncode == 1 and "✗ entry            node1: script train.py: no such file" in doctor.stdout
