@@ -65,7 +65,8 @@ def test_a_full_disk_for_the_host_copy_is_a_warning_and_the_job_runs_to_its_end(
     assert any("host-side copy" in n and "No space left on device" in n and "still goes to the controller" in n
                for n in notes)
     assert [e for e in events if e["ev"] == "exit"] == [{"ev": "exit", "rc": 0, "reason": None,
-                                                          "oom_kills": events[-1]["oom_kills"]}]
+                                                          "oom_kills": events[-1]["oom_kills"],
+                                                          "workers_at_stop": None}]
 
 
 def test_the_job_ends_with_its_supervisor_whatever_fails(tmp_path: Path, monkeypatch) -> None:
