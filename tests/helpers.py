@@ -5,9 +5,21 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, every: float = 0.2) -> bool:
+    """Whether `predicate` came true within `timeout` seconds, asked every `every` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every)
+    return predicate()
 
 
 def distrun(*args: str, home: Path, env: dict[str, str] | None = None, timeout: float = 300,

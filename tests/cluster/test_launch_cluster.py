@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, distrun, job_lines
+from tests.helpers import REPO, distrun, job_lines, wait_for
 
 WORKER = Path(__file__).parent / "jobs" / "worker.py"
 TRAIN = REPO / "jobs" / "train_resnet50.py"
@@ -68,14 +68,6 @@ def port_held(cluster, host: int, port: int) -> Iterator[None]:
 def job_procs(cluster, job_id: str) -> dict[int, list]:
     return {i: cluster.processes_with_env(i, "DISTRUN_JOB_ID", job_id) for i in range(cluster.n)}
 
-
-def wait_for(predicate, timeout: float, every: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(every)
-    return predicate()
 
 
 def wait_for_line(home: Path, job_id: str, text: str, timeout: float = 120) -> None:

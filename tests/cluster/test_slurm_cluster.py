@@ -8,12 +8,11 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, distrun, job_lines
+from tests.helpers import REPO, distrun, job_lines, wait_for
 
 from .fixtures import requires_cluster
 from .slurm import SlurmCluster
@@ -47,14 +46,6 @@ def record(slurm: SlurmCluster, tmp_path: Path, job_id: str) -> dict:
 def job_processes(slurm: SlurmCluster, job_id: str) -> list:
     return [p for i in range(slurm.cluster.n) for p in slurm.cluster.processes_with_env(i, "DISTRUN_JOB_ID", job_id)]
 
-
-def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.2)
-    return predicate()
 
 
 def slurm_state(slurm: SlurmCluster, slurm_id: str) -> str:

@@ -35,7 +35,7 @@ from tests.faults.matrix import (
     Fault,
     Phase,
 )
-from tests.helpers import REPO, distrun, job_lines
+from tests.helpers import REPO, distrun, job_lines, wait_for
 
 WORKER = Path(__file__).parent / "jobs" / "worker.py"
 POLL = 0.1
@@ -43,14 +43,6 @@ PHASE_WAIT = 120.0
 HOSTS = ("node0", "node1", "node2")
 NODE2 = HOSTS.index(FAULTY_HOST)
 
-
-def wait_for(predicate: Callable[[], bool], timeout: float, every: float = POLL) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(every)
-    return predicate()
 
 
 # ---------------------------------------------------------------- hosts
