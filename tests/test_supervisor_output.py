@@ -18,6 +18,7 @@ from pathlib import Path
 from orchestrator import remote
 from orchestrator.backends.ssh import SUPERVISOR_MODULES, SUPERVISOR_ONLY
 from orchestrator.remote.linestore import read_index
+from orchestrator.remote.relay import with_log_dir
 from orchestrator.remote.stream import Batch, FrameReader
 from tests.helpers import REPO
 
@@ -253,3 +254,10 @@ def test_under_c10d_each_workers_global_rank_is_the_one_torchrun_gave_it(tmp_pat
     seen = read_all(start(config(tmp_path, worker, first_rank=0, exact_ranks=False)))
 
     assert (seen.text(4), seen.text(5)) == ("I am 4\n", "I am 5\n")
+
+
+def test_torchrun_gets_the_log_dir_whether_it_runs_with_dash_p_or_through_the_c_line() -> None:
+    for dash_p in (True, False):  # -P where the host's python is known to have it; else (Slurm) the -c line
+        argv = [*remote.module_argv("/usr/bin/python3", "torch.distributed.run", dash_p), "--nnodes", "2", "train.py"]
+        assert with_log_dir(argv, "/d") == [*argv[:-3], "--log-dir", "/d", "--nnodes", "2", "train.py"]
+    assert with_log_dir(["bash", "run.sh"], "/d") == ["bash", "run.sh"]

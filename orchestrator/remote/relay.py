@@ -37,9 +37,12 @@ TORCHRUN = "torch.distributed.run"
 def with_log_dir(argv: list[str], log_dir: str) -> list[str]:
     """torchrun's argv with `--log-dir log_dir` right after the module name (the directory is the
     host's, so the plan cannot name it); an argv that does not run torchrun is left as it is."""
-    if TORCHRUN not in argv:
+    # torchrun is `python -P -m torch.distributed.run ...`, or, where the host's python is not
+    # known to have -P (Slurm, an older python), the `-c` line of remote.module_argv that runs it
+    # with runpy: its own arguments follow either.
+    at = next((i + 1 for i, arg in enumerate(argv) if arg == TORCHRUN or f"run_module({TORCHRUN!r}" in arg), None)
+    if at is None:
         return list(argv)
-    at = argv.index(TORCHRUN) + 1
     return [*argv[:at], "--log-dir", log_dir, *argv[at:]]
 
 
