@@ -29,6 +29,8 @@ from orchestrator.store import Store, new_job_id
 from orchestrator.transport import Transport
 
 SCRIPT = Path(__file__).resolve().parent.parent / "jobs" / "allreduce_bench.py"
+# What the script imports from beside it (jobs/quick_exit.py: its exit without interpreter teardown).
+SHIPPED = (SCRIPT, SCRIPT.with_name("quick_exit.py"))
 MIB = 1 << 20
 GLOO_SIZES = (1 * MIB, 16 * MIB, 64 * MIB)
 NCCL_SIZES = (1 * MIB, 64 * MIB, 256 * MIB)
@@ -145,7 +147,8 @@ def measure(base: JobSpec | None, inventory: Inventory, nodes: list[NodeSpec], b
 
 def _ship(transport: Transport) -> str:
     """Make a private directory on the host (`mktemp -d`: mode 0700, a name no other user could
-    have made first, one per host even where hosts share /tmp) and copy the script into it.
+    have made first, one per host even where hosts share /tmp) and copy the script (and what it
+    imports) into it.
 
     Returns:
         The directory's absolute path.
@@ -159,7 +162,8 @@ def _ship(transport: Transport) -> str:
         raise InfraError(f"{transport.name}: cannot make a private directory (mktemp -d): "
                          f"{made.stderr.strip() or directory or 'no output'}")
     try:
-        transport.put(SCRIPT, f"{directory}/{SCRIPT.name}")
+        for path in SHIPPED:
+            transport.put(path, f"{directory}/{path.name}")
     except BaseException:
         transport.run(["rm", "-rf", "--", directory], timeout=30)
         raise

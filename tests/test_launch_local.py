@@ -114,7 +114,9 @@ def test_a_rank_that_raises_fails_the_job_with_exit_1_and_names_the_rank(tmp_pat
 
 def test_dry_run_prints_argv_and_masked_env_and_starts_nothing(tmp_path):
     home = tmp_path / "home"
-    result = distrun("launch", write_job(tmp_path), "--dry-run", home=home, env={"DISTRUN_TEST_TOKEN": "zz-secret"})
+    # --probe: the values only a probe can fill (processes per node, the port) filled in.
+    result = distrun("launch", write_job(tmp_path), "--dry-run", "--probe", home=home,
+                     env={"DISTRUN_TEST_TOKEN": "zz-secret"})
     assert result.returncode == 0, result.stderr
     assert "torch.distributed.run" in result.stdout and "--nproc-per-node 2" in result.stdout
     assert "API_TOKEN=***" in result.stdout and "zz-secret" not in result.stdout
