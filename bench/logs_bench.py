@@ -3,8 +3,9 @@
 1. A flooding job, 3 namespace hosts x 2 ranks x N lines of 80 bytes each: under distrun (lines
    shown on the controller's stdout, which goes to a file, and kept in the job directory) against
    pdsh + torchrun (no --tee) running the same job with the lines written to /dev/null on the
-   hosts. Alternating rounds; medians and the ratio; every relayed run checked complete. While
-   distrun runs, the resident memory of the controller and of each host's supervisor is sampled.
+   hosts. Alternating rounds; medians and the ratio; every relayed run checked complete. In both
+   launchers' runs every process's CPU time is sampled and summed per role (controller, ssh, sshd,
+   supervisor, torchrun's agent, ranks), and distrun's processes' resident memory.
 2. The controller's capacity: host streams recorded from the real supervisor (run here with the
    flooding job's lines, tests/fake_torchrun standing in for torchrun) are fed to the controller's
    own code (HostRun -> LogSink -> files + screen to a file), pinned to one core.
@@ -23,13 +24,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common import REPO, median, write_results
+from common import REPO, TICK, median, write_results
 from launch_bench import JOB, PYTHON, distrun_argv, job_file, pdsh_argv
 
 sys.path.insert(0, str(REPO))
@@ -45,75 +45,113 @@ from tests.cluster.harness import Cluster
 FAKE_TORCHRUN = REPO / "tests" / "fake_torchrun"
 
 
-# ---------------------------------------------------------------- memory while a command runs
+# ---------------------------------------------------------------- memory and CPU while a command runs
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+ROLES = ("controller", "ssh client", "sshd", "pdsh", "supervisor", "torchrun agent", "ranks")
 
 
 @dataclass
-class Peaks:
-    """Peak resident memory (MB) seen per process role while sampling."""
+class Usage:
+    """What each process role used while sampling: peak resident memory (MB) of distrun's own
+    processes, and CPU seconds (each process's utime + stime as last seen, summed per role)."""
 
     mb: dict[str, float] = field(default_factory=dict)
+    seen: dict[int, tuple[str, int]] = field(default_factory=dict)
+    busy: float = 0.0
 
-    def see(self, role: str, kb: int) -> None:
-        self.mb[role] = max(self.mb.get(role, 0.0), kb / 1024)
-
-
-def rss_kb(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    def cpu(self) -> dict[str, float]:
+        seconds = dict.fromkeys(ROLES, 0.0)
+        for role, ticks in self.seen.values():
+            seconds[role] += ticks / TICK
+        return seconds
 
 
-def supervisors(job_id: str) -> list[int]:
-    """Pids of the job's supervisors (their argv carries the job id after the bootstrap)."""
-    found = []
+def role_of(pid: int, argv: list[bytes], comm: str, controller: int | None) -> str | None:
+    """The role of a process in a flood run, or None when it is not part of it."""
+    if pid == controller:
+        return "controller"
+    if comm in ("ssh", "pdsh", "sshd"):
+        return "ssh client" if comm == "ssh" else comm
+    if any(b"distrun-supervisor" in a for a in argv):
+        return "supervisor"
+    if any(b"torch.distributed.run" in a or a.endswith(b"torchrun") for a in argv):
+        return "torchrun agent"
+    if any(a.endswith(JOB.name.encode()) for a in argv):
+        return "ranks"
+    return None
+
+
+def machine_busy() -> float:
+    """CPU seconds the machine has spent not idle since boot (all cores)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / TICK
+
+
+def look(usage: Usage, controller: int | None, job_id: str | None) -> None:
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"distrun-supervisor" in argv and job_id.encode() in argv:
-                found.append(int(entry))
-    return found
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        comm, rest = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        role = role_of(pid, argv, comm, controller)
+        if role is None:
+            continue
+        usage.seen[pid] = (role, int(rest[11]) + int(rest[12]))
+        if role == "controller" or (role == "supervisor" and job_id and job_id.encode() in argv):
+            usage.mb[role] = max(usage.mb.get(role, 0.0), int(rest[21]) * PAGE / 2**20)
 
 
-def sample(pid: int, job_id: str, peaks: Peaks, stop: threading.Event) -> None:
-    while not stop.wait(0.1):
-        peaks.see("controller", rss_kb(pid))
-        for sup in supervisors(job_id):
-            peaks.see("supervisor", rss_kb(sup))
+def sampled(proc: subprocess.Popen[bytes], usage: Usage, job_id: str | None) -> int:
+    """Wait for `proc`, looking at every process every 0.25 s (a process's last 0.25 s is not seen)."""
+    controller = proc.pid if job_id else None
+    began = machine_busy()
+    while proc.poll() is None:
+        look(usage, controller, job_id)
+        time.sleep(0.25)
+    usage.busy += machine_busy() - began
+    return proc.returncode
 
 
 # ---------------------------------------------------------------- 1. the flood against its peer
 
 
-def run_distrun(job: Path, inv: Path, env: dict[str, str], job_id: str, out: Path, peaks: Peaks) -> float:
-    """distrun with stdout to a file; seconds from start to exit, memory sampled meanwhile."""
+def run_distrun(job: Path, inv: Path, env: dict[str, str], job_id: str, out: Path, usage: Usage) -> float:
+    """distrun with stdout to a file; seconds from start to exit, memory and CPU sampled meanwhile."""
     began = time.perf_counter()
     with open(out, "w") as fh:
         proc = subprocess.Popen(distrun_argv(job, inv, 3, job_id), env={**os.environ, **env}, cwd=REPO, stdout=fh,
                                 stderr=subprocess.STDOUT)
-        stop = threading.Event()
-        sampler = threading.Thread(target=sample, args=(proc.pid, job_id, peaks, stop), daemon=True)
-        sampler.start()
-        rc = proc.wait()
-        stop.set()
-        sampler.join()
+        rc = sampled(proc, usage, job_id)
     if rc != 0:
         raise RuntimeError(f"distrun exited {rc}: {out.read_text()[-2000:]}")
     return time.perf_counter() - began
 
 
-def run_pdsh(cluster: Cluster, lines: int, port: int, env: dict[str, str]) -> float:
-    argv = pdsh_argv(cluster, 3, JOB, [str(lines)], port, tag="BENCH_DEVNULL=1")
+# The peers: the job's own /dev/null file (block-buffered: a few hundred writes per rank), and the
+# job's stdout written line by line as under distrun (PYTHONUNBUFFERED, plan.py) but sent to /dev/null.
+PEERS = {"pdsh": ("BENCH_DEVNULL=1", ""), "pdsh-same-writes": ("PYTHONUNBUFFERED=1", " >/dev/null")}
+CONTENDERS = (*PEERS, "distrun")
+TITLES = {"pdsh": "pdsh + torchrun, the job writing to its own /dev/null file (block-buffered)",
+          "pdsh-same-writes": "pdsh + torchrun, the job's stdout written line by line as under distrun, to /dev/null",
+          "distrun": "distrun: lines on the controller's stdout (a file) and in the job directory"}
+
+
+def run_pdsh(cluster: Cluster, peer: str, lines: int, port: int, env: dict[str, str], usage: Usage) -> float:
+    """pdsh + torchrun with the lines to /dev/null on the hosts; seconds, CPU sampled meanwhile."""
+    tag, redirect = PEERS[peer]
+    argv = pdsh_argv(cluster, 3, JOB, [str(lines)], port, tag=tag)
+    argv[-1] += redirect
     began = time.perf_counter()
-    subprocess.run(argv, env={**os.environ, **env}, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   check=True)
+    proc = subprocess.Popen(argv, env={**os.environ, **env}, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    if sampled(proc, usage, None) != 0:
+        raise RuntimeError(f"{peer} failed")
     return time.perf_counter() - began
 
 
@@ -131,32 +169,42 @@ def complete(home: Path, job_id: str, out: Path, lines: int) -> bool:
 
 
 def flood(cluster: Cluster, inv: Path, tmp: Path, rounds: int, lines: int,
-          env: dict[str, str]) -> tuple[list[str], Peaks]:
+          env: dict[str, str]) -> tuple[list[str], dict[str, Usage]]:
     job = job_file(tmp, "loud", JOB, [str(lines)])
-    home, peaks = Path(env["DISTRUN_HOME"]), Peaks()
-    times: dict[str, list[float]] = {"pdsh": [], "distrun": []}
+    home, usage = Path(env["DISTRUN_HOME"]), {name: Usage() for name in CONTENDERS}
+    times: dict[str, list[float]] = {name: [] for name in CONTENDERS}
     checks = []
     suffix = uuid.uuid4().hex[:6]  # the hosts' copies share one ~/.distrun here: no earlier run's copy is added to
     for i in range(rounds):
-        times["pdsh"].append(run_pdsh(cluster, lines, 29700 + i, env))
+        for k, peer in enumerate(PEERS):
+            times[peer].append(run_pdsh(cluster, peer, lines, 29700 + len(PEERS) * i + k, env, usage[peer]))
         out, job_id = tmp / f"screen-{i}.txt", f"loud-{suffix}-{i}"
         try:
-            times["distrun"].append(run_distrun(job, inv, env, job_id, out, peaks))
+            times["distrun"].append(run_distrun(job, inv, env, job_id, out, usage["distrun"]))
             checks.append(complete(home, job_id, out, lines))
         finally:
             shutil.rmtree(Path(f"~/.distrun/jobs/{job_id}").expanduser(), ignore_errors=True)
-    p, d = median(times["pdsh"]), median(times["distrun"])
-    runs = {k: ", ".join(f"{x:.2f}" for x in v) for k, v in times.items()}
+    med = {name: median(values) for name, values in times.items()}
     return [
         f"3 hosts x 2 ranks, {lines:,} lines of 80 bytes per rank ({6 * lines:,} lines, "
-        f"{6 * lines * 80 / 1e6:.0f} MB), {rounds} alternating rounds (pdsh first in each).", "",
+        f"{6 * lines * 80 / 1e6:.0f} MB), {rounds} alternating rounds (in each: {', '.join(CONTENDERS)}).", "",
         "| run | median s | runs |", "|---|---|---|",
-        f"| pdsh + torchrun, lines to /dev/null on the hosts | {p:.2f} | {runs['pdsh']} |",
-        f"| distrun: lines on the controller's stdout (a file) and in the job directory | {d:.2f} | "
-        f"{runs['distrun']} |", "",
-        f"**distrun / pdsh = {d / p:.3f}** (goal <= 1.05). Every distrun run complete (each line once in "
-        f"ranks/*.out and on the screen file): {all(checks)}.",
-    ], peaks
+        *(f"| {TITLES[name]} | {med[name]:.2f} | {', '.join(f'{x:.2f}' for x in times[name])} |"
+          for name in CONTENDERS), "",
+        *(f"**distrun / {peer} = {med['distrun'] / med[peer]:.3f}** (goal <= 1.05)." for peer in PEERS), "",
+        f"Every distrun run complete (each line once in ranks/*.out and on the screen file): {all(checks)}.",
+    ], usage
+
+
+def cpu_rows(usage: dict[str, Usage], rounds: int) -> list[str]:
+    """Per role, CPU seconds per round under each contender."""
+    cpu = {name: u.cpu() for name, u in usage.items()}
+    rows = [f"| role | {' | '.join(f'{name} CPU s' for name in CONTENDERS)} |",
+            f"|---|{'---:|' * len(CONTENDERS)}"]
+    rows += [f"| {role} | {' | '.join(f'{cpu[name][role] / rounds:.2f}' for name in CONTENDERS)} |" for role in ROLES]
+    rows.append(f"| the whole machine (busy, /proc/stat) | "
+                f"{' | '.join(f'{usage[name].busy / rounds:.2f}' for name in CONTENDERS)} |")
+    return rows
 
 
 # ---------------------------------------------------------------- 2. the controller's capacity
@@ -233,12 +281,16 @@ def main() -> None:
         with Cluster(3) as cluster:
             inv = cluster.write_inventory(tmp / "inv.yaml")
             env = {"DISTRUN_HOME": str(tmp / "home"), "PDSH_SSH_ARGS": f"-F {cluster.ssh_config} -x -l%u %h"}
-            rows, peaks = flood(cluster, inv, tmp, args.rounds, args.lines, env)
+            rows, usage = flood(cluster, inv, tmp, args.rounds, args.lines, env)
         body += ["## The flood: distrun against pdsh + torchrun", "", *rows, "",
+                 "## Where the CPU goes", "",
+                 "Every process's utime + stime, sampled every 0.25 s in both launchers' runs alike and summed "
+                 "per role; seconds per round (the last 0.25 s of each process is not seen):", "",
+                 *cpu_rows(usage, args.rounds), "",
                  "## Memory during the flood", "",
-                 "Peak resident set size sampled every 0.1 s over all distrun rounds:", "",
+                 "Peak resident set size sampled every 0.25 s over all distrun rounds:", "",
                  "| process | peak RSS MB |", "|---|---|",
-                 *(f"| {role} | {mb:.0f} |" for role, mb in sorted(peaks.mb.items())), ""]
+                 *(f"| {role} | {mb:.0f} |" for role, mb in sorted(usage["distrun"].mb.items())), ""]
     body += ["## The controller's capacity", "", *capacity(tmp, args.lines, args.rounds)]
     path = write_results("logs.md", "Log relaying: distrun against pdsh + torchrun, and the controller's capacity",
                          f"python bench/logs_bench.py --rounds {args.rounds} --lines {args.lines}", body)

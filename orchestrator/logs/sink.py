@@ -1,8 +1,10 @@
 """The controller's side of a job's lines: stored once, kept short for the summary, metrics picked out.
 
 Every batch a host sends (remote/stream.py) is masked (the job's secret values become `***`),
-written to the job directory in one call (remote/linestore.py: per-rank files and an index in
-arrival order), and handed to the screen; the work is per batch, not per line. A failure to
+written to the job directory (remote/linestore.py: per-rank files and an index in arrival
+order), and only then handed to the screen; the work is per batch, not per line. The index entry
+is written with its batch, not buffered: a line the terminal showed is in `distrun logs` even if
+the controller is killed the next instant. A failure to
 write (a full disk) is counted and said once, never raised into a host's reader thread.
 """
 
@@ -64,7 +66,7 @@ class LogSink:
         self.masker = Masker(secrets)
         self.attempt = attempt
         self.lock = threading.Lock()
-        self.store = LineStore(str(job_dir.root), buffered=True)
+        self.store = LineStore(str(job_dir.root))
         self.tails: dict[tuple[str, int | None], deque[str]] = {}
         self.metrics_file: IO[str] | None = None
         self.unstored = 0

@@ -86,7 +86,6 @@ class Cell:
         cause: The root cause the record must name (outcome FAILED, or REFUSED: the host named).
         bystander: Whether another job on the same hosts must be untouched (host-wide faults
             take every job of the host with them).
-        waits_on: Which other work must land before the cell can pass ("" when none).
         lines_kept: Whether every line that reached the controller must be in its files (not
             while the controller's own disk is full).
     """
@@ -97,7 +96,6 @@ class Cell:
     outcome: Outcome
     cause: Cause | None = None
     bystander: bool = True
-    waits_on: str = ""
     lines_kept: bool = True
 
     @property
@@ -174,8 +172,7 @@ CELLS: tuple[Cell, ...] = (
          Cause(RANK_HOST, "signal", "killed by SIGKILL (not the kernel's OOM killer", rank=RANK, signal="SIGKILL")),
     Cell(Fault.WORKER_SEGV, Phase.TRAINING, REPORTED_BOUND, Outcome.FAILED,
          Cause(RANK_HOST, "signal", "killed by SIGSEGV", rank=RANK, signal="SIGSEGV")),
-    Cell(Fault.CONTROLLER_KILLED, Phase.TRAINING, GRACE + 4, Outcome.LOST,
-         waits_on="the log pipeline (a line reaches the terminal only after the job's files)"),
+    Cell(Fault.CONTROLLER_KILLED, Phase.TRAINING, GRACE + 4, Outcome.LOST),
     Cell(Fault.CONTROLLER_FROZEN, Phase.TRAINING, FREEZE + 8, Outcome.FAILED, FROZEN),
     Cell(Fault.CONTROLLER_FROZEN_CHATTY, Phase.TRAINING, FREEZE + 8, Outcome.FAILED, FROZEN),
     Cell(Fault.STDOUT_STALLED, Phase.TRAINING, STALL + 15, Outcome.SUCCEEDED),
@@ -196,7 +193,7 @@ CELLS: tuple[Cell, ...] = (
 
 def render_table(cells: tuple[Cell, ...] = CELLS) -> str:
     """The README's table: one row per cell."""
-    rows = ["| fault | phase | bound (s) | what is checked | waits on |", "|---|---|---:|---|---|"]
-    rows += [f"| {c.fault.value} | {c.phase.value} | {c.bound:g} | {c.checked()} | {c.waits_on or '-'} |"
+    rows = ["| fault | phase | bound (s) | what is checked |", "|---|---|---:|---|"]
+    rows += [f"| {c.fault.value} | {c.phase.value} | {c.bound:g} | {c.checked()} |"
              for c in cells]
     return "\n".join(rows) + "\n"

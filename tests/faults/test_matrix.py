@@ -23,10 +23,7 @@ TAKING_A_HOST_DOWN = [cell for cell in CELLS if not cell.bystander]
 
 
 def _params(cells: list[Cell]) -> list[object]:
-    """One param per cell; a cell that waits on work not merged yet is skipped, saying which."""
-    return [pytest.param(cell, id=cell.id, marks=[pytest.mark.skip(
-        reason=f"waits on {cell.waits_on}: the `logs` branch, not merged yet")] if cell.waits_on else [])
-        for cell in cells]
+    return [pytest.param(cell, id=cell.id) for cell in cells]
 
 
 @pytest.fixture(scope="module")
