@@ -64,8 +64,8 @@ def cause_named(cell: Cell, seen: Observed) -> list[str]:
     refused launch names the host in its one-line error."""
     cause = cell.cause
     if cell.outcome in UNRECORDED:
-        if cause is not None and not (cause.host in seen.terminal and cause.words in seen.terminal):
-            return [f"c) the error does not name {cause.host} and {cause.words!r}: {seen.terminal[-800:]}"]
+        if cause is not None and not (cause.host in seen.terminal and cause.said_in(seen.terminal)):
+            return [f"c) the error does not name {cause.host} and {cause.shown()}: {seen.terminal[-800:]}"]
         return []
     failures = (seen.record or {}).get("failures", [])
     if cause is None:
@@ -83,8 +83,8 @@ def cause_named(cell: Cell, seen: Observed) -> list[str]:
     if cause.signal is not None and root["signal"] != cause.signal:
         problems.append(f"c) root cause signal {root['signal']}, expected {cause.signal}")
     described = describe(root)
-    if cause.words not in described:
-        problems.append(f"c) root cause says {described!r}, expected {cause.words!r}")
+    if not cause.said_in(described):
+        problems.append(f"c) root cause says {described!r}, expected {cause.shown()}")
     return problems
 
 

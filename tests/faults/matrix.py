@@ -71,6 +71,13 @@ class Cause:
     words: str
     rank: int | None = None
     signal: str | None = None
+    or_words: str | None = None  # the same fault said another way (a cut link: silence, or the neighbour's ARP failing)
+
+    def said_in(self, text: str) -> bool:
+        return self.words in text or (self.or_words is not None and self.or_words in text)
+
+    def shown(self) -> str:
+        return f'"{self.words}"' + (f' or "{self.or_words}"' if self.or_words else "")
 
 
 @dataclass(frozen=True)
@@ -122,7 +129,7 @@ class Cell:
         if self.cause is not None:
             rank = f" r{self.cause.rank}" if self.cause.rank is not None else ""
             kind = f"{self.cause.kind} " if self.cause.kind else ""
-            named = f"; {self.cause.host or 'any host'}{rank}: {kind}\"{self.cause.words}\""
+            named = f"; {self.cause.host or 'any host'}{rank}: {kind}{self.cause.shown()}"
         return f"{','.join(parts)}: {what}{named}"
 
 
@@ -141,8 +148,8 @@ REPORTED_BOUND = GRACE + 7
 
 CELLS: tuple[Cell, ...] = (
     # ---------------------------------------------------------------- preflight
-    Cell(Fault.LINK_CUT, Phase.PREFLIGHT, 15, Outcome.REFUSED, Cause(FAULTY_HOST, "", "timed out"),
-         bystander=False),
+    Cell(Fault.LINK_CUT, Phase.PREFLIGHT, 15, Outcome.REFUSED,
+         Cause(FAULTY_HOST, "", "timed out", or_words="no route to host"), bystander=False),
     Cell(Fault.SSHD_KILLED, Phase.PREFLIGHT, 10, Outcome.REFUSED, Cause(FAULTY_HOST, "", "probe failed"),
          bystander=False),
     Cell(Fault.REBOOT, Phase.PREFLIGHT, 10, Outcome.REFUSED, Cause(FAULTY_HOST, "", "probe failed"),
