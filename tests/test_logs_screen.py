@@ -68,6 +68,39 @@ def test_a_stalled_terminal_never_holds_up_the_reader_and_the_summary_counts_wha
     sink.close()
 
 
+class IndexCheckingTerminal(io.StringIO):
+    """A terminal that, for every rank line it is given, asks `distrun logs` whether it has it yet."""
+
+    def __init__(self, job_dir: JobDir) -> None:
+        super().__init__()
+        self.job_dir = job_dir
+        self.unstored: list[str] = []
+
+    def write(self, text: str) -> int:
+        kept = set(stored(self.job_dir))
+        self.unstored += [ln for ln in text.splitlines() if ln.startswith("[node0 r0] ")
+                          and ln.removeprefix("[node0 r0] ") not in kept]
+        return super().write(text)
+
+    def isatty(self) -> bool:
+        return False
+
+
+def test_every_line_the_terminal_shows_is_already_in_distrun_logs(tmp_path: Path) -> None:
+    """A controller SIGKILLed right after a line reached the screen must not lose it from the job's files."""
+    job_dir = JobDir(tmp_path / "j-1")
+    terminal = IndexCheckingTerminal(job_dir)
+    sink = LogSink(job_dir, Screen(terminal, job_id="j-1"))
+    run = host(sink)
+    for start in range(0, 50, 10):
+        run.on_data(lines(10, start=start))
+        time.sleep(0.02)
+    sink.close_screen()
+    assert "[node0 r0] line 0 49" in terminal.getvalue()
+    assert terminal.unstored == []
+    sink.close()
+
+
 def test_an_error_while_handling_output_is_said_once_and_the_next_lines_are_still_handled(tmp_path: Path) -> None:
     job_dir = JobDir(tmp_path)
     terminal = io.StringIO()
