@@ -173,9 +173,12 @@ def test_saving_an_id_already_recorded_is_refused_never_replaced(tmp_path: Path)
     assert store.get("j-6").state is JobState.SUCCEEDED
 
 
-def test_job_ids_made_in_the_same_second_differ() -> None:
+def test_job_ids_made_in_the_same_second_almost_never_collide() -> None:
+    # 2000 ids on one stamp, 24 random bits each: the birthday bound expects 0.12 equal
+    # pairs, and 6 or more happen once in about 300 million runs. A collision that does
+    # happen is refused by Store.save (the test above), never a replaced record.
     ids = {new_job_id("resnet50", now=1_800_000_000.0) for _ in range(2000)}
-    assert len(ids) == 2000
+    assert len(ids) >= 1995
     assert all(re.fullmatch(r"resnet50-\d{8}-\d{6}-[0-9a-f]{6}", i) for i in ids)
 
 
