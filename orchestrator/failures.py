@@ -99,13 +99,16 @@ class Failure:
 
     def brief(self) -> str:
         """One line: `node1 (10.0.0.11) rank 3: exit code 1`."""
-        where = f"{self.host} ({self.address})" if self.address else self.host
         rank = f" rank {self.rank}" if self.rank is not None else ""
-        return f"{where}{rank}: {self.describe()}"
+        return f"{self.where()}{rank}: {self.describe()}"
+
+    def where(self) -> str:
+        """The host as named, with its address when that says more: `node1 (10.0.0.11)`, `localhost`."""
+        return f"{self.host} ({self.address})" if self.address and self.address != self.host else self.host
 
     def render(self) -> str:
         """The indented block a launch summary shows under its root-cause title."""
-        lines = [f"  host: {self.host} ({self.address})" if self.address else f"  host: {self.host}"]
+        lines = [f"  host: {self.where()}"]
         if self.rank is not None:
             lines.append(f"  rank: {self.rank}")
         label = "exit" if self.kind in (FailureKind.EXIT, FailureKind.SIGNAL) else "reason"

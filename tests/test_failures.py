@@ -119,3 +119,11 @@ def test_the_failed_summary_has_the_title_the_block_and_the_other_hosts():
     text = failed_summary("j-1", Failure("node1", FailureKind.EXIT, exit_code=2), {"node0": STOPPED_BY_DISTRUN})
     assert text.splitlines() == ["job j-1 FAILED", "Root Cause (first observed failure):", "  host: node1",
                                  "  exit: exit code 2", "Other hosts: node0: stopped by distrun"]
+
+
+def test_a_host_whose_address_is_its_name_is_named_once() -> None:
+    local = Failure(host="localhost", address="localhost", rank=1, kind=FailureKind.EXIT, exit_code=1)
+    remote = Failure(host="node1", address="10.0.0.11", rank=3, kind=FailureKind.EXIT, exit_code=1)
+    assert local.brief().startswith("localhost rank 1: ")
+    assert "  host: localhost" in local.render().splitlines()
+    assert remote.brief().startswith("node1 (10.0.0.11) rank 3: ")
