@@ -316,3 +316,22 @@ def test_the_background_controller_gets_the_script_arguments_untouched() -> None
 
     assert _child_argv(["launch", "t.py", "--detach", "--json", "--", "--json", "--detach"]) == \
         ["launch", "t.py", "--", "--json", "--detach"]
+
+
+def test_hosts_sharing_one_home_prune_the_same_job_copy_at_once_without_an_error(tmp_path: Path) -> None:
+    """Hosts on one NFS home (and the namespace test cluster) prune one copy together; a file the
+    other host removed first is not an error (CI failed once with FileNotFoundError: 'node0.err')."""
+    copy = tmp_path / ".distrun" / "jobs" / "job-1"
+    for node in range(20):
+        (copy / f"node{node}").mkdir(parents=True)
+        for n in range(100):
+            (copy / f"node{node}" / f"{n}.log").write_text("line\n")
+    prune = [sys.executable, "-c", "import sys; from orchestrator.remote.prune import main; main(sys.argv[1:])",
+             "job-1"]
+    env = {"HOME": str(tmp_path), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    procs = [subprocess.Popen(prune, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(6)]
+    results = [(p.wait(timeout=60), *p.communicate()) for p in procs]
+
+    assert [(rc, err) for rc, _, err in results] == [(0, "")] * 6
+    assert not copy.exists()

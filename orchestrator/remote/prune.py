@@ -15,6 +15,16 @@ import sys
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
+def _remove_tree(path: str) -> None:
+    """rmtree that tolerates entries vanishing under it: hosts that share a home (NFS, or
+    the test cluster's namespaces) prune the same copy at once."""
+    while os.path.isdir(path) and not os.path.islink(path):
+        try:
+            shutil.rmtree(path)
+        except FileNotFoundError:
+            continue
+
+
 def main(argv: list[str]) -> None:
     root = os.path.expanduser(os.path.join("~/.distrun", "jobs"))
     removed = []
@@ -23,6 +33,6 @@ def main(argv: list[str]) -> None:
             continue
         path = os.path.join(root, job_id)
         if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
+            _remove_tree(path)
             removed.append(job_id)
     sys.stdout.write(json.dumps({"removed": removed}) + "\n")
