@@ -9,17 +9,27 @@ GPU in one process; a plain single process without GPUs), ``ddp``
 ``fully_shard`` per residual block, then the root). ``ddp`` and ``fsdp`` started
 without torchrun run as a one-rank process group.
 
-Metrics line protocol (what distrun parses from rank 0's stdout):
+Metrics line protocol (what distrun parses from every rank's stdout):
 
-    DISTRUN_METRICS {"step": 5, "samples_per_s": 41.2, ...}
+    DISTRUN_METRICS {"step": 5, "rank": 0, "busy_s": 0.41, "samples_per_s": 41.2, ...}
 
-One line, the prefix, one space, one JSON object. Rank 0 prints one every
-``--log-every`` steps and at the last step, with the keys
+One line, the prefix, one space, one JSON object. Every rank prints one every
+``--log-every`` steps and at the last step, with its own timing:
 
     step           int    1-based optimizer step just finished
+    rank           int    the printing rank
+    step_time_s    float  mean seconds per step over the interval since the last line
+                          (wall time: under DDP every rank waits for the slowest, so it is
+                          about the same on every rank)
+    wait_s         float  of that, mean seconds per step this rank waited for the gradient
+                          all-reduce after its own backward pass was done (ddp; 0 otherwise)
+    busy_s         float  step_time_s - wait_s: this rank's own work per step (data, forward,
+                          backward, optimizer); a straggler's is the largest
+
+Rank 0's line also carries the job's figures:
+
     samples_per_s  float  whole-job throughput over the interval since the last line:
                           global_batch * steps in the interval / elapsed seconds
-    step_time_s    float  mean seconds per step over the same interval
     loss           float  mean training loss over the interval, averaged across ranks
     peak_mem_mb    float  CUDA max_memory_allocated of rank 0's process on GPUs; on
                           CPU the process's max RSS (getrusage); MiB
@@ -65,6 +75,7 @@ import torch.distributed as dist
 from quick_exit import quick_exit
 from resnet_model import MODEL_NAMES, build_model, shard_units
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -122,6 +133,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true", help=f"continue from {CHECKPOINT_NAME} when it exists")
     parser.add_argument("--fail-at-step", type=int, default=None, help="raise RuntimeError at this step (tests)")
     parser.add_argument("--fail-rank", type=int, default=0, help="the rank that fails with --fail-at-step")
+    parser.add_argument("--slow-rank", type=int, default=None, help="this rank works --slow-s longer per step (tests)")
+    parser.add_argument("--slow-s", type=float, default=0.0, help="seconds the --slow-rank rank sleeps each step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--print-checksum", action="store_true", help="every rank prints DISTRUN_CHECKSUM at the end")
     args = parser.parse_args(argv)
@@ -133,8 +146,8 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     for name in ("steps", "batch_size", "image_size", "num_classes", "grad_accum", "log_every"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.warmup_steps < 0 or args.save_every < 0:
-        parser.error("--warmup-steps and --save-every must not be negative")
+    if args.warmup_steps < 0 or args.save_every < 0 or args.slow_s < 0:
+        parser.error("--warmup-steps, --save-every and --slow-s must not be negative")
     if args.resume and args.checkpoint_dir is None:
         parser.error("--resume needs --checkpoint-dir")
     if args.strategy is None:
@@ -237,12 +250,83 @@ def apply_fsdp(model: nn.Module, runtime: Runtime, amp_dtype: torch.dtype | None
     return model
 
 
-def wrap_model(model: nn.Module, strategy: Strategy, runtime: Runtime, amp_dtype: torch.dtype | None) -> nn.Module:
+def mark(device: torch.device) -> Any:
+    """A point in this rank's work: wall time on CPU; on CUDA an event on the current stream,
+    so that the gap between two marks is the device's time, read later without a synchronize."""
+    if device.type != "cuda":
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def seconds_between(start: Any, end: Any) -> float:
+    """Seconds from one mark to a later one (CUDA marks: once the device has passed `end`)."""
+    if isinstance(start, float):
+        return end - start
+    return start.elapsed_time(end) / 1000
+
+
+@dataclass
+class SyncWait:
+    """How long this rank waits for the other ranks inside DDP's own collectives, per step.
+
+    DDP waits twice a step: at the start of forward, in the broadcast of buffers (BatchNorm's
+    running statistics) from rank 0, and at the end of backward, for the gradient all-reduce. The
+    first wait is the gap from calling the DDP module to its inner module's forward (a pre-hook
+    marks it). For the second, DDP hands each bucket of gradients to the comm hook as soon as this
+    rank computed it, and backward returns once every bucket's all-reduce completed: from the last
+    hand-off, where this rank's own work ended, to the end of backward it waits for the others
+    (and for the last bucket's transfer). Without this, every rank's step time is the slowest
+    rank's, and a straggler makes every rank look slow.
+    """
+
+    device: torch.device
+    watching: bool = False
+    began: Any = None
+    pending: list[tuple[Any, Any]] = field(default_factory=list)
+
+    def watch(self, ddp: nn.parallel.DistributedDataParallel) -> None:
+        ddp.register_comm_hook(None, self.hook)
+        ddp.module.register_forward_pre_hook(self.inner_forward)
+        self.watching = True
+
+    def forward_called(self) -> None:
+        if self.watching:
+            self.began = mark(self.device)
+
+    def inner_forward(self, _module: nn.Module, _args: Any) -> None:
+        self._waited()
+
+    # Unannotated: DDP checks a hook's annotations as objects, and this module's are strings.
+    def hook(self, process_group, bucket):
+        self.began = mark(self.device)
+        return allreduce_hook(process_group, bucket)
+
+    def backward_done(self) -> None:
+        self._waited()
+
+    def _waited(self) -> None:
+        if self.began is not None:
+            self.pending.append((self.began, mark(self.device)))
+            self.began = None
+
+    def take(self) -> float:
+        """Seconds waited since the previous take (on CUDA: after the device was synchronized)."""
+        waited = sum(seconds_between(start, end) for start, end in self.pending)
+        self.pending.clear()
+        return waited
+
+
+def wrap_model(model: nn.Module, strategy: Strategy, runtime: Runtime, amp_dtype: torch.dtype | None,
+               sync_wait: SyncWait) -> nn.Module:
     """Put the model on its device and wrap it for the strategy; FSDP2 shards in place."""
     model = model.to(runtime.device)
     if strategy is Strategy.DDP:
         device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        sync_wait.watch(ddp)
+        return ddp
     if strategy is Strategy.FSDP:
         return apply_fsdp(model, runtime, amp_dtype)
     if strategy is Strategy.DP:
@@ -269,6 +353,7 @@ class Trainer:
     runtime: Runtime
     amp_dtype: torch.dtype | None
     grad_accum: int
+    sync_wait: SyncWait
     scaler: torch.amp.GradScaler | None = None
     loss_fn: nn.Module = field(default_factory=nn.CrossEntropyLoss)
 
@@ -294,8 +379,10 @@ class Trainer:
             images = images.to(self.runtime.device, non_blocking=True)
             labels = labels.to(self.runtime.device, non_blocking=True)
             with self.grad_sync(index == len(micro_batches) - 1), self.autocast():
+                self.sync_wait.forward_called()
                 loss = self.loss_fn(self.model(images), labels) / self.grad_accum
                 self.backward(loss)
+            self.sync_wait.backward_done()
             total += loss.detach().float()
         if self.scaler is None:
             self.optimizer.step()
@@ -345,13 +432,16 @@ class Meter:
     last_time: float
     measure_start: float | None
     loss_sum: torch.Tensor
+    sync_wait: SyncWait
 
     @classmethod
-    def start(cls, runtime: Runtime, common: dict[str, Any], start_step: int, warmup_steps: int) -> Meter:
+    def start(cls, runtime: Runtime, common: dict[str, Any], start_step: int, warmup_steps: int,
+              sync_wait: SyncWait) -> Meter:
         now = clock(runtime.device)
+        sync_wait.take()
         return cls(runtime=runtime, common=common, warmup_end=start_step + warmup_steps, last_step=start_step,
                    last_time=now, measure_start=now if warmup_steps == 0 else None,
-                   loss_sum=torch.zeros((), device=runtime.device))
+                   loss_sum=torch.zeros((), device=runtime.device), sync_wait=sync_wait)
 
     def record(self, step: int, loss: torch.Tensor, log: bool) -> None:
         """Account for a finished step; the clock is read only at interval boundaries."""
@@ -366,20 +456,28 @@ class Meter:
             self.log(step, now)
 
     def log(self, step: int, now: float) -> None:
+        """Every rank's own line; rank 0's also carries the job's figures."""
         steps = step - self.last_step
         elapsed = now - self.last_time
+        wait = min(self.sync_wait.take(), elapsed) / steps
         world = self.runtime.world_size
         loss = all_reduce_scalar(self.runtime, self.loss_sum.item() / steps, dist.ReduceOp.SUM) / world
+        record: dict[str, Any] = {
+            "step": step,
+            "rank": self.runtime.rank,
+            "step_time_s": round(elapsed / steps, 6),
+            "wait_s": round(wait, 6),
+            "busy_s": round(elapsed / steps - wait, 6),
+        }
         if self.runtime.is_main:
-            emit(METRICS_PREFIX, {
-                "step": step,
+            record |= {
                 "samples_per_s": round(self.common["global_batch"] * steps / elapsed, 3),
-                "step_time_s": round(elapsed / steps, 6),
                 "loss": round(loss, 6),
                 "peak_mem_mb": round(peak_mem_mb(self.runtime.device), 1),
                 **self.common,
                 "warmup": step <= self.warmup_end,
-            })
+            }
+        emit(METRICS_PREFIX, record)
         self.last_step, self.last_time = step, now
         self.loss_sum.zero_()
 
@@ -481,11 +579,12 @@ def build_trainer(args: argparse.Namespace, runtime: Runtime) -> Trainer:
     params = sum(p.numel() for p in model.parameters())
     say(runtime, f"model={args.model} params={params:,} strategy={args.strategy.value} "
                  f"world_size={runtime.world_size} device={runtime.device.type} amp={amp_dtype}")
-    model = wrap_model(model, args.strategy, runtime, amp_dtype)
+    sync_wait = SyncWait(runtime.device)
+    model = wrap_model(model, args.strategy, runtime, amp_dtype, sync_wait)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
     scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
     return Trainer(model=model, optimizer=optimizer, strategy=args.strategy, runtime=runtime,
-                   amp_dtype=amp_dtype, grad_accum=args.grad_accum, scaler=scaler)
+                   amp_dtype=amp_dtype, grad_accum=args.grad_accum, sync_wait=sync_wait, scaler=scaler)
 
 
 def should_log(step: int, args: argparse.Namespace) -> bool:
@@ -504,11 +603,13 @@ def train(args: argparse.Namespace, trainer: Trainer, start_step: int) -> None:
     began = time.perf_counter()
     trainer.model.train()
     groups = micro_batch_groups(make_loader(args, runtime, start_step), args.grad_accum)
-    meter = Meter.start(runtime, common, start_step, args.warmup_steps)
+    meter = Meter.start(runtime, common, start_step, args.warmup_steps, trainer.sync_wait)
     step = start_step
     for step, micro_batches in enumerate(groups, start=start_step + 1):
         if step == args.fail_at_step and runtime.rank == args.fail_rank:
             raise RuntimeError(f"injected failure at step {step} on rank {runtime.rank} (--fail-at-step)")
+        if runtime.rank == args.slow_rank:
+            time.sleep(args.slow_s)  # a straggler: this rank's own work takes longer (--slow-rank)
         loss = trainer.step(micro_batches)
         meter.record(step, loss, log=should_log(step, args))
         if args.checkpoint_dir and args.save_every and step % args.save_every == 0 and step != args.steps:

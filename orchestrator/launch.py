@@ -28,6 +28,7 @@ from orchestrator.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, fail
 from orchestrator.interrupts import on_signals
 from orchestrator.logs import LogSink
 from orchestrator.logs.screen import Screen
+from orchestrator.logs.sink import job_wide
 from orchestrator.plan import HostPlan, LaunchPlan
 from orchestrator.remote.redact import Masker, escape_controls
 from orchestrator.remote.stream import Batch, FrameReader
@@ -390,6 +391,8 @@ class Launcher:
         return next(h for h in self.hosts if h.node == node)
 
     def _on_metrics(self, _node: str, _rank: int | None, record: dict[str, Any]) -> None:
+        if not job_wide(record):
+            return
         self.monitor.metrics(record)
         self.last_metrics = record
         if record.get("final"):

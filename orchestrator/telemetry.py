@@ -29,6 +29,7 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.logs.sink import job_wide
 from orchestrator.remote.sampler import SHIPPED_NVML
 from orchestrator.store import JobDir, JobRecord
 from orchestrator.terminal import colour
@@ -147,7 +148,9 @@ class Aggregator:
         return fired
 
     def observe_metrics(self, record: dict[str, Any]) -> None:
-        """Keep the job's latest metrics record (throughput) for display."""
+        """Keep the job's latest metrics record (throughput) for display; other ranks' own are not it."""
+        if not job_wide(record):
+            return
         with self.lock:
             self.metrics = record
 

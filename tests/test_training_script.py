@@ -20,11 +20,13 @@ from tests.helpers import REPO
 
 SCRIPT = REPO / "jobs" / "train_resnet50.py"
 TINY = ["--model", "tiny", "--image-size", "32", "--batch-size", "4", "--num-classes", "10"]
-METRIC_KEYS = {"step", "samples_per_s", "step_time_s", "loss", "peak_mem_mb", "world_size", "global_batch",
+RANK_KEYS = {"step", "rank", "step_time_s", "wait_s", "busy_s"}
+METRIC_KEYS = RANK_KEYS | {"step", "samples_per_s", "step_time_s", "loss", "peak_mem_mb", "world_size", "global_batch",
                "strategy", "device", "amp", "warmup"}
 FINAL_KEYS = {"final", "step", "steps_run", "mean_samples_per_s", "peak_mem_mb", "wall_s", "world_size",
               "global_batch", "strategy", "device", "amp"}
 TIMEOUT = 180
+SLOW_S = 0.3
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -58,11 +60,11 @@ def records(result: subprocess.CompletedProcess[str], prefix: str) -> list[dict[
 
 
 def metrics(result: subprocess.CompletedProcess[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(interval records, the final record) of a successful run."""
+    """(rank 0's interval records, the final record) of a successful run."""
     assert result.returncode == 0, result.stderr[-3000:]
     lines = records(result, "DISTRUN_METRICS")
     assert lines and lines[-1].get("final") is True, result.stdout
-    return lines[:-1], lines[-1]
+    return [r for r in lines[:-1] if r["rank"] == 0], lines[-1]
 
 
 def weights(result: subprocess.CompletedProcess[str]) -> list[float]:
@@ -80,11 +82,12 @@ if "LOCAL_RANK" in os.environ:
 
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
-    """A finished 2-rank run; its workers carry the exit probe (a sitecustomize module)."""
+    """A finished 2-rank run, rank 1 made slow by SLOW_S a step; its workers carry the exit probe
+    (a sitecustomize module)."""
     probe = tmp_path_factory.mktemp("exit-probe")
     (probe / "sitecustomize.py").write_text(EXIT_PROBE)
-    return train(*TINY, "--steps", "4", "--log-every", "2", "--print-checksum", nproc=2,
-                 env={"PYTHONPATH": str(probe)})
+    return train(*TINY, "--steps", "4", "--log-every", "2", "--print-checksum", "--slow-rank", "1",
+                 "--slow-s", str(SLOW_S), nproc=2, env={"PYTHONPATH": str(probe)})
 
 
 def test_bundled_resnet50_matches_torchvision_parameter_count_and_blocks() -> None:
@@ -95,7 +98,20 @@ def test_bundled_resnet50_matches_torchvision_parameter_count_and_blocks() -> No
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 1000)
 
 
-def test_two_rank_run_defaults_to_ddp_and_rank0_prints_every_metrics_line(ddp_run) -> None:
+def test_every_rank_prints_its_own_step_time_and_a_slowed_rank_is_the_busy_one(ddp_run) -> None:
+    lines = [r for r in records(ddp_run, "DISTRUN_METRICS") if not r.get("final")]
+    assert sorted((r["step"], r["rank"]) for r in lines) == [(2, 0), (2, 1), (4, 0), (4, 1)]
+    for record in lines:
+        assert record.keys() >= RANK_KEYS
+        assert record["busy_s"] + record["wait_s"] == pytest.approx(record["step_time_s"], abs=1e-5)
+    steady = {r["rank"]: r for r in lines if r["step"] == 4}
+    # Under DDP both ranks take the slow rank's wall time; only busy_s tells them apart.
+    assert steady[1]["busy_s"] >= SLOW_S
+    assert steady[0]["busy_s"] < steady[1]["busy_s"] - SLOW_S / 2
+    assert steady[0]["wait_s"] > SLOW_S / 2
+
+
+def test_two_rank_run_defaults_to_ddp_and_rank0_prints_the_job_figures(ddp_run) -> None:
     intervals, final = metrics(ddp_run)
     assert [r["step"] for r in intervals] == [2, 4]
     for record in intervals:
