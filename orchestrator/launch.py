@@ -364,7 +364,8 @@ class Launcher:
         self.dir: JobDir = ctx.store.job_dir(plan.job_id)
         self.dir.create()
         self.monitor = telemetry.Monitor([h.node for h in plan.hosts], plan.telemetry_interval,
-                                         self._on_alert, self._running, title=plan.job_id)
+                                         self._on_alert, self._running, title=plan.job_id,
+                                         world_size=plan.world_size)
         terminal = self.monitor.terminal(ctx.terminal, ctx.request.live)
         screen = None if terminal is None else Screen(terminal, ctx.colour(), ctx.request.collapse, plan.job_id)
         # attempt: 1 until the controller restarts jobs itself (DISTRUN_ATTEMPT 1, 2, ...).
@@ -390,10 +391,10 @@ class Launcher:
     def host(self, node: str) -> HostRun:
         return next(h for h in self.hosts if h.node == node)
 
-    def _on_metrics(self, _node: str, _rank: int | None, record: dict[str, Any]) -> None:
+    def _on_metrics(self, node: str, _rank: int | None, record: dict[str, Any]) -> None:
+        self.monitor.metrics(node, record)
         if not job_wide(record):
             return
-        self.monitor.metrics(record)
         self.last_metrics = record
         if record.get("final"):
             self.final_metrics = record
