@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -391,3 +392,14 @@ def test_stop_job_waits_for_nothing_on_a_finished_job(tmp_path: Path, capsys):
     began = time.monotonic()
     assert for_record(store, rec).stop_job(store.get("done-1")) == 0
     assert time.monotonic() - began < 2 and "already ended (succeeded)" in capsys.readouterr().out
+
+
+def test_slurm_reaches_a_jobs_nodes_through_its_allocation_only_while_it_runs(tmp_path: Path):
+    store = Store(tmp_path)
+    rec = record(store, "s-8", "slurm", None)
+    with pytest.raises(UsageError, match="has no Slurm job id yet"):
+        SlurmBackend(store).run_remote_near(rec, ["node0"], "stack", ["stack"])
+    store.end("s-8", JobState.FAILED, 1, "failed")
+    ended = replace(store.get("s-8"), backend_ref="8")
+    with pytest.raises(UsageError, match=r"is not running in Slurm \(failed\)"):
+        SlurmBackend(store).run_remote_near(ended, ["node0"], "stack", ["stack"])

@@ -20,6 +20,7 @@ from .slurm import SlurmCluster
 pytestmark = requires_cluster
 
 DDP_JOB = REPO / "tests" / "slurm_ddp_job.py"
+HANG_WORKER = Path(__file__).parent / "jobs" / "hang_worker.py"
 
 
 def write_job(tmp_path: Path, name: str, args: list[str], extra: str = "") -> Path:
@@ -244,3 +245,28 @@ def test_arguments_naming_node_variables_reach_the_script_literally_on_slurm_as_
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
         shown = [json.loads(line.split("ARGS ", 1)[1]) for line in result.stdout.splitlines() if "ARGS " in line]
         assert shown == [LITERAL_ARGS, LITERAL_ARGS], backend
+
+
+def test_stack_of_a_running_slurm_job_folds_its_four_ranks_on_two_nodes_into_one_group(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    # Each step: a tiny all_reduce, then 2 s of sleep, where every rank is when it is dumped.
+    job = tmp_path / "healthy.yaml"
+    job.write_text(f"name: healthy\nscript: {HANG_WORKER}\nargs: [--steps, '1000', --step-time, '2']\n"
+                   "nproc_per_node: 2\nenv: {OMP_NUM_THREADS: '1'}\nstop_grace: 3\n")
+    submitted = launch(slurm_cluster, tmp_path, job, "stack-1", "--detach", timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    try:
+        assert wait_for(lambda: "[node1 r3] step 1" in combined(tmp_path, "stack-1"), 120)
+        began = time.monotonic()
+        done = distrun("stack", "stack-1", "--json", home=home, env=slurm_cluster.env, timeout=90)
+        took = time.monotonic() - began
+        assert done.returncode == 0, done.stdout + done.stderr
+        groups = json.loads(done.stdout)["groups"]
+        assert [(g["ranks"], g["hosts"]) for g in groups] == [([0, 1, 2, 3], ["node0", "node1"])]
+        assert groups[0]["where"] == "main (hang_worker.py:42)"
+        assert list((home / "jobs" / "stack-1" / "slurm").glob("*.bundle")) == []
+    finally:
+        distrun("stop", "stack-1", home=home, env=slurm_cluster.env, timeout=60)
+    assert job_processes(slurm_cluster, "stack-1") == []
+    print(f"MEASURED distrun stack --json on Slurm, 4 ranks on 2 nodes: {took:.2f} s (the whole command)")
