@@ -53,13 +53,15 @@ class Episode:
 
 @dataclass(frozen=True)
 class Sample:
+    """One rank's own time per step in one interval."""
+
     node: str
     rank: int
     step_s: float
 
 
 def rank_sample(node: str, record: dict[str, Any]) -> tuple[int, Sample] | None:
-    """(step, the rank's own time) of a per-interval metrics record; None for other records."""
+    """(step, the rank's sample) of a per-interval metrics record; None for other records."""
     rank, step = record.get("rank"), record.get("step")
     if record.get("final") or not isinstance(rank, int) or not isinstance(step, int):
         return None
@@ -98,6 +100,7 @@ class Detector:
             if step <= self.judged:
                 return []  # its interval was judged without it
             self.pending.setdefault(step, {})[value.rank] = value
+            # A record of a later interval closes every earlier one, so intervals are judged in order.
             ready = [s for s in sorted(self.pending) if s < step or self._complete(s)]
             return [named for s in ready for named in self._judge(s, self.pending.pop(s))]
 
@@ -105,6 +108,7 @@ class Detector:
         return self.world_size is not None and len(self.pending[step]) >= self.world_size
 
     def _judge(self, step: int, samples: dict[int, Sample]) -> list[Straggler]:
+        """Count each rank's interval as slow or not; the ranks whose run of slow ones names them now."""
         self.judged = step
         median = statistics.median(s.step_s for s in samples.values())
         named = []
