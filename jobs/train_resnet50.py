@@ -21,8 +21,9 @@ One line, the prefix, one space, one JSON object. Every rank prints one every
     step_time_s    float  mean seconds per step over the interval since the last line
                           (wall time: under DDP every rank waits for the slowest, so it is
                           about the same on every rank)
-    wait_s         float  of that, mean seconds per step this rank waited for the gradient
-                          all-reduce after its own backward pass was done (ddp; 0 otherwise)
+    wait_s         float  of that, mean seconds per step this rank waited for the others inside
+                          DDP: its buffer broadcast at forward, its gradient all-reduce once this
+                          rank's backward was done (see SyncWait; ddp only, 0 otherwise)
     busy_s         float  step_time_s - wait_s: this rank's own work per step (data, forward,
                           backward, optimizer); a straggler's is the largest
 
@@ -146,8 +147,10 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     for name in ("steps", "batch_size", "image_size", "num_classes", "grad_accum", "log_every"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.warmup_steps < 0 or args.save_every < 0 or args.slow_s < 0:
-        parser.error("--warmup-steps, --save-every and --slow-s must not be negative")
+    if args.warmup_steps < 0 or args.save_every < 0:
+        parser.error("--warmup-steps and --save-every must not be negative")
+    if args.slow_s < 0:
+        parser.error("--slow-s must not be negative")
     if args.resume and args.checkpoint_dir is None:
         parser.error("--resume needs --checkpoint-dir")
     if args.strategy is None:
