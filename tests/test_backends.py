@@ -385,15 +385,6 @@ def test_the_base_backend_refuses_operations_it_does_not_have(tmp_path: Path):
         SlurmBackend(store).run_near(rec, "node0", ["py-spy", "dump"])
 
 
-def test_stop_job_waits_for_nothing_on_a_finished_job(tmp_path: Path, capsys):
-    store = Store(tmp_path)
-    rec = record(store, "done-1", "ssh", None)
-    store.end("done-1", JobState.SUCCEEDED, 0, "ok")
-    began = time.monotonic()
-    assert for_record(store, rec).stop_job(store.get("done-1")) == 0
-    assert time.monotonic() - began < 2 and "already ended (succeeded)" in capsys.readouterr().out
-
-
 def test_slurm_reaches_a_jobs_nodes_through_its_allocation_only_while_it_runs(tmp_path: Path):
     store = Store(tmp_path)
     rec = record(store, "s-8", "slurm", None)
@@ -403,3 +394,13 @@ def test_slurm_reaches_a_jobs_nodes_through_its_allocation_only_while_it_runs(tm
     ended = replace(store.get("s-8"), backend_ref="8")
     with pytest.raises(UsageError, match=r"is not running in Slurm \(failed\)"):
         SlurmBackend(store).run_remote_near(ended, ["node0"], "stack", ["stack"])
+
+
+def test_stop_job_waits_for_nothing_on_a_finished_job(tmp_path: Path, capsys):
+    store = Store(tmp_path)
+    rec = record(store, "done-1", "ssh", None)
+    store.end("done-1", JobState.SUCCEEDED, 0, "ok")
+    began = time.monotonic()
+    assert for_record(store, rec).stop_job(store.get("done-1")) == 0
+    assert time.monotonic() - began < 2 and "already ended (succeeded)" in capsys.readouterr().out
+
