@@ -403,4 +403,3 @@ def test_stop_job_waits_for_nothing_on_a_finished_job(tmp_path: Path, capsys):
     began = time.monotonic()
     assert for_record(store, rec).stop_job(store.get("done-1")) == 0
     assert time.monotonic() - began < 2 and "already ended (succeeded)" in capsys.readouterr().out
-
