@@ -9,6 +9,12 @@ GPU in one process; a plain single process without GPUs), ``ddp``
 ``fully_shard`` per residual block, then the root). ``ddp`` and ``fsdp`` started
 without torchrun run as a one-rank process group.
 
+Checkpoints (jobs/README.md, "Checkpoints and restarts"): with a checkpoint dir
+(``--checkpoint-dir``, default $DISTRUN_CHECKPOINT_DIR) every rank resumes from the
+latest checkpoint there at start and prints ``resumed from step K``; the run saves every
+``--checkpoint-every`` steps and at the end, atomically: rank 0 renames last.pt.partial
+to last.pt, or under fsdp the ranks write DCP shards that rank 0 renames to step-K.dcp.
+
 Metrics line protocol (what distrun parses from rank 0's stdout):
 
     DISTRUN_METRICS {"step": 5, "samples_per_s": 41.2, ...}
