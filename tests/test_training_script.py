@@ -223,3 +223,16 @@ def test_checkpoint_every_without_a_checkpoint_dir_is_refused() -> None:
     result = train(*TINY, "--checkpoint-every", "2", env={"DISTRUN_CHECKPOINT_DIR": ""})
     assert result.returncode == 2
     assert "--checkpoint-every needs --checkpoint-dir or $DISTRUN_CHECKPOINT_DIR" in result.stderr
+
+
+def test_run_whose_checkpoint_already_reached_its_steps_trains_nothing_and_succeeds(tmp_path: Path) -> None:
+    # A restarted attempt whose predecessor saved the last step and then died.
+    run = [*TINY, "--steps", "2", "--checkpoint-dir", str(tmp_path)]
+    metrics(train(*run))
+    saved = (tmp_path / "last.pt").stat().st_mtime_ns
+    again = train(*run)
+    intervals, final = metrics(again)
+    assert resumed_ranks(again, 2) == [0]
+    assert intervals == []
+    assert (final["step"], final["steps_run"], final["mean_samples_per_s"]) == (2, 0, None)
+    assert (tmp_path / "last.pt").stat().st_mtime_ns == saved
