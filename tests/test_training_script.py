@@ -90,6 +90,11 @@ def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedPro
                  "--slow-s", str(SLOW_S), nproc=2, env={"PYTHONPATH": str(probe)})
 
 
+@pytest.fixture(scope="module")
+def fsdp_run() -> subprocess.CompletedProcess[str]:
+    return train(*TINY, "--steps", "4", "--log-every", "2", "--print-checksum", "--strategy", "fsdp", nproc=2)
+
+
 def test_bundled_resnet50_matches_torchvision_parameter_count_and_blocks() -> None:
     resnet_model = load_resnet_model()
     model = resnet_model.build_resnet50()
@@ -142,11 +147,10 @@ def test_finished_ranks_skip_interpreter_teardown_after_flushing_their_last_line
     assert sorted(r["rank"] for r in records(ddp_run, "DISTRUN_CHECKSUM")) == [0, 1]
 
 
-def test_fsdp_on_two_ranks_trains_the_same_weights_as_ddp(ddp_run) -> None:
-    result = train(*TINY, "--steps", "4", "--log-every", "2", "--print-checksum", "--strategy", "fsdp", nproc=2)
-    intervals, _ = metrics(result)
+def test_fsdp_on_two_ranks_trains_the_same_weights_as_ddp(ddp_run, fsdp_run) -> None:
+    intervals, _ = metrics(fsdp_run)
     assert {r["strategy"] for r in intervals} == {"fsdp"}
-    fsdp_weights = weights(result)
+    fsdp_weights = weights(fsdp_run)
     assert len(fsdp_weights) == 2 and len(set(fsdp_weights)) == 1
     assert fsdp_weights[0] == pytest.approx(weights(ddp_run)[0], abs=1e-3)
 
@@ -172,15 +176,79 @@ def test_one_process_strategy_refuses_a_multi_process_launch() -> None:
     assert "launch it with nproc_per_node 1" in result.stderr
 
 
+def resumed_ranks(result: subprocess.CompletedProcess[str], step: int) -> list[int]:
+    """The ranks that printed `resumed from step <step>`."""
+    return sorted(int(line.split("rank ")[1].split(":")[0]) for line in result.stdout.splitlines()
+                  if f"resumed from step {step} " in line)
+
+
 def test_resume_after_a_failure_continues_from_the_checkpoint_to_the_same_weights(tmp_path: Path) -> None:
     run = [*TINY, "--steps", "4", "--log-every", "1", "--print-checksum", "--checkpoint-dir", str(tmp_path)]
     uninterrupted = train(*TINY, "--steps", "4", "--log-every", "1", "--print-checksum")
-    crashed = train(*run, "--save-every", "2", "--fail-at-step", "3")
+    crashed = train(*run, "--checkpoint-every", "2", "--fail-at-step", "3")
     assert crashed.returncode != 0
     assert torch.load(tmp_path / "last.pt", weights_only=True)["step"] == 2
-    resumed = train(*run, "--resume")
+    resumed = train(*run)
     intervals, final = metrics(resumed)
-    assert "resumed from" in resumed.stdout
+    assert resumed_ranks(resumed, 2) == [0]
     assert [r["step"] for r in intervals] == [3, 4]
     assert (final["step"], final["steps_run"]) == (4, 2)
     assert weights(resumed) == weights(uninterrupted)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_longer_run_resumes_on_every_rank_and_trains_only_the_remaining_steps(
+        strategy: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    first = train(*TINY, "--steps", "2", "--checkpoint-every", "1", "--strategy", strategy, nproc=2,
+                  env={"DISTRUN_CHECKPOINT_DIR": str(tmp_path)})
+    assert [r["step"] for r in metrics(first)[0]] == [2]
+    assert resumed_ranks(first, 0) == [] and "no checkpoint in" in first.stdout
+    second = train(*TINY, "--steps", "4", "--log-every", "1", "--print-checksum", "--strategy", strategy, nproc=2,
+                   env={"DISTRUN_CHECKPOINT_DIR": str(tmp_path), "DISTRUN_ATTEMPT": "2"})
+    intervals, final = metrics(second)
+    assert "train_resnet50: attempt 2" in second.stdout
+    assert resumed_ranks(second, 2) == [0, 1]
+    assert [r["step"] for r in intervals] == [3, 4]
+    assert (final["step"], final["steps_run"]) == (4, 2)
+    # The same data, in the same order, as a run that went to step 4 in one go.
+    uninterrupted = request.getfixturevalue(f"{strategy}_run")
+    assert weights(second) == weights(uninterrupted)
+
+
+@pytest.mark.parametrize(("strategy", "partial", "saved"), [
+    ("ddp", "last.pt.partial", "last.pt"),
+    ("fsdp", "step.dcp.partial", "step-4.dcp"),
+])
+def test_checkpoint_left_half_written_by_a_crash_is_ignored_and_replaced(
+        strategy: str, partial: str, saved: str, tmp_path: Path) -> None:
+    run = [*TINY, "--strategy", strategy, "--checkpoint-dir", str(tmp_path)]
+    metrics(train(*run, "--steps", "2"))
+    if strategy == "fsdp":
+        (tmp_path / partial).mkdir()
+        (tmp_path / partial / "__0_0.distcp").write_bytes(b"cut short")
+    else:
+        (tmp_path / partial).write_bytes(b"cut short")
+    resumed = train(*run, "--steps", "4")
+    metrics(resumed)
+    assert resumed_ranks(resumed, 2) == [0]
+    assert not (tmp_path / partial).exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == [saved]
+
+
+def test_checkpoint_every_without_a_checkpoint_dir_is_refused() -> None:
+    result = train(*TINY, "--checkpoint-every", "2", env={"DISTRUN_CHECKPOINT_DIR": ""})
+    assert result.returncode == 2
+    assert "--checkpoint-every needs --checkpoint-dir or $DISTRUN_CHECKPOINT_DIR" in result.stderr
+
+
+def test_run_whose_checkpoint_already_reached_its_steps_trains_nothing_and_succeeds(tmp_path: Path) -> None:
+    # A restarted attempt whose predecessor saved the last step and then died.
+    run = [*TINY, "--steps", "2", "--checkpoint-dir", str(tmp_path)]
+    metrics(train(*run))
+    saved = (tmp_path / "last.pt").stat().st_mtime_ns
+    again = train(*run)
+    intervals, final = metrics(again)
+    assert resumed_ranks(again, 2) == [0]
+    assert intervals == []
+    assert (final["step"], final["steps_run"], final["mean_samples_per_s"]) == (2, 0, None)
+    assert (tmp_path / "last.pt").stat().st_mtime_ns == saved
