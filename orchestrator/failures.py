@@ -20,6 +20,7 @@ from enum import Enum
 from typing import Any
 
 from orchestrator.display import fold_hosts
+from orchestrator.flight import Lag
 
 ROOT_CAUSE_TITLE = "Root Cause (first observed failure):"
 # Lines a rank prints when it failed only because a peer went away (or it was told to stop).
@@ -62,6 +63,7 @@ class Failure:
         barrier_hosts: Other hosts that distrun stopped while their torchrun waited in its exit
             barrier, every worker there already exited: their ranks had finished.
         stack: For a hang: the odd rank's stack, then where the other ranks wait (lines to show).
+        flight: For a hang: what the ranks' Flight Recorder dumps say, per process group.
     """
 
     host: str
@@ -76,6 +78,7 @@ class Failure:
     after_final: bool = False
     barrier_hosts: tuple[str, ...] = ()
     stack: tuple[str, ...] = ()
+    flight: tuple[Lag, ...] = ()
 
     @classmethod
     def from_returncode(cls, host: str, returncode: int, **fields: Any) -> Failure:
@@ -118,6 +121,7 @@ class Failure:
         if self.barrier_hosts:
             lines.append(f"  finished: every rank of {fold_hosts(self.barrier_hosts)} had exited; distrun stopped "
                          "those hosts in torchrun's exit barrier")
+        lines += [f"  flight recorder: {lag.line()}" for lag in self.flight]
         lines += [f"  {line}" for line in self.stack]
         if self.last_lines:
             whose = f"rank {self.rank}" if self.rank is not None else self.host
@@ -130,7 +134,8 @@ class Failure:
         return {"host": self.host, "kind": self.kind.value, "rank": self.rank, "exit_code": self.exit_code,
                 "signal": self.signal, "reason": self.reason, "address": self.address,
                 "last_lines": list(self.last_lines), "time": self.time, "after_final": self.after_final,
-                "barrier_hosts": list(self.barrier_hosts), "stack": list(self.stack)}
+                "barrier_hosts": list(self.barrier_hosts), "stack": list(self.stack),
+                "flight": [lag.to_dict() for lag in self.flight]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Failure:
@@ -147,6 +152,7 @@ class Failure:
             address=str(data.get("address") or ""), last_lines=tuple(data.get("last_lines") or ()),
             time=float(data.get("time") or 0.0), after_final=bool(data.get("after_final")),
             barrier_hosts=tuple(data.get("barrier_hosts") or ()), stack=tuple(data.get("stack") or ()),
+            flight=tuple(Lag.from_dict(lag) for lag in data.get("flight") or ()),
         )
 
 

@@ -28,6 +28,9 @@ MASK = "***"
 PROBE_MARK = "<probe>"  # in a dry run made without reaching the hosts: a value only their probe gives
 # What a probe fills in -> the torchrun option that carries it.
 PROBED_OPTIONS = {"master_addr": "--master-addr", "master_port": "--master-port", "nproc": "--nproc-per-node"}
+# Flight Recorder entries each rank keeps (gloo reads the first, NCCL both) when a job has hang_timeout.
+FLIGHT_RECORDER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FLIGHT_RECORDER_ENTRIES = "2000"
 
 
 @dataclass(frozen=True)
@@ -207,6 +210,15 @@ def host_env(job: JobSpec, node: NodeSpec, iface: str | None) -> dict[str, str]:
     return env
 
 
+def with_flight_recorder(env: dict[str, str], job: JobSpec, job_id: str) -> dict[str, str]:
+    """With hang_timeout: Flight Recorder on in every rank unless the env sizes it, and the directory
+    (host-side job dir; the supervisor makes it) where ranks that opt in serve it (jobs/README.md)."""
+    if job.hang_timeout is None:
+        return env
+    added = {name: FLIGHT_RECORDER_ENTRIES for name in FLIGHT_RECORDER_VARS if name not in env}
+    return {**env, **added, "DISTRUN_WORKER_SOCKETS": f"~/.distrun/jobs/{job_id}/sock"}
+
+
 def resolve_secrets(job: JobSpec, controller_env: dict[str, str]) -> dict[str, str]:
     """Read `${env:NAME}` values from the controller's environment.
 
@@ -244,12 +256,13 @@ def build_plan(
         node_facts = facts.get(node.name)
         nproc = resolve_nproc(job, node, node_facts)
         iface = choose_iface(node, node_facts, master_addr) if len(ordered) > 1 else node.iface
+        env = with_flight_recorder(host_env(job, node, iface), job, job_id)
         argv = torchrun_argv(job, node.python, nnodes=len(ordered), nproc=nproc, node_rank=rank,
                              master_addr=master_addr, master_port=master_port, job_id=job_id,
                              extra_args=extra_args or [], dash_p=takes_dash_p(node_facts))
         hosts.append(HostPlan(
             node=node.name, host=node.host, node_rank=rank, nproc=nproc, python=node.python,
-            workdir=job.workdir or controller_cwd, argv=argv, env=host_env(job, node, iface),
+            workdir=job.workdir or controller_cwd, argv=argv, env=env,
             secret_names=sorted(job.secrets), iface=iface,
         ))
     return LaunchPlan(

@@ -118,12 +118,36 @@ class StackGroup:
 
 
 @dataclass
+class Flight:
+    """The ranks' Flight Recorder dumps (`gather(flight=True)`): rank -> fr_trace_json's JSON, rank ->
+    why it gave none, and the longest a host took to fetch its ranks' dumps."""
+
+    dumps: dict[int, dict[str, Any]] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def add_host(self, stdout: str) -> None:
+        """The dumps in one host's answer (remote/stack.py's JSON line; nothing when it is not JSON)."""
+        try:
+            data = json.loads(stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return
+        for entry in data.get("ranks", []):
+            if isinstance(entry.get("flight"), dict):
+                self.dumps[int(entry["rank"])] = entry["flight"]
+            elif entry.get("flight_error"):
+                self.errors[int(entry["rank"])] = str(entry["flight_error"])
+            self.seconds = max(self.seconds, float(entry.get("flight_seconds") or 0.0))
+
+
+@dataclass
 class Gathered:
     """What `gather` found: every rank's stack, and the hosts that gave none (host -> why)."""
 
     ranks: list[RankStack]
     failed: dict[str, str]
     seconds: float
+    flight: Flight = field(default_factory=Flight)
 
 
 def rank_ranges(ranks: Sequence[int]) -> str:
@@ -177,7 +201,7 @@ def parse_host(node: str, stdout: str) -> list[RankStack]:
 
 
 def gather(backend: Backend, record: JobRecord, nodes: Sequence[str] | None = None, native: bool = False,
-           timeout: float = GATHER_TIMEOUT) -> Gathered:
+           timeout: float = GATHER_TIMEOUT, flight: bool = False) -> Gathered:
     """Dump every rank of a job on its hosts (or on `nodes`), all hosts at once.
 
     Args:
@@ -186,9 +210,10 @@ def gather(backend: Backend, record: JobRecord, nodes: Sequence[str] | None = No
         nodes: Only these of its hosts; None: all.
         native: Include native (C/C++) frames (py-spy --native).
         timeout: Seconds a host may take.
+        flight: Also fetch each rank's Flight Recorder dump (ranks that serve one: orchestrator/flight.py).
 
     Returns:
-        Every rank's stack in rank order, and the hosts that gave none with why.
+        Every rank's stack in rank order, the hosts that gave none with why, and the dumps.
 
     Raises:
         UsageError: a node is not the job's, or its backend cannot reach its ranks.
@@ -198,17 +223,19 @@ def gather(backend: Backend, record: JobRecord, nodes: Sequence[str] | None = No
     if unknown:
         raise UsageError(f"--node {unknown[0]}: job {record.id} ran on {', '.join(record.hosts)}")
     started = time.monotonic()
-    args = ["--native"] if native else []
+    args = ["--native"] * native + ["--flight"] * flight
     results = backend.run_remote_near(record, wanted, "stack", STACK_MODULES, args,
                                       timeout)
     ranks: list[RankStack] = []
+    dumps = Flight()
     failed = {node: one_line(exc) for node, exc in results.failed.items()}
     for node, stdout in results.succeeded.items():
+        dumps.add_host(stdout)
         try:
             ranks += parse_host(node, stdout)
         except InfraError as exc:
             failed[node] = str(exc)
-    return Gathered(sorted(ranks, key=lambda r: r.rank), failed, time.monotonic() - started)
+    return Gathered(sorted(ranks, key=lambda r: r.rank), failed, time.monotonic() - started, dumps)
 
 
 def fold(ranks: Sequence[RankStack]) -> list[StackGroup]:

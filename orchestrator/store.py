@@ -180,6 +180,11 @@ class JobDir:
         return self.root / "stacks"
 
     @property
+    def flight(self) -> Path:
+        """Where a hang's Flight Recorder dumps are kept: rank<R>.json for each rank that served one, flight.json."""
+        return self.root / "flight"
+
+    @property
     def end(self) -> Path:
         """How the job ended, as its controller recorded it (written before the database is)."""
         return self.root / "end.json"

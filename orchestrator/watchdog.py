@@ -4,10 +4,12 @@ Progress is a line from any rank (DISTRUN_METRICS lines included; torchrun's own
 a rank's) reaching the controller; the watchdog is armed by the first one, so a slow start
 (imports, rendezvous) is never a hang. With
 `hang_timeout: T` a job that made none for T/3 seconds is shown `stalled` (live view, `ps`); after
-T seconds `diagnose` dumps every rank's stack into the job directory (stacks/) and returns the
-failure of kind `hang`: the rank whose stack differs from the majority's, that stack, and where the
-others wait. The launcher (launch.py) calls `Watchdog.check` from its run loop and `diagnose` in a
-thread of its own, so the hosts keep being heartbeaten while their ranks are dumped.
+T seconds `diagnose` dumps every rank's stack into the job directory (stacks/), with the Flight
+Recorder dump of every rank that serves one (flight/, orchestrator/flight.py), and returns the
+failure of kind `hang`: the rank whose stack differs from the majority's, that stack, where the
+others wait, and the ranks that have not entered the collective the others wait in. The launcher
+(launch.py) calls `Watchdog.check` from its run loop and `diagnose` in a thread of its own, so the
+hosts keep being heartbeaten while their ranks are dumped.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator import flight as flights
 from orchestrator import stack as stacks
 from orchestrator.errors import DistrunError, one_line
 from orchestrator.failures import Failure, FailureKind
@@ -68,25 +71,40 @@ class Watchdog:
 
 def diagnose(backend: Backend, record: JobRecord, job_dir: JobDir, timeout: float,
              addresses: dict[str, str]) -> Failure:
-    """Dump every rank's stack into the job directory and name the rank that is not where the others are.
+    """Dump every rank's stack (and Flight Recorder) into the job directory and name the rank that
+    is not where the others are.
 
     Args:
         backend: The job's backend (it reaches the ranks' hosts).
         record: The job.
-        job_dir: Its directory; the stacks go to its stacks/ folder.
+        job_dir: Its directory; the stacks go to its stacks/ folder, the Flight Recorder dumps to flight/.
         timeout: The hang_timeout that expired (for the reason's words).
         addresses: Each node's address, for the failure.
 
     Returns:
         The failure of kind `hang`. Its host and rank are the odd rank's; when every rank waits in
-        the same place (or no stack could be taken), the first host's, without a rank.
+        the same place (or no stack could be taken), the one rank the Flight Recorder finds behind,
+        else the first host's, without a rank. Its `flight` holds what the dumps say.
     """
     reason = f"hang: no progress from any rank for {timeout:g} s"
     try:
-        gathered = stacks.gather(backend, record)
+        gathered = stacks.gather(backend, record, flight=True)
     except DistrunError as exc:
         return Failure(record.hosts[0], FailureKind.HANG, reason=f"{reason}; no stacks: {one_line(exc)}",
                        address=addresses.get(record.hosts[0], ""))
+    failure = stack_failure(gathered, record, job_dir, reason, addresses)
+    lags, notes = flight_findings(gathered.flight, job_dir.flight)
+    behind = {rank for lag in lags for rank in lag.behind}
+    nodes = {r.rank: r.node for r in gathered.ranks}
+    if failure.rank is None and len(behind) == 1 and min(behind) in nodes:
+        rank = min(behind)
+        failure = replace(failure, host=nodes[rank], rank=rank, address=addresses.get(nodes[rank], ""))
+    return replace(failure, flight=tuple(lags), stack=failure.stack + tuple(notes))
+
+
+def stack_failure(gathered: stacks.Gathered, record: JobRecord, job_dir: JobDir, reason: str,
+                  addresses: dict[str, str]) -> Failure:
+    """The hang as the stacks tell it (kept in the job directory's stacks/)."""
     groups = stacks.fold(gathered.ranks)
     lines = [f"{node}: no stacks: {why}" for node, why in gathered.failed.items()]
     try:
@@ -108,6 +126,32 @@ def diagnose(backend: Backend, record: JobRecord, job_dir: JobDir, timeout: floa
                    reason=f"{reason}; {odd.label()} on {', '.join(odd.hosts())} is not where the others wait",
                    address=addresses.get(odd.sample.node, ""),
                    stack=tuple(odd_lines(odd, groups[1:], majority) + lines))
+
+
+def flight_findings(flight: stacks.Flight, folder: Path) -> tuple[list[flights.Lag], list[str]]:
+    """What the Flight Recorder dumps say, and notes: ranks that gave none, dumps not kept. The dumps
+    are kept in `folder`; a job whose ranks serve none gets one short note, never an error."""
+    if not flight.dumps:
+        whys = "; ".join(f"{flights.label(ranks)}: {why}" for why, ranks in flights.by_reason(flight.errors).items())
+        return [], [f"no Flight Recorder: {whys or 'no rank found'}; to opt in see jobs/README.md"]
+    lags = flights.lags(flight.dumps)
+    notes = [f"{flights.label(ranks)}: no Flight Recorder dump ({why})"
+             for why, ranks in flights.by_reason(flight.errors).items()]
+    try:
+        keep_flight(flight, lags, folder)
+    except OSError as exc:
+        notes.append(f"Flight Recorder dumps not kept in {folder}: {exc}")
+    return lags, notes
+
+
+def keep_flight(flight: stacks.Flight, lags: Sequence[flights.Lag], folder: Path) -> None:
+    """Write every rank's dump (rank<R>.json) and what they say (flight.json: lags, errors, seconds)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank, dump in flight.dumps.items():
+        (folder / f"rank{rank}.json").write_text(json.dumps(dump) + "\n", encoding="utf-8")
+    summary = {"lags": [lag.to_dict() for lag in lags], "errors": {str(r): why for r, why in flight.errors.items()},
+               "seconds": round(flight.seconds, 3)}
+    (folder / "flight.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
 
 
 def odd_lines(odd: stacks.StackGroup, rest: Sequence[stacks.StackGroup], majority: stacks.StackGroup) -> list[str]:

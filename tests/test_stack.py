@@ -155,7 +155,7 @@ def test_gather_refuses_a_node_the_job_did_not_run_on(ranks):
         gather(for_record(store, rec), rec, ["node7"])
 
 
-def test_diagnose_names_the_odd_rank_shows_its_stack_and_where_the_others_wait_and_keeps_every_stack(ranks):
+def test_diagnose_of_ranks_without_flight_recorder_names_the_odd_rank_by_its_stack_and_keeps_every_stack(ranks):
     store, rec = ranks
     job_dir = store.job_dir(rec.id)
     failure = diagnose(for_record(store, rec), rec, job_dir, 15, {"localhost": "127.0.0.1"})
@@ -164,7 +164,10 @@ def test_diagnose_names_the_odd_rank_shows_its_stack_and_where_the_others_wait_a
     assert failure.reason == ("hang: no progress from any rank for 15 s; rank 3 on localhost is not where "
                               "the others wait")
     assert failure.stack[0] == "stack of rank 3 (load_batch (train.py:9)):"
-    assert failure.stack[-1] == "ranks 0-2 wait in: wait_in_collective (train.py:5)"
+    assert failure.stack[-2] == "ranks 0-2 wait in: wait_in_collective (train.py:5)"
+    assert failure.stack[-1] == ("no Flight Recorder: ranks 0-3: no DISTRUN_WORKER_SOCKETS in its environment; "
+                                 "to opt in see jobs/README.md")
+    assert failure.flight == () and not job_dir.flight.exists()
     kept = sorted(p.name for p in job_dir.stacks.iterdir())
     assert kept == ["folded.txt", "rank0.txt", "rank1.txt", "rank2.txt", "rank3.txt", "stacks.json"]
     assert "load_batch (train.py:9)" in (job_dir.stacks / "rank3.txt").read_text()

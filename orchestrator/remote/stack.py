@@ -1,13 +1,18 @@
 """Dumps the Python stack of every rank of a job on this host with py-spy; used by `distrun stack`
-and by the launcher's hang watchdog. argv: JOB_ID NODE [--native].
+and by the launcher's hang watchdog. argv: JOB_ID NODE [--native] [--flight].
 
 Ranks are the job's processes (DISTRUN_JOB_ID and DISTRUN_NODE in their environment, as the
 supervisor starts them) that torchrun gave a RANK. py-spy is looked for beside the host's python
 first (the venv that runs the job, where `pip install py-spy` puts it), then on PATH. Every rank
 is dumped at once, so a host's dump takes as long as its slowest rank's, not their sum.
 
+With --flight, each rank's Flight Recorder dump is fetched first from its socket in
+DISTRUN_WORKER_SOCKETS (remote/flightrec.py), where the rank opted in; py-spy stops a rank while
+it dumps it, and a stopped rank cannot answer.
+
 Prints one JSON line: {"pyspy": path or null, "ranks": [{"rank", "local_rank", "pid",
-"threads" (py-spy's --json output) or "error"}]}.
+"threads" (py-spy's --json output) or "error", with --flight "flight" (fr_trace_json's JSON) or
+"flight_error", "flight_seconds"}]}.
 """
 
 from __future__ import annotations
@@ -17,21 +22,27 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
+from orchestrator.remote.flightrec import fetch, socket_path
 from orchestrator.remote.pyspy import find_pyspy
 from orchestrator.remote.supervisor import job_processes
 
 DUMP_TIMEOUT = 20.0
 
 
+RANK_VARS = (b"RANK", b"LOCAL_RANK", b"DISTRUN_WORKER_SOCKETS")
+
+
 def rank_env(pid: int) -> dict[str, str]:
-    """RANK and LOCAL_RANK of a process ({} when it has no RANK: torchrun itself, or gone)."""
+    """RANK, LOCAL_RANK and DISTRUN_WORKER_SOCKETS of a process ({} when it has no RANK: torchrun
+    itself, or gone)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             pairs = [item.split(b"=", 1) for item in fh.read().split(b"\0") if b"=" in item]
     except OSError:
         return {}
-    env = {k.decode(): v.decode(errors="replace") for k, v in pairs if k in (b"RANK", b"LOCAL_RANK")}
+    env = {k.decode(): v.decode(errors="replace") for k, v in pairs if k in RANK_VARS}
     return env if "RANK" in env else {}
 
 
@@ -51,19 +62,32 @@ def dump(pyspy: str, pid: int, native: bool) -> dict[str, object]:
         return {"error": "py-spy printed no JSON"}
 
 
-def dump_ranks(job_id: str, node: str, native: bool) -> dict[str, object]:
+def flight(env: dict[str, str]) -> dict[str, object]:
+    """The rank's Flight Recorder dump (or why there is none) and how long fetching it took."""
+    if "DISTRUN_WORKER_SOCKETS" not in env:
+        return {"flight_error": "no DISTRUN_WORKER_SOCKETS in its environment"}
+    started = time.monotonic()
+    got = fetch(socket_path(env["DISTRUN_WORKER_SOCKETS"], env["RANK"]))
+    return {**got, "flight_seconds": round(time.monotonic() - started, 3)}
+
+
+def dump_ranks(job_id: str, node: str, native: bool, with_flight: bool = False) -> dict[str, object]:
     """Every rank of the job on this host, dumped at once (one thread per rank)."""
     pyspy = find_pyspy()
     ranks = []
+    envs: dict[int, dict[str, str]] = {}
     for pid in job_processes(job_id, os.getpid(), node):
         env = rank_env(pid)
         if env:
+            envs[pid] = env
             ranks.append({"rank": int(env["RANK"]), "local_rank": int(env.get("LOCAL_RANK", "0")), "pid": pid})
-    if pyspy is None:
-        return {"pyspy": None, "ranks": ranks}
 
     def one(entry: dict[str, object]) -> None:
-        entry.update(dump(pyspy, int(str(entry["pid"])), native))
+        pid = int(str(entry["pid"]))
+        if with_flight:
+            entry.update(flight(envs[pid]))
+        if pyspy is not None:
+            entry.update(dump(pyspy, pid, native))
 
     threads = [threading.Thread(target=one, args=(entry,)) for entry in ranks]
     for thread in threads:
@@ -75,4 +99,4 @@ def dump_ranks(job_id: str, node: str, native: bool) -> dict[str, object]:
 
 def main(argv: list[str]) -> None:
     job_id, node = argv[0], argv[1]
-    sys.stdout.write(json.dumps(dump_ranks(job_id, node, "--native" in argv[2:])) + "\n")
+    sys.stdout.write(json.dumps(dump_ranks(job_id, node, "--native" in argv[2:], "--flight" in argv[2:])) + "\n")

@@ -31,6 +31,7 @@ import threading
 import time
 from typing import Any, BinaryIO
 
+from orchestrator.remote.flightrec import socket_dir
 from orchestrator.remote.leader import Leader
 from orchestrator.remote.private import make_private_dirs
 from orchestrator.remote.relay import Relay
@@ -179,6 +180,7 @@ class Supervisor:
         env.update(self.cfg.get("env", {}))
         env["DISTRUN_JOB_ID"] = self.job_id
         env["DISTRUN_NODE"] = self.node
+        self.resolve_sockets(env)
         cwd = self.cfg.get("cwd")
         self.child = subprocess.Popen(
             self.relay.argv(self.cfg["argv"]),
@@ -191,6 +193,18 @@ class Supervisor:
         )
         self.leader = Leader(self.child)
         self.out.event("started", pid=self.child.pid, supervisor=os.getpid(), host=os.uname().nodename)
+
+    def resolve_sockets(self, env: dict[str, str]) -> None:
+        """DISTRUN_WORKER_SOCKETS made on this host (remote/flightrec.py), or dropped with a note."""
+        wanted = env.get("DISTRUN_WORKER_SOCKETS")
+        if wanted is None:
+            return
+        made = socket_dir(wanted, self.job_id)
+        if made is None:
+            del env["DISTRUN_WORKER_SOCKETS"]
+            self.warn(f"no directory for the ranks' Flight Recorder sockets ({wanted}): hangs get stacks only")
+        else:
+            env["DISTRUN_WORKER_SOCKETS"] = made
 
     def control(self, stdin: BinaryIO) -> None:
         """Read heartbeats and stop requests; end of stdin means the controller is gone."""

@@ -56,16 +56,25 @@ def test_rank_3_stuck_outside_the_collective_is_named_with_its_function_within_t
     summary = out[out.index("Root Cause"):]
     assert "host: node1" in summary and "rank: 3" in summary
     assert "rank 3 on node1 is not where the others wait" in summary
-    assert "load_batch (hang_worker.py:21)" in summary
-    assert re.search(r"ranks 0-2,4-5 wait in: all_reduce .*← main \(hang_worker\.py:37\)", summary), summary
+    assert "load_batch (hang_worker.py:24)" in summary
+    assert re.search(r"ranks 0-2,4-5 wait in: all_reduce .*← steps \(hang_worker\.py:57\)", summary), summary
+    # The Flight Recorder (hang_worker serves it): every rank entered collective #30 (steps 0-29) and
+    # ranks 0-2,4-5 wait in #31, which rank 3 has not entered.
+    assert ("flight recorder: rank 3 has not entered collective #31 gloo:all_reduce that ranks 0-2,4-5 wait in "
+            "(last entered: #30)") in summary, summary
     root = record(home, "hang-1")["failures"][0]
     assert (root["kind"], root["host"], root["rank"]) == ("hang", "node1", 3)
+    assert [(lag["seq"], lag["behind"], lag["waiting"]) for lag in root["flight"]] == [(31, [3], [0, 1, 2, 4, 5])]
+    flight = home / "jobs" / "hang-1" / "flight"
+    assert sorted(p.name for p in flight.glob("rank*.json")) == [f"rank{r}.json" for r in range(6)]
+    fetched = json.loads((flight / "flight.json").read_text())
     stacks = home / "jobs" / "hang-1" / "stacks"
     assert sorted(p.name for p in stacks.glob("rank*.txt")) == [f"rank{r}.txt" for r in range(6)]
     assert "load_batch" in (stacks / "rank3.txt").read_text()
     assert all(not procs for procs in job_procs(cluster3, "hang-1").values())
     print(f"MEASURED hang start to root cause: {ended - began:.1f} s (hang_timeout {HANG_TIMEOUT} s); "
-          f"stack dump of 6 ranks on 3 hosts: {json.loads((stacks / 'stacks.json').read_text())['seconds']} s")
+          f"stack dump of 6 ranks on 3 hosts: {json.loads((stacks / 'stacks.json').read_text())['seconds']} s; "
+          f"Flight Recorder fetch, slowest rank: {fetched['seconds']} s")
 
 
 def test_stack_folds_the_six_ranks_of_a_healthy_job_into_one_group_and_ps_shows_it_running(cluster3, inv, tmp_path):
@@ -81,7 +90,7 @@ def test_stack_folds_the_six_ranks_of_a_healthy_job_into_one_group_and_ps_shows_
         assert done.returncode == 0, done.stderr
         groups = json.loads(done.stdout)["groups"]
         assert [(g["ranks"], g["hosts"]) for g in groups] == [(list(range(6)), ["node0", "node1", "node2"])]
-        assert groups[0]["where"] == "main (hang_worker.py:42)"
+        assert groups[0]["where"] == "steps (hang_worker.py:62)"
         text = distrun("stack", "ok-1", "--node", "node1", home=home, timeout=60).stdout.splitlines()
         assert text[1] == "ranks 2-3 (on node1)"
         assert record(home, "ok-1")["state"] == "running"

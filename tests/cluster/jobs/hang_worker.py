@@ -1,15 +1,18 @@
 """A torchrun worker for the hang tests: steps of one all_reduce each; one rank can stop outside
 the collective (in load_batch) while the others wait in it, or only rank 0 can report, through
-DISTRUN_METRICS lines alone."""
+DISTRUN_METRICS lines alone. It serves its Flight Recorder as jobs/README.md says a script opts in."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.control_plane import worker_main
 
 STUCK = 3600.0  # far past every test's bound: the watchdog, not this, ends a stuck rank
 
@@ -22,6 +25,18 @@ def load_batch(stuck: bool) -> torch.Tensor:
     return torch.ones(1)
 
 
+def serving_flight_recorder() -> contextlib.AbstractContextManager[None]:
+    """torch's control plane on $DISTRUN_WORKER_SOCKETS/rank<RANK>.sock, for distrun's hang diagnosis."""
+    sockets = os.environ.get("DISTRUN_WORKER_SOCKETS")
+    if not sockets:
+        return contextlib.nullcontext()
+    path = os.path.join(sockets, f"rank{os.environ['RANK']}.sock")
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(path)  # an earlier attempt's: torch does not bind over it
+    os.environ["TORCH_WORKER_SERVER_SOCKET"] = path
+    return worker_main()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=50)
@@ -30,6 +45,11 @@ def main() -> None:
     parser.add_argument("--hang-step", type=int, default=30)
     parser.add_argument("--metrics-only", action="store_true", help="print nothing but rank 0's DISTRUN_METRICS")
     args = parser.parse_args()
+    with serving_flight_recorder():
+        steps(args)
+
+
+def steps(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     for step in range(args.steps):
