@@ -88,6 +88,14 @@ def test_job_env_overrides_inventory_env_and_iface_sets_socket_ifnames(tmp_path)
     assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" not in env0  # lines come from per-rank files, not --tee
 
 
+def test_hang_timeout_turns_the_flight_recorder_on_unless_the_env_sizes_it_and_names_the_socket_dir(tmp_path):
+    env = plan_for(tmp_path, "hang_timeout: 60\nenv: {TORCH_NCCL_TRACE_BUFFER_SIZE: '50'}\n").hosts[1].env
+    assert (env["TORCH_FR_BUFFER_SIZE"], env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) == ("2000", "50")
+    assert env["DISTRUN_WORKER_SOCKETS"] == "~/.distrun/jobs/demo-1/sock"
+    plain = plan_for(tmp_path).hosts[1].env
+    assert not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "DISTRUN_WORKER_SOCKETS"} & set(plain)
+
+
 def test_host_without_iface_gets_the_interface_on_the_masters_subnet(tmp_path):
     facts = {"node1": HostFacts("node1", interfaces={"lo": ["127.0.0.1/8"], "eth1": ["10.0.0.11/24"]},
                                 route_iface="eth9")}

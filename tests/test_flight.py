@@ -1,0 +1,173 @@
+"""Flight Recorder dumps of a hung job: the analysis (orchestrator/flight.py), the ranks' socket
+directory and the fetch over a Unix socket (orchestrator/remote/flightrec.py).
+
+tests/data/flight/rank<R>.json are real fr_trace_json answers of a 3-rank gloo job (torch 2.13,
+TORCH_FR_BUFFER_SIZE=2000) whose rank 1 slept before the 4th all_reduce, fetched while it hung.
+The fetch test serves a real torch worker server from a one-rank gloo process.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.failures import Failure, FailureKind
+from orchestrator.flight import Lag, lags
+from orchestrator.remote.flightrec import MAX_SOCKET_PATH, fetch, socket_dir, socket_path
+
+DATA = Path(__file__).parent / "data" / "flight"
+
+
+def real_dumps() -> dict[int, dict[str, Any]]:
+    return {rank: json.loads((DATA / f"rank{rank}.json").read_text()) for rank in range(3)}
+
+
+def entry(seq: int, retired: bool, group: tuple[str, str] = ("0", "default_pg"),
+          name: str = "gloo:all_reduce") -> dict[str, Any]:
+    """An entry shaped as the real ones are (rank 0's first, its identity changed)."""
+    raw = copy.deepcopy(real_dumps()[0]["entries"][0])
+    raw.update(collective_seq_id=seq, record_id=seq - 1, op_id=seq, retired=retired, process_group=list(group),
+               profiling_name=name)
+    return raw
+
+
+def dump_upto(last: int, pending: bool, extra: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A rank that completed collectives 1..last (the last one still pending when `pending`)."""
+    dump = copy.deepcopy(real_dumps()[0])
+    dump["entries"] = [entry(seq, retired=not (pending and seq == last)) for seq in range(1, last + 1)]
+    dump["entries"] += extra or []
+    return dump
+
+
+def test_the_real_dumps_name_rank_1_which_has_not_entered_the_all_reduce_ranks_0_and_2_wait_in():
+    found = lags(real_dumps())
+    assert found == [Lag("0", "default_pg", 4, "gloo:all_reduce", (0, 2), (1,), (3,))]
+    assert found[0].line() == ("rank 1 has not entered collective #4 gloo:all_reduce that ranks 0,2 wait in "
+                               "(last entered: #3)")
+
+
+def test_of_six_ranks_rank_3_is_named_behind_collective_31_that_the_five_others_wait_in():
+    dumps = {rank: dump_upto(30, pending=False) if rank == 3 else dump_upto(31, pending=True) for rank in range(6)}
+    assert [lag.line() for lag in lags(dumps)] == [
+        "rank 3 has not entered collective #31 gloo:all_reduce that ranks 0-2,4-5 wait in (last entered: #30)"]
+
+
+def test_the_collective_most_ranks_wait_in_wins_over_a_later_one_a_single_rank_entered():
+    # Rank 5 ran ahead into #32 (a mismatched schedule); the others wait in #31 but rank 0 never entered it.
+    dumps = {0: dump_upto(30, False), 1: dump_upto(31, True), 2: dump_upto(31, True), 5: dump_upto(32, True)}
+    (lag,) = lags(dumps)
+    assert (lag.seq, lag.waiting, lag.behind, lag.last) == (31, (1, 2), (0,), (30,))
+
+
+def test_a_rank_that_entered_no_collective_is_behind_from_zero():
+    dumps = {0: dump_upto(4, True), 1: {**dump_upto(0, False)}, 2: dump_upto(4, True)}
+    (lag,) = lags(dumps)
+    assert (lag.behind, lag.last) == ((1,), (0,))
+    assert lag.line().endswith("(last entered: #0)")
+
+
+def test_every_rank_in_the_same_collective_is_said_with_no_rank_behind():
+    (lag,) = lags({rank: dump_upto(7, pending=True) for rank in range(3)})
+    assert lag.line() == "ranks 0-2 wait in collective #7 gloo:all_reduce: no rank is behind"
+
+
+def test_a_job_whose_collectives_all_completed_has_nothing_to_say():
+    assert lags({rank: dump_upto(9, pending=False) for rank in range(4)}) == []
+    assert lags({}) == []
+
+
+def test_a_subgroup_is_analysed_apart_with_its_name_and_only_its_members():
+    sub = ("1", "tp_group")
+    dumps = {
+        0: dump_upto(5, False, [entry(1, True, sub), entry(2, False, sub, "gloo:broadcast")]),
+        1: dump_upto(5, False, [entry(1, True, sub)]),
+        2: dump_upto(5, False),  # not a member of tp_group: never behind in it
+    }
+    assert [lag.line() for lag in lags(dumps)] == [
+        "rank 1 has not entered collective #2 gloo:broadcast of process group tp_group that rank 0 waits in "
+        "(last entered: #1)"]
+
+
+def test_a_hang_failure_keeps_its_flight_recorder_lags_through_the_record_and_shows_them():
+    lag = lags(real_dumps())[0]
+    failure = Failure("node0", FailureKind.HANG, rank=1, reason="hang: no progress", flight=(lag,))
+    again = Failure.from_dict(json.loads(json.dumps(failure.to_dict())))
+    assert again == failure
+    assert ("  flight recorder: rank 1 has not entered collective #4 gloo:all_reduce that ranks 0,2 wait in "
+            "(last entered: #3)") in again.render().splitlines()
+
+
+def test_a_record_written_before_the_flight_recorder_reads_back_with_no_lags():
+    old = {"host": "node1", "kind": "hang", "rank": 3, "reason": "hang", "stack": ["stack of rank 3:"]}
+    assert Failure.from_dict(old).flight == ()
+
+
+@pytest.fixture
+def own_tmp() -> Iterator[Path]:
+    """A directory with a short path (pytest's are too long for Unix sockets)."""
+    path = Path(tempfile.mkdtemp(prefix="fr"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_the_socket_dir_is_made_under_home_when_short_enough(own_tmp, monkeypatch):
+    monkeypatch.setenv("HOME", str(own_tmp))
+    made = socket_dir("~/.distrun/jobs/j-1/sock", "j-1")
+    assert made == str(own_tmp / ".distrun" / "jobs" / "j-1" / "sock")
+    assert os.stat(made).st_mode & 0o777 == 0o700
+
+
+def test_a_socket_dir_too_long_for_a_unix_socket_falls_back_to_a_short_private_one_that_binds(own_tmp, monkeypatch):
+    monkeypatch.setenv("HOME", str(own_tmp / ("h" * 90)))
+    made = socket_dir("~/.distrun/jobs/resnet50-20261121-143012-a3f9c2/sock", "resnet50-20261121-143012-a3f9c2")
+    try:
+        assert made is not None and not made.startswith(str(own_tmp))
+        longest = socket_path(made, 99999)
+        assert len(longest) <= MAX_SOCKET_PATH
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+            server.bind(longest)  # the real limit, not ours: this raises when the path is too long
+        assert os.stat(made).st_mode & 0o777 == 0o700
+    finally:
+        if made:
+            shutil.rmtree(made, ignore_errors=True)
+
+
+SERVING_RANK = """\
+import os, sys, torch, torch.distributed as dist
+from torch.distributed.elastic.control_plane import worker_main
+os.environ["TORCH_WORKER_SERVER_SOCKET"] = sys.argv[1]
+with worker_main():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    for _ in range(3):
+        dist.all_reduce(torch.ones(1))
+    print("ready", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_fetch_gets_a_live_ranks_dump_and_says_why_for_a_missing_or_dead_socket(own_tmp):
+    path = str(own_tmp / "rank0.sock")
+    rank = subprocess.Popen([sys.executable, "-c", SERVING_RANK, path], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env={**os.environ, "TORCH_FR_BUFFER_SIZE": "100"}, text=True)
+    try:
+        assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
+        got = fetch(path)
+    finally:
+        rank.kill()
+        rank.wait()
+    entries = got["flight"]["entries"]  # type: ignore[index]
+    assert [(e["collective_seq_id"], e["profiling_name"], e["retired"]) for e in entries] == [
+        (1, "gloo:all_reduce", True), (2, "gloo:all_reduce", True), (3, "gloo:all_reduce", True)]
+    assert fetch(str(own_tmp / "rank7.sock")) == {"flight_error": "no socket served"}
+    assert fetch(path)["flight_error"].startswith("ConnectionRefusedError")  # the dead rank's file is left
