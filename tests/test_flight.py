@@ -3,7 +3,9 @@ directory and the fetch over a Unix socket (orchestrator/remote/flightrec.py).
 
 tests/data/flight/rank<R>.json are real fr_trace_json answers of a 3-rank gloo job (torch 2.13,
 TORCH_FR_BUFFER_SIZE=2000) whose rank 1 slept before the 4th all_reduce, fetched while it hung.
-The fetch test serves a real torch worker server from a one-rank gloo process.
+The fetch test serves a real torch worker server from a one-rank gloo process; the diagnosis test
+hangs two real gloo ranks (plain processes with a rank's environment, no torchrun) and dumps them
+through the local backend, py-spy included, as tests/test_stack.py does.
 """
 
 from __future__ import annotations
@@ -16,15 +18,19 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from orchestrator.backends.base import for_record
 from orchestrator.failures import Failure, FailureKind
 from orchestrator.flight import Lag, lags
 from orchestrator.remote.flightrec import MAX_SOCKET_PATH, fetch, socket_dir, socket_path
+from orchestrator.store import JobRecord, JobState, Store
+from orchestrator.watchdog import diagnose
 
 DATA = Path(__file__).parent / "data" / "flight"
 
@@ -171,3 +177,65 @@ def test_fetch_gets_a_live_ranks_dump_and_says_why_for_a_missing_or_dead_socket(
         (1, "gloo:all_reduce", True), (2, "gloo:all_reduce", True), (3, "gloo:all_reduce", True)]
     assert fetch(str(own_tmp / "rank7.sock")) == {"flight_error": "no socket served"}
     assert fetch(path)["flight_error"].startswith("ConnectionRefusedError")  # the dead rank's file is left
+
+
+HUNG_RANK = """\
+import os, sys, time, torch, torch.distributed as dist
+from torch.distributed.elastic.control_plane import worker_main
+
+def load_batch():
+    print("ready", flush=True)
+    time.sleep(120)
+
+sockets = os.environ["DISTRUN_WORKER_SOCKETS"]
+os.environ["TORCH_WORKER_SERVER_SOCKET"] = os.path.join(sockets, "rank%s.sock" % os.environ["RANK"])
+with worker_main():
+    dist.init_process_group("gloo")
+    for step in range(4):
+        if step == 3:
+            if dist.get_rank() == 1:
+                load_batch()
+            print("ready", flush=True)
+        dist.all_reduce(torch.ones(1))
+"""
+
+
+@pytest.fixture
+def hung_pair(tmp_path: Path, own_tmp: Path) -> Iterator[tuple[Store, JobRecord]]:
+    """Two gloo ranks recorded as a running local job: rank 1 sleeps before the 4th all_reduce, which
+    rank 0 waits in; both serve their Flight Recorder in DISTRUN_WORKER_SOCKETS."""
+    store = Store(tmp_path / "home")
+    rec = JobRecord(id="fr-1", name="fr", spec_path="x.yaml", inventory="<built-in>", hosts=["localhost"],
+                    backend="local", state=JobState.RUNNING)
+    store.save(rec)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "DISTRUN_JOB_ID": rec.id, "DISTRUN_NODE": "localhost", "RANK": str(rank),
+               "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "DISTRUN_WORKER_SOCKETS": str(own_tmp), "TORCH_FR_BUFFER_SIZE": "100"}
+        procs.append(subprocess.Popen([sys.executable, "-c", HUNG_RANK], env=env, stdout=subprocess.PIPE, text=True))
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        time.sleep(0.5)  # rank 0 from its "ready" into the all_reduce
+        yield store, rec
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def test_diagnose_fetches_every_ranks_flight_recorder_keeps_it_and_names_the_rank_behind(hung_pair):
+    store, rec = hung_pair
+    job_dir = store.job_dir(rec.id)
+    failure = diagnose(for_record(store, rec), rec, job_dir, 15, {"localhost": "127.0.0.1"})
+    assert (failure.kind, failure.rank) == (FailureKind.HANG, 1)
+    assert failure.flight == (Lag("0", "default_pg", 4, "gloo:all_reduce", (0,), (1,), (3,)),)
+    assert ("  flight recorder: rank 1 has not entered collective #4 gloo:all_reduce that rank 0 waits in "
+            "(last entered: #3)") in failure.render().splitlines()
+    assert sorted(p.name for p in job_dir.flight.iterdir()) == ["flight.json", "rank0.json", "rank1.json"]
+    kept = json.loads((job_dir.flight / "flight.json").read_text())
+    assert kept["errors"] == {} and 0 < kept["seconds"] < 5
