@@ -724,7 +724,7 @@ def serving_flight_recorder() -> AbstractContextManager[None]:
     sockets = os.environ.get("DISTRUN_WORKER_SOCKETS")
     if not sockets:
         return nullcontext()
-    path = os.path.join(sockets, f"rank{os.environ['RANK']}.sock")
+    path = os.path.join(sockets, f"rank{os.environ.get('RANK', '0')}.sock")
     if os.path.exists(path):
         os.remove(path)  # an earlier attempt's: torch does not bind over it
     os.environ["TORCH_WORKER_SERVER_SOCKET"] = path
