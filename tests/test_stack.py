@@ -115,7 +115,8 @@ def test_a_hang_failure_keeps_its_stack_through_the_record():
 
 @pytest.fixture
 def ranks(tmp_path: Path) -> Iterator[tuple[Store, JobRecord]]:
-    """Four processes recorded as the ranks of a running local job; rank 3 is elsewhere than 0-2."""
+    """Four processes recorded as the ranks of a running local job; rank 3 is elsewhere than 0-2. The job
+    has a socket directory for the Flight Recorder (as with hang_timeout) but the ranks serve none."""
     script = tmp_path / "train.py"
     script.write_text(RANK_SCRIPT)
     store = Store(tmp_path / "home")
@@ -125,7 +126,7 @@ def ranks(tmp_path: Path) -> Iterator[tuple[Store, JobRecord]]:
     procs = []
     for rank in range(4):
         env = {**os.environ, "DISTRUN_JOB_ID": rec.id, "DISTRUN_NODE": "localhost", "RANK": str(rank),
-               "LOCAL_RANK": str(rank)}
+               "LOCAL_RANK": str(rank), "DISTRUN_WORKER_SOCKETS": str(tmp_path / "sock")}
         procs.append(subprocess.Popen([sys.executable, str(script), "odd" if rank == 3 else "even"], env=env,
                                       stdout=subprocess.PIPE, text=True))
     try:
@@ -165,8 +166,7 @@ def test_diagnose_of_ranks_without_flight_recorder_names_the_odd_rank_by_its_sta
                               "the others wait")
     assert failure.stack[0] == "stack of rank 3 (load_batch (train.py:9)):"
     assert failure.stack[-2] == "ranks 0-2 wait in: wait_in_collective (train.py:5)"
-    assert failure.stack[-1] == ("no Flight Recorder: ranks 0-3: no DISTRUN_WORKER_SOCKETS in its environment; "
-                                 "to opt in see jobs/README.md")
+    assert failure.stack[-1] == "no Flight Recorder: ranks 0-3: no socket served; to opt in see jobs/README.md"
     assert failure.flight == () and not job_dir.flight.exists()
     kept = sorted(p.name for p in job_dir.stacks.iterdir())
     assert kept == ["folded.txt", "rank0.txt", "rank1.txt", "rank2.txt", "rank3.txt", "stacks.json"]
