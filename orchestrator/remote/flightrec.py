@@ -63,13 +63,14 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock.connect(self.path)
 
 
-def fetch(path: str, handler: str = "fr_trace_json", timeout: float = FETCH_TIMEOUT) -> dict[str, object]:
-    """A rank's `handler` answer as {"flight": its JSON}, or {"flight_error": why}."""
+def fetch(path: str, timeout: float = FETCH_TIMEOUT) -> dict[str, object]:
+    """A rank's Flight Recorder dump (torch's `fr_trace_json` handler) as {"flight": its JSON}, or
+    {"flight_error": why}."""
     if not os.path.exists(path):
         return {"flight_error": "no socket served"}
     connection = UnixHTTPConnection(path, timeout)
     try:
-        connection.request("POST", f"/handler/{handler}")
+        connection.request("POST", "/handler/fr_trace_json")
         response = connection.getresponse()
         body = response.read()
     except (OSError, http.client.HTTPException) as exc:
