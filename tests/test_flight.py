@@ -149,6 +149,12 @@ def test_a_socket_dir_too_long_for_a_unix_socket_falls_back_to_a_short_private_o
             shutil.rmtree(made, ignore_errors=True)
 
 
+def test_no_socket_dir_is_given_when_even_the_short_one_would_be_too_long(own_tmp, monkeypatch):
+    monkeypatch.setenv("HOME", str(own_tmp / ("h" * 90)))
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp / ("t" * 90)))  # where the fallback goes
+    assert socket_dir("~/.distrun/jobs/j-1/sock", "j-1") is None
+
+
 SERVING_RANK = """\
 import os, sys, torch, torch.distributed as dist
 from torch.distributed.elastic.control_plane import worker_main
