@@ -120,19 +120,21 @@ class StackGroup:
 @dataclass
 class Flight:
     """The ranks' Flight Recorder dumps (`gather(flight=True)`): rank -> fr_trace_json's JSON, rank ->
-    why it gave none, and the longest a host took to fetch its ranks' dumps."""
+    why it gave none, each rank's node, and the longest a rank took to fetch its dump."""
 
     dumps: dict[int, dict[str, Any]] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
+    nodes: dict[int, str] = field(default_factory=dict)
     seconds: float = 0.0
 
-    def add_host(self, stdout: str) -> None:
+    def add_host(self, node: str, stdout: str) -> None:
         """The dumps in one host's answer (remote/stack.py's JSON line; nothing when it is not JSON)."""
         try:
             data = json.loads(stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
             return
         for entry in data.get("ranks", []):
+            self.nodes[int(entry["rank"])] = node
             if isinstance(entry.get("flight"), dict):
                 self.dumps[int(entry["rank"])] = entry["flight"]
             elif entry.get("flight_error"):
@@ -230,7 +232,7 @@ def gather(backend: Backend, record: JobRecord, nodes: Sequence[str] | None = No
     dumps = Flight()
     failed = {node: one_line(exc) for node, exc in results.failed.items()}
     for node, stdout in results.succeeded.items():
-        dumps.add_host(stdout)
+        dumps.add_host(node, stdout)
         try:
             ranks += parse_host(node, stdout)
         except InfraError as exc:

@@ -94,12 +94,24 @@ def diagnose(backend: Backend, record: JobRecord, job_dir: JobDir, timeout: floa
                        address=addresses.get(record.hosts[0], ""))
     failure = stack_failure(gathered, record, job_dir, reason, addresses)
     lags, notes = flight_findings(gathered.flight, job_dir.flight)
-    behind = {rank for lag in lags for rank in lag.behind}
-    nodes = {r.rank: r.node for r in gathered.ranks}
-    if failure.rank is None and len(behind) == 1 and min(behind) in nodes:
-        rank = min(behind)
-        failure = replace(failure, host=nodes[rank], rank=rank, address=addresses.get(nodes[rank], ""))
-    return replace(failure, flight=tuple(lags), stack=failure.stack + tuple(notes))
+    failure = replace(failure, flight=tuple(lags), stack=failure.stack + tuple(notes))
+    return with_flight_rank(failure, gathered.flight.nodes, addresses)
+
+
+def with_flight_rank(failure: Failure, nodes: dict[int, str], addresses: dict[str, str]) -> Failure:
+    """The failure on the one rank its Flight Recorder lags find behind, where the stacks named no
+    rank (every rank alike, or py-spy missing); as it was otherwise.
+
+    Args:
+        failure: The hang, its `flight` filled in.
+        nodes: Each rank's node.
+        addresses: Each node's address.
+    """
+    behind = {rank for lag in failure.flight for rank in lag.behind}
+    if failure.rank is not None or len(behind) != 1 or min(behind) not in nodes:
+        return failure
+    rank = min(behind)
+    return replace(failure, host=nodes[rank], rank=rank, address=addresses.get(nodes[rank], ""))
 
 
 def stack_failure(gathered: stacks.Gathered, record: JobRecord, job_dir: JobDir, reason: str,
