@@ -38,7 +38,7 @@ from orchestrator.backends.slurm_script import (
 )
 from orchestrator.backends.ssh import SUPERVISOR_MODULES
 from orchestrator.doctor.probe import PROBE_MODULES
-from orchestrator.errors import ExitCode, InfraError, UsageError
+from orchestrator.errors import ExitCode, InfraError, SpecError, UsageError
 from orchestrator.failures import Failure, FailureKind, root_cause
 from orchestrator.launch import EXIT_WAIT, HostRun, Launcher
 from orchestrator.logs.sink import append_note
@@ -345,6 +345,18 @@ def write_files(job_dir: JobDir, batch: BatchJob, bundle: bytes, script: str) ->
     write_private(files.script, script)
 
 
+def refuse_restarts(job: JobSpec) -> None:
+    """The controller's restarts (`restarts:` with `max` above 0) run on the SSH backend only.
+
+    Raises:
+        SpecError: the job asks for them.
+    """
+    if job.restarts.max:
+        raise SpecError(job.path, job.lines.get("restarts", 1), "restarts",
+                        "the slurm backend does not restart jobs (a next attempt excluding the failed node "
+                        "is not built yet)", "remove restarts, or run the job with --backend ssh")
+
+
 class SlurmBackend(Backend):
     """Slurm places and runs the job; distrun follows each node's stream file in the shared job directory.
 
@@ -389,7 +401,12 @@ class SlurmBackend(Backend):
         return self.ctx, self.batch
 
     def prepare(self, ctx: LaunchContext) -> LaunchPlan:
-        """The sbatch script and the nodes' files, from the plan of nodes rank0.. (Slurm names them later)."""
+        """The sbatch script and the nodes' files, from the plan of nodes rank0.. (Slurm names them later).
+
+        Raises:
+            SpecError: the job asks for the controller's restarts, which this backend does not make.
+        """
+        refuse_restarts(ctx.job)
         self.ctx = ctx
         self.batch, self.bundle = batch_job(ctx.job, ctx.request, ctx.store.job_dir(ctx.job_id), ctx.job_id,
                                             self.slurm_options)
