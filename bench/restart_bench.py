@@ -42,8 +42,9 @@ GOAL = DEFAULT_HEARTBEAT_TIMEOUT + 15
 NOTES = """
 Notes: `resume` is this worker's own (it reads one number, so its first step arrives in the same
 batch as its `resumed from step K` line); a real script adds the load of its checkpoint there
-(jobs/train_resnet50.py's `--checkpoint-every`). `preflight` is short because the controller
-reaches node0 and node2 again over its open SSH connections and probes both at once. Most of
+(jobs/train_resnet50.py's `--checkpoint-every`). `preflight` is short: the controller connects
+to node0 and node2 again and probes both at once, over SSH inside one machine (a real network
+adds its round trips, and a cold host its first import of python's modules). Most of
 the total is detection, which is heartbeat_timeout by design, and the workers' start (import
 torch on 2 cores, then gloo's rendezvous).
 """
