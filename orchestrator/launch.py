@@ -5,6 +5,12 @@ has it prepare and submit the job, and `Launcher` follows the job to its end thr
 backend's hooks (orchestrator/backends/base.py lists them in order). The first failure observed
 (a host's torchrun exiting non-zero, or a host going silent) stops every other host; the summary
 leads with the root cause (failures.root_cause), as torch elastic's does.
+
+With the job's `restarts`, a failure it lists ends only the attempt: `execute` asks the policy
+(restarts.py) whether and where the next attempt runs, re-plans it through the backend's
+`replan` (a spare in place of a quarantined host, a fresh rendezvous port), preflights and
+stages it, and follows it with a new `Launcher` writing into the same job directory, each line
+with its attempt. The record keeps every attempt.
 """
 
 from __future__ import annotations
