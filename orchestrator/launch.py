@@ -161,8 +161,8 @@ def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course
         return _end_between(ctx, course, JobState.FAILED, int(failed.exit_code if failed else ExitCode.FAILED),
                             f"job {ctx.job_id} FAILED: attempt {course.number + 1} could not start: {failed}")
     ctx.store.job_dir(ctx.job_id).write_plan(following.to_dict())
-    ctx.store.update(ctx.job_id, hosts=list(dict.fromkeys([*course.hosts_ever(), *(h.node for h in following.hosts)])),
-                     master_addr=following.master_addr, master_port=following.master_port)
+    ctx.store.update(ctx.job_id, hosts=[h.node for h in following.hosts], master_addr=following.master_addr,
+                     master_port=following.master_port)
     return following
 
 

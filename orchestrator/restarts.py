@@ -189,10 +189,6 @@ class Course:
             return None
         return after_failure(self.policy, self.number, failure, self.attempts[-1].hosts, self.spares, self.min_hosts)
 
-    def hosts_ever(self) -> list[str]:
-        """Every host any attempt ran on, in the order they first did (the record's hosts)."""
-        return list(dict.fromkeys(host for attempt in self.attempts for host in attempt.hosts))
-
     def records(self) -> list[dict[str, Any]]:
         return [attempt.to_dict() for attempt in self.attempts]
 

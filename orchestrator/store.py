@@ -92,6 +92,12 @@ class JobRecord:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     quarantined: list[str] = field(default_factory=list)
 
+    @property
+    def every_host(self) -> list[str]:
+        """The hosts of every attempt, in the order they first ran the job (`hosts`: the last attempt's)."""
+        earlier = [host for attempt in self.attempts for host in attempt.get("hosts", [])]
+        return list(dict.fromkeys([*earlier, *self.hosts]))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id, "name": self.name, "spec": self.spec_path, "inventory": self.inventory,

@@ -358,17 +358,17 @@ def _remove_copies(inventory_path: str, jobs: list[JobRecord]) -> dict[str, str]
     except UsageError as exc:
         return {job.id: str(exc) for job in jobs}
     known = {node.name for node in inventory.nodes}
-    ids_on = {name: [job.id for job in jobs if name in job.hosts] for name in known}
+    ids_on = {name: [job.id for job in jobs if name in job.every_host] for name in known}
     ids_on = {name: ids for name, ids in ids_on.items() if ids}
     nodes = [inventory.node(name) for name in ids_on]
     with Group(nodes, progress=Progress(len(nodes), "connected")) as group:
         done = group.run(lambda t: run_remote(t, "prune", ["prune"], b"", *ids_on[t.name]))
     failed = done.failed
-    left = {job.id: f"{job.hosts[0]}: not in inventory {inventory_path} any more" for job in jobs
-            if not set(job.hosts) <= known}
+    left = {job.id: f"{job.every_host[0]}: not in inventory {inventory_path} any more" for job in jobs
+            if not set(job.every_host) <= known}
     if failed:
         why = GroupError(done, "cannot remove job copies").render()
-        left.update({job.id: why for job in jobs if set(job.hosts) & set(failed)})
+        left.update({job.id: why for job in jobs if set(job.every_host) & set(failed)})
     return left
 
 
