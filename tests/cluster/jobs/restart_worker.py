@@ -5,7 +5,8 @@ writes the next step's number into DISTRUN_CHECKPOINT_DIR/step atomically (a tem
 then a rename), the contract jobs/README.md asks of a training script. At start every rank
 reads it, before the first all_reduce (so before rank 0 can write again), and prints
 `resumed from step K`. Faults for the tests: `--fail-rank R --fail-at S` raises on rank R at
-step S in every attempt; `--hang-rank R --hang-at S` sleeps there in attempt 1 only.
+step S in every attempt (in attempt 1 only with `--fail-once`); `--hang-rank R --hang-at S`
+sleeps there in attempt 1 only.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def main() -> None:
     parser.add_argument("--step-time", type=float, default=0.2)
     parser.add_argument("--fail-rank", type=int, default=-1)
     parser.add_argument("--fail-at", type=int, default=-1)
+    parser.add_argument("--fail-once", action="store_true")
     parser.add_argument("--hang-rank", type=int, default=-1)
     parser.add_argument("--hang-at", type=int, default=-1)
     args = parser.parse_args()
@@ -55,7 +57,7 @@ def main() -> None:
     if start:
         print(f"resumed from step {start}", flush=True)
     for step in range(start, args.steps):
-        if rank == args.fail_rank and step == args.fail_at:
+        if rank == args.fail_rank and step == args.fail_at and (attempt == "1" or not args.fail_once):
             raise RuntimeError(f"rank {rank} fails at step {step}")
         if rank == args.hang_rank and step == args.hang_at and attempt == "1":
             time.sleep(3600)
