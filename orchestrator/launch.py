@@ -22,22 +22,24 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator import backends, telemetry
 from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, terminal_for
+from orchestrator.display import fold_hosts
 from orchestrator.errors import DistrunError, ExitCode, InfraError
 from orchestrator.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, failed_summary, oom_reason, root_cause
+from orchestrator.group import GroupError
 from orchestrator.interrupts import on_signals
 from orchestrator.logs import LogSink
 from orchestrator.logs.screen import Screen
 from orchestrator.plan import HostPlan, LaunchPlan
 from orchestrator.remote.redact import Masker, escape_controls
 from orchestrator.remote.stream import Batch, FrameReader
-from orchestrator.restarts import Course, Verdict
+from orchestrator.restarts import Course, Verdict, refill
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.overrides import is_script, job_to_yaml
 from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id
@@ -141,15 +143,11 @@ def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course
     deadline = time.monotonic() + course.policy.backoff
     while ctx.interrupted is None and time.monotonic() < deadline:
         time.sleep(POLL)
-    course.spares = verdict.spares
     following: LaunchPlan | None = None
     failed: DistrunError | None = None
     if ctx.interrupted is None:
         try:
-            following = backend.replan(ctx, plan, verdict.hosts or (), verdict.spares)
-            if not ctx.request.skip_preflight:
-                backend.preflight(ctx, following)
-            backend.stage(ctx, following)
+            following = _plan_next(backend, ctx, plan, course, verdict.hosts or (), verdict.spares)
         except DistrunError as exc:
             failed = exc
     if ctx.interrupted is not None:
@@ -166,6 +164,40 @@ def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course
     return following
 
 
+def _plan_next(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: Course, hosts: Sequence[str],
+               spares: Sequence[str]) -> LaunchPlan:
+    """Plan, preflight and stage the next attempt on `hosts`; a host that cannot be reached or
+    probed is set aside, and the next spare (else fewer hosts, as `nnodes: MIN:MAX` allows)
+    tried in its place.
+
+    Raises:
+        DistrunError: the attempt cannot start (no host left to try, or another error).
+    """
+    while True:
+        course.spares = tuple(spares)
+        try:
+            following = backend.replan(ctx, plan, hosts, spares)
+            if not ctx.request.skip_preflight:
+                backend.preflight(ctx, following)
+            backend.stage(ctx, following)
+            return following
+        except GroupError as exc:
+            bad = set(exc.failed) & set(hosts)
+            refilled = refill(hosts, bad, spares, course.min_hosts) if bad else None
+            if refilled is None or ctx.interrupted is not None:
+                raise
+            course.unreachable += sorted(bad)
+            hosts, spares = refilled
+            _tell(ctx, f"[distrun] {fold_hosts(bad)} set aside ({exc}); attempt {course.number + 1} on "
+                       f"{fold_hosts(hosts)}")
+
+
+def _tell(ctx: LaunchContext, text: str) -> None:
+    out = ctx.terminal or sys.stderr
+    out.write(escape_controls(text) + "\n")
+    out.flush()
+
+
 def _end_between(ctx: LaunchContext, course: Course, state: JobState, code: int, detail: str) -> int:
     """Record and say the end of a job that ended between two attempts; its exit code."""
     text = "\n".join([detail, *course.lines()])
@@ -173,9 +205,7 @@ def _end_between(ctx: LaunchContext, course: Course, state: JobState, code: int,
         ctx.store.end(ctx.job_id, state, code, text, attempts=course.records(), quarantined=course.quarantined)
     except DistrunError as exc:
         text += f"\ndistrun: warning: the job's end is not recorded: {exc}"
-    out = ctx.terminal or sys.stderr
-    out.write(escape_controls(text) + "\n")
-    out.flush()
+    _tell(ctx, text)
     return code
 
 

@@ -125,13 +125,12 @@ def after_failure(policy: Restarts, attempt: int, failure: Failure, hosts: Seque
                                                   f"({', '.join(policy.on)})")
     if attempt > policy.max:
         return Verdict(None, tuple(spares), aside, f"no restart left: restarts.max is {policy.max}")
-    kept = [host for host in hosts if host != aside]
-    taken = list(spares[:len(hosts) - len(kept)])
-    left = tuple(spares[len(taken):])
-    if len(kept) + len(taken) < min_hosts:
-        return Verdict(None, left, aside, f"no spare host left to take {aside}'s place, and the job needs "
-                                          f"{min_hosts} host(s) (nnodes: MIN:MAX lets it go on with fewer)")
-    nxt = (*kept, *taken)
+    refilled = refill(hosts, {aside} if aside else set(), spares, min_hosts)
+    if refilled is None:
+        return Verdict(None, tuple(spares), aside, f"no spare host left to take {aside}'s place, and the job needs "
+                                                   f"{min_hosts} host(s) (nnodes: MIN:MAX lets it go on with fewer)")
+    nxt, left = refilled
+    taken = [host for host in nxt if host not in hosts]
     if aside is None:
         why = f"attempt {attempt + 1} on the same hosts, {fold_hosts(nxt)}"
     elif taken:
@@ -139,6 +138,21 @@ def after_failure(policy: Restarts, attempt: int, failure: Failure, hosts: Seque
     else:
         why = f"attempt {attempt + 1} on {fold_hosts(nxt)}, without {aside} (no spare left; fewer hosts allowed)"
     return Verdict(nxt, left, aside, why)
+
+
+def refill(hosts: Sequence[str], bad: set[str], spares: Sequence[str],
+           min_hosts: int) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """`hosts` less `bad`, the first spares in their place (fewer when no spare is left).
+
+    Returns:
+        The hosts and the spares left; None when fewer than `min_hosts` hosts would be left.
+    """
+    kept = [host for host in hosts if host not in bad]
+    free = [spare for spare in spares if spare not in bad]
+    taken = free[:len(hosts) - len(kept)]
+    if len(kept) + len(taken) < min_hosts:
+        return None
+    return (*kept, *taken), tuple(free[len(taken):])
 
 
 def attempts_lines(attempts: Sequence[Attempt], policy: Restarts) -> list[str]:
@@ -163,6 +177,7 @@ class Course:
     min_hosts: int
     spares: tuple[str, ...] = ()
     attempts: list[Attempt] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)  # spares set aside when the next attempt could not reach them
 
     @property
     def number(self) -> int:
@@ -171,7 +186,7 @@ class Course:
 
     @property
     def quarantined(self) -> list[str]:
-        return [a.quarantined for a in self.attempts if a.quarantined]
+        return [*(a.quarantined for a in self.attempts if a.quarantined), *self.unreachable]
 
     def begin(self, hosts: Sequence[str]) -> None:
         self.attempts.append(Attempt(len(self.attempts) + 1, tuple(hosts)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.failures import Failure, FailureKind
-from orchestrator.restarts import Attempt, Course, after_failure, blames_host, trigger
+from orchestrator.restarts import Attempt, Course, after_failure, blames_host, refill, trigger
 from orchestrator.spec.model import Restarts
 
 POLICY = Restarts(max=2, backoff=0)
@@ -89,3 +89,18 @@ def test_a_job_that_allows_no_restart_has_no_verdict_and_no_attempt_list() -> No
     assert course.verdict(EXIT) is None
     course.end(EXIT)
     assert course.lines() == []
+
+
+def test_refill_puts_spares_in_the_place_of_bad_hosts_and_skips_bad_spares() -> None:
+    assert refill(["node0", "node2"], {"node2"}, ["node3", "node4"], 2) == (("node0", "node3"), ("node4",))
+    assert refill(["node0", "node2"], {"node2", "node3"}, ["node3", "node4"], 2) == (("node0", "node4"), ())
+    assert refill(["node0", "node2"], {"node2"}, [], 1) == (("node0",), ())
+    assert refill(["node0", "node2"], {"node2"}, [], 2) is None
+
+
+def test_a_course_lists_unreachable_spares_with_its_quarantined_hosts() -> None:
+    course = Course(POLICY, min_hosts=1)
+    course.begin(["node0"])
+    course.end(SEGV, "node0")
+    course.unreachable.append("node1")
+    assert course.quarantined == ["node0", "node1"]

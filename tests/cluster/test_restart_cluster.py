@@ -178,3 +178,27 @@ def test_a_hang_restarts_on_the_same_hosts_when_restarts_on_lists_hang(cluster3,
     again = attempt_lines(home, "hangs-1", 2)
     assert resumed_from(again) == 6
     assert_each_step_once_from(steps(again), 6, target, ranks=4)
+
+
+def test_a_spare_that_cannot_be_reached_is_set_aside_and_the_next_spare_takes_the_place(cluster3, inv, tmp_path):
+    home, target = tmp_path / "home", 24
+    job = restart_job(tmp_path, "unreached", ["--steps", str(target), "--step-time", "0.3"],
+                      "nnodes: 1\nrestarts: {max: 1, backoff: 0}\n")
+    cluster3.stop_sshd(1)
+    try:
+        proc = start(job, inv, home, "unreached-1", "--no-live", "--nodes", "node0,node1,node2")
+        wait_for_line(home, "unreached-1", "step 4 attempt 1")
+        workers = [p for p in job_procs(cluster3, "unreached-1")[0] if str(RESTART_WORKER) in p.cmdline]
+        assert workers, job_procs(cluster3, "unreached-1")
+        os.kill(workers[0].pid, signal.SIGKILL)
+        finish(proc)
+    finally:
+        cluster3.start_sshd(1)
+    out = output(home, "unreached-1")
+    assert proc.returncode == 0, out[-4000:]
+    rec = record(home, "unreached-1")
+    assert rec["quarantined"] == ["node0", "node1"]
+    assert [a["hosts"] for a in rec["attempts"]] == [["node0"], ["node2"]]
+    assert re.search(r"\[distrun\] node1 set aside \(node1.*\); attempt 2 on node2", out), out[-3000:]
+    again = attempt_lines(home, "unreached-1", 2)
+    assert_each_step_once_from(steps(again), resumed_from(again), target, ranks=2)
