@@ -715,6 +715,7 @@ class Launcher:
         backoff = self.course.policy.backoff
         restarting = f"restarting: {verdict.why}" + (f" in {backoff:g} s" if backoff else "")
         self.sink.note(self.plan.hosts[0].node, restarting)
+        summary = "\n".join([summary, *self.backend.finish(self)])
         self.sink.flush()
         self.sink.close_screen(SCREEN_DRAIN)
         self.monitor.stop()

@@ -393,16 +393,6 @@ def test_stop_job_waits_for_nothing_on_a_finished_job(tmp_path: Path, capsys):
     assert time.monotonic() - began < 2 and "already ended (succeeded)" in capsys.readouterr().out
 
 
-def test_the_slurm_backend_refuses_restarts_in_one_line(tmp_path: Path):
-    job = tmp_path / "j.yaml"
-    job.write_text(f"name: j\nscript: {job}\nbackend: slurm\nrestarts: {{max: 1}}\n")
-    result = distrun("launch", str(job), "--dry-run", home=tmp_path / "home")
-    assert result.returncode == 2
-    assert result.stderr == (f"distrun: error: {job}:4: restarts: the slurm backend does not restart jobs (a next "
-                             "attempt excluding the failed node is not built yet) (remove restarts, or run the job "
-                             "with --backend ssh)\n")
-
-
 def test_a_dry_run_with_a_spare_names_it_and_its_hosts_beyond_nnodes_stay_out(tmp_path: Path):
     inv = tmp_path / "inv.yaml"
     inv.write_text("nodes:\n" + "".join(f"  - {{name: {n}, host: 10.0.0.{i}}}\n" for i, n in enumerate("abc", 1)))
