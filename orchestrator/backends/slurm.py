@@ -5,7 +5,9 @@ reason until Slurm allocates nodes, then follows each node's stream file in the 
 directory with the same HostRun/LogSink/summary code the SSH backend drives through its channels.
 The inventory only gives the nodes' settings (python, iface, env, gpus), from its first selected
 node; Slurm chooses the hosts. Slurm owns the job's lifetime: `distrun stop` is `scancel`, and a
-node that fails ends the step on all nodes through `srun --kill-on-bad-exit`.
+node that fails ends the step on all nodes through `srun --kill-on-bad-exit`. With `restarts`,
+each attempt is a batch job of its own that excludes (`--exclude`) the nodes earlier failures
+quarantined (`replan`).
 """
 
 from __future__ import annotations
