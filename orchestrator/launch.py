@@ -153,10 +153,10 @@ def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course
     if ctx.interrupted is not None:
         name = signal.Signals(ctx.interrupted).name
         code = ExitCode.INTERRUPTED if ctx.interrupted == signal.SIGINT else ExitCode.TERMINATED
-        return _end_between(ctx, course, JobState.STOPPED, int(code),
+        return _end_between(ctx, course, plan, JobState.STOPPED, int(code),
                             f"job {ctx.job_id} stopped ({name}) before attempt {course.number + 1}")
     if failed is not None or following is None:
-        return _end_between(ctx, course, JobState.FAILED, int(failed.exit_code if failed else ExitCode.FAILED),
+        return _end_between(ctx, course, plan, JobState.FAILED, int(failed.exit_code if failed else ExitCode.FAILED),
                             f"job {ctx.job_id} FAILED: attempt {course.number + 1} could not start: {failed}")
     ctx.store.job_dir(ctx.job_id).write_plan(following.to_dict())
     ctx.store.update(ctx.job_id, hosts=[h.node for h in following.hosts], master_addr=following.master_addr,
@@ -198,11 +198,14 @@ def _tell(ctx: LaunchContext, text: str) -> None:
     out.flush()
 
 
-def _end_between(ctx: LaunchContext, course: Course, state: JobState, code: int, detail: str) -> int:
-    """Record and say the end of a job that ended between two attempts; its exit code."""
-    text = "\n".join([detail, *course.lines()])
+def _end_between(ctx: LaunchContext, course: Course, plan: LaunchPlan, state: JobState, code: int,
+                 detail: str) -> int:
+    """Record and say the end of a job that ended between two attempts (secrets masked); its exit code."""
+    mask = Masker(plan.secrets.values())
+    text = mask.text("\n".join([detail, *course.lines()]))
     try:
-        ctx.store.end(ctx.job_id, state, code, text, attempts=course.records(), quarantined=course.quarantined)
+        ctx.store.end(ctx.job_id, state, code, text, attempts=_masked_attempts(course, mask),
+                      quarantined=course.quarantined)
     except DistrunError as exc:
         text += f"\ndistrun: warning: the job's end is not recorded: {exc}"
     _tell(ctx, text)
@@ -445,6 +448,15 @@ def _masked(failure: Failure, mask: Masker) -> Failure:
                    last_lines=tuple(mask.text(line) for line in failure.last_lines))
 
 
+def _masked_attempts(course: Course, mask: Masker) -> list[dict[str, Any]]:
+    """The record's attempts, each failure's reason and lines masked."""
+    records = course.records()
+    for record, attempt in zip(records, course.attempts, strict=True):
+        if attempt.failure is not None:
+            record["failure"] = _masked(attempt.failure, mask).to_dict()
+    return records
+
+
 class Launcher:
     """Follows a submitted job to its end through its backend's hooks, and records how it ended."""
 
@@ -666,7 +678,7 @@ class Launcher:
         try:
             self.store.end(self.plan.job_id, state, code, detail, restarts=restarts,
                            failures=[_masked(f, mask).to_dict() for f in failures or []],
-                           attempts=self._attempt_records(mask), quarantined=self.course.quarantined)
+                           attempts=_masked_attempts(self.course, mask), quarantined=self.course.quarantined)
         except DistrunError as exc:
             # The hosts are stopped and the summary is known: say it, and why it is not recorded.
             detail += f"\ndistrun: warning: the job's end is not recorded: {exc}"
@@ -721,20 +733,13 @@ class Launcher:
         self.monitor.stop()
         mask = Masker(self.plan.secrets.values())
         try:
-            self.store.update(self.plan.job_id, attempts=self._attempt_records(mask),
+            self.store.update(self.plan.job_id, attempts=_masked_attempts(self.course, mask),
                               quarantined=self.course.quarantined)
         except DistrunError as exc:
             summary += f"\ndistrun: warning: the attempt is not recorded: {exc}"
         self._say(mask.text(f"{summary}\n{restarting}"))
         return int(ExitCode.FAILED)
 
-    def _attempt_records(self, mask: Masker) -> list[dict[str, Any]]:
-        """The record's attempts, each failure's reason and lines masked."""
-        records = self.course.records()
-        for record, attempt in zip(records, self.course.attempts, strict=True):
-            if attempt.failure is not None:
-                record["failure"] = _masked(attempt.failure, mask).to_dict()
-        return records
 
     def _final_before(self, when: float) -> bool:
         """Whether the job's final metrics line had arrived by `when` (seconds since the epoch)."""
