@@ -130,7 +130,8 @@ def throughput(job: Path, home: Path) -> float:
     print(f"{job.name}: {job_dir.name} exit {code}", flush=True)
     if code != 0:
         return math.nan
-    final = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()][-1]
+    records = [json.loads(line) for line in (job_dir / "metrics.jsonl").read_text().splitlines()]
+    final = next(r for r in reversed(records) if r.get("final"))  # other ranks' lines may come after it
     return float(final["mean_samples_per_s"])
 
 

@@ -9,17 +9,34 @@ GPU in one process; a plain single process without GPUs), ``ddp``
 ``fully_shard`` per residual block, then the root). ``ddp`` and ``fsdp`` started
 without torchrun run as a one-rank process group.
 
-Metrics line protocol (what distrun parses from rank 0's stdout):
+Checkpoints (jobs/README.md, "Checkpoints and restarts"): with a checkpoint dir
+(``--checkpoint-dir``, default $DISTRUN_CHECKPOINT_DIR) every rank resumes from the
+latest checkpoint there at start and prints ``resumed from step K``; the run saves every
+``--checkpoint-every`` steps and at the end, atomically: rank 0 renames last.pt.partial
+to last.pt, or under fsdp the ranks write DCP shards that rank 0 renames to step-K.dcp.
 
-    DISTRUN_METRICS {"step": 5, "samples_per_s": 41.2, ...}
+Metrics line protocol (what distrun parses from every rank's stdout):
 
-One line, the prefix, one space, one JSON object. Rank 0 prints one every
-``--log-every`` steps and at the last step, with the keys
+    DISTRUN_METRICS {"step": 5, "rank": 0, "busy_s": 0.41, "samples_per_s": 41.2, ...}
+
+One line, the prefix, one space, one JSON object. Every rank prints one every
+``--log-every`` steps and at the last step, with its own timing:
 
     step           int    1-based optimizer step just finished
+    rank           int    the printing rank
+    step_time_s    float  mean seconds per step over the interval since the last line
+                          (wall time: under DDP every rank waits for the slowest, so it is
+                          about the same on every rank)
+    wait_s         float  of that, mean seconds per step this rank waited for the others inside
+                          DDP: its buffer broadcast at forward, its gradient all-reduce once this
+                          rank's backward was done (see SyncWait; ddp only, 0 otherwise)
+    busy_s         float  step_time_s - wait_s: this rank's own work per step (data, forward,
+                          backward, optimizer); a straggler's is the largest
+
+Rank 0's line also carries the job's figures:
+
     samples_per_s  float  whole-job throughput over the interval since the last line:
                           global_batch * steps in the interval / elapsed seconds
-    step_time_s    float  mean seconds per step over the same interval
     loss           float  mean training loss over the interval, averaged across ranks
     peak_mem_mb    float  CUDA max_memory_allocated of rank 0's process on GPUs; on
                           CPU the process's max RSS (getrusage); MiB
@@ -47,10 +64,13 @@ is world_size * (world_size + 1) / 2 on every rank of a healthy process group.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
+import re
 import resource
+import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -65,6 +85,8 @@ import torch.distributed as dist
 from quick_exit import quick_exit
 from resnet_model import MODEL_NAMES, build_model, shard_units
 from torch import nn
+from torch.distributed import checkpoint as dcp
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -72,6 +94,12 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 METRICS_PREFIX = "DISTRUN_METRICS"
 CHECKSUM_PREFIX = "DISTRUN_CHECKSUM"
 CHECKPOINT_NAME = "last.pt"
+# FSDP: one torch.distributed.checkpoint directory per save, written under DCP_PARTIAL
+# and renamed into place once every rank finished; the highest step is the latest.
+DCP_PATTERN = re.compile(r"step-(\d+)\.dcp")
+DCP_PARTIAL = "step.dcp.partial"
+CHECKPOINT_DIR_ENV = "DISTRUN_CHECKPOINT_DIR"
+ATTEMPT_ENV = "DISTRUN_ATTEMPT"
 
 
 class Strategy(str, Enum):
@@ -102,6 +130,11 @@ def env_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
+def env_checkpoint_dir() -> Path | None:
+    value = os.environ.get(CHECKPOINT_DIR_ENV, "")
+    return Path(value) if value else None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=MODEL_NAMES, default="resnet50")
@@ -117,11 +150,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="mixed precision on CUDA: bf16 where supported, else fp16 with GradScaler")
     parser.add_argument("--log-every", type=int, default=10, help="steps between DISTRUN_METRICS lines")
     parser.add_argument("--warmup-steps", type=int, default=2, help="steps left out of mean throughput")
-    parser.add_argument("--checkpoint-dir", type=Path, default=None, help=f"rank 0 writes {CHECKPOINT_NAME} here")
-    parser.add_argument("--save-every", type=int, default=0, help="also checkpoint every N steps (0: only at the end)")
-    parser.add_argument("--resume", action="store_true", help=f"continue from {CHECKPOINT_NAME} when it exists")
+    parser.add_argument("--checkpoint-dir", type=Path, default=env_checkpoint_dir(),
+                        help=f"save here and resume from the latest checkpoint here (default: ${CHECKPOINT_DIR_ENV})")
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="also checkpoint every N steps (0: only at the end)")
     parser.add_argument("--fail-at-step", type=int, default=None, help="raise RuntimeError at this step (tests)")
     parser.add_argument("--fail-rank", type=int, default=0, help="the rank that fails with --fail-at-step")
+    parser.add_argument("--slow-rank", type=int, default=None, help="this rank works --slow-s longer per step (tests)")
+    parser.add_argument("--slow-s", type=float, default=0.0, help="seconds the --slow-rank rank sleeps each step")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--print-checksum", action="store_true", help="every rank prints DISTRUN_CHECKSUM at the end")
     args = parser.parse_args(argv)
@@ -133,10 +169,12 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     for name in ("steps", "batch_size", "image_size", "num_classes", "grad_accum", "log_every"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if args.warmup_steps < 0 or args.save_every < 0:
-        parser.error("--warmup-steps and --save-every must not be negative")
-    if args.resume and args.checkpoint_dir is None:
-        parser.error("--resume needs --checkpoint-dir")
+    if args.warmup_steps < 0 or args.checkpoint_every < 0:
+        parser.error("--warmup-steps and --checkpoint-every must not be negative")
+    if args.checkpoint_every and args.checkpoint_dir is None:
+        parser.error(f"--checkpoint-every needs --checkpoint-dir or ${CHECKPOINT_DIR_ENV}")
+    if args.slow_s < 0:
+        parser.error("--slow-s must not be negative")
     if args.strategy is None:
         args.strategy = Strategy.DDP if env_world_size() > 1 else Strategy.SINGLE
     args.strategy = Strategy(args.strategy)
@@ -208,15 +246,26 @@ class SyntheticImageNet(Dataset):
         return self.images[slot], self.labels[slot]
 
 
+EPOCH_SAMPLES_PER_RANK = 256
+
+
+def epoch_stream(sampler: DistributedSampler) -> Iterator[int]:
+    """This rank's sample indices, epoch after epoch (reshuffled by set_epoch)."""
+    for epoch in itertools.count():
+        sampler.set_epoch(epoch)
+        yield from sampler
+
+
 def make_loader(args: argparse.Namespace, runtime: Runtime, start_step: int) -> DataLoader:
-    """One epoch that covers the whole run; a resumed run skips the batches already trained on."""
+    """Steps start_step+1 .. steps of a fixed sample order: a run that resumes at step K reads
+    exactly what step K+1 onwards of an uninterrupted run reads, whatever --steps either had."""
     per_rank_step = args.batch_size * args.grad_accum
-    dataset = SyntheticImageNet(args.steps * per_rank_step * runtime.world_size, args.image_size,
+    dataset = SyntheticImageNet(EPOCH_SAMPLES_PER_RANK * runtime.world_size, args.image_size,
                                 args.num_classes, args.seed)
     sampler = DistributedSampler(dataset, num_replicas=runtime.world_size, rank=runtime.rank,
                                  shuffle=True, seed=args.seed, drop_last=True)
-    sampler.set_epoch(0)
-    remaining = list(sampler)[start_step * per_rank_step:]
+    remaining = list(itertools.islice(epoch_stream(sampler), start_step * per_rank_step,
+                                      max(args.steps, start_step) * per_rank_step))
     return DataLoader(dataset, batch_size=args.batch_size, sampler=remaining, num_workers=0, drop_last=True,
                       pin_memory=runtime.device.type == "cuda")
 
@@ -237,12 +286,83 @@ def apply_fsdp(model: nn.Module, runtime: Runtime, amp_dtype: torch.dtype | None
     return model
 
 
-def wrap_model(model: nn.Module, strategy: Strategy, runtime: Runtime, amp_dtype: torch.dtype | None) -> nn.Module:
+def mark(device: torch.device) -> Any:
+    """A point in this rank's work: wall time on CPU; on CUDA an event on the current stream,
+    so that the gap between two marks is the device's time, read later without a synchronize."""
+    if device.type != "cuda":
+        return time.perf_counter()
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def seconds_between(start: Any, end: Any) -> float:
+    """Seconds from one mark to a later one (CUDA marks: once the device has passed `end`)."""
+    if isinstance(start, float):
+        return end - start
+    return start.elapsed_time(end) / 1000
+
+
+@dataclass
+class SyncWait:
+    """How long this rank waits for the other ranks inside DDP's own collectives, per step.
+
+    DDP waits twice a step: at the start of forward, in the broadcast of buffers (BatchNorm's
+    running statistics) from rank 0, and at the end of backward, for the gradient all-reduce. The
+    first wait is the gap from calling the DDP module to its inner module's forward (a pre-hook
+    marks it). For the second, DDP hands each bucket of gradients to the comm hook as soon as this
+    rank computed it, and backward returns once every bucket's all-reduce completed: from the last
+    hand-off, where this rank's own work ended, to the end of backward it waits for the others
+    (and for the last bucket's transfer). Without this, every rank's step time is the slowest
+    rank's, and a straggler makes every rank look slow.
+    """
+
+    device: torch.device
+    watching: bool = False
+    began: Any = None
+    pending: list[tuple[Any, Any]] = field(default_factory=list)
+
+    def watch(self, ddp: nn.parallel.DistributedDataParallel) -> None:
+        ddp.register_comm_hook(None, self.hook)
+        ddp.module.register_forward_pre_hook(self.inner_forward)
+        self.watching = True
+
+    def forward_called(self) -> None:
+        if self.watching:
+            self.began = mark(self.device)
+
+    def inner_forward(self, _module: nn.Module, _args: Any) -> None:
+        self._waited()
+
+    # Unannotated: DDP checks a hook's annotations as objects, and this module's are strings.
+    def hook(self, process_group, bucket):
+        self.began = mark(self.device)
+        return allreduce_hook(process_group, bucket)
+
+    def backward_done(self) -> None:
+        self._waited()
+
+    def _waited(self) -> None:
+        if self.began is not None:
+            self.pending.append((self.began, mark(self.device)))
+            self.began = None
+
+    def take(self) -> float:
+        """Seconds waited since the previous take (on CUDA: after the device was synchronized)."""
+        waited = sum(seconds_between(start, end) for start, end in self.pending)
+        self.pending.clear()
+        return waited
+
+
+def wrap_model(model: nn.Module, strategy: Strategy, runtime: Runtime, amp_dtype: torch.dtype | None,
+               sync_wait: SyncWait) -> nn.Module:
     """Put the model on its device and wrap it for the strategy; FSDP2 shards in place."""
     model = model.to(runtime.device)
     if strategy is Strategy.DDP:
         device_ids = [runtime.device.index] if runtime.device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        sync_wait.watch(ddp)
+        return ddp
     if strategy is Strategy.FSDP:
         return apply_fsdp(model, runtime, amp_dtype)
     if strategy is Strategy.DP:
@@ -269,6 +389,7 @@ class Trainer:
     runtime: Runtime
     amp_dtype: torch.dtype | None
     grad_accum: int
+    sync_wait: SyncWait
     scaler: torch.amp.GradScaler | None = None
     loss_fn: nn.Module = field(default_factory=nn.CrossEntropyLoss)
 
@@ -294,8 +415,10 @@ class Trainer:
             images = images.to(self.runtime.device, non_blocking=True)
             labels = labels.to(self.runtime.device, non_blocking=True)
             with self.grad_sync(index == len(micro_batches) - 1), self.autocast():
+                self.sync_wait.forward_called()
                 loss = self.loss_fn(self.model(images), labels) / self.grad_accum
                 self.backward(loss)
+            self.sync_wait.backward_done()
             total += loss.detach().float()
         if self.scaler is None:
             self.optimizer.step()
@@ -345,13 +468,16 @@ class Meter:
     last_time: float
     measure_start: float | None
     loss_sum: torch.Tensor
+    sync_wait: SyncWait
 
     @classmethod
-    def start(cls, runtime: Runtime, common: dict[str, Any], start_step: int, warmup_steps: int) -> Meter:
+    def start(cls, runtime: Runtime, common: dict[str, Any], start_step: int, warmup_steps: int,
+              sync_wait: SyncWait) -> Meter:
         now = clock(runtime.device)
+        sync_wait.take()
         return cls(runtime=runtime, common=common, warmup_end=start_step + warmup_steps, last_step=start_step,
                    last_time=now, measure_start=now if warmup_steps == 0 else None,
-                   loss_sum=torch.zeros((), device=runtime.device))
+                   loss_sum=torch.zeros((), device=runtime.device), sync_wait=sync_wait)
 
     def record(self, step: int, loss: torch.Tensor, log: bool) -> None:
         """Account for a finished step; the clock is read only at interval boundaries."""
@@ -366,20 +492,28 @@ class Meter:
             self.log(step, now)
 
     def log(self, step: int, now: float) -> None:
+        """Every rank's own line; rank 0's also carries the job's figures."""
         steps = step - self.last_step
         elapsed = now - self.last_time
+        wait = min(self.sync_wait.take(), elapsed) / steps
         world = self.runtime.world_size
         loss = all_reduce_scalar(self.runtime, self.loss_sum.item() / steps, dist.ReduceOp.SUM) / world
+        record: dict[str, Any] = {
+            "step": step,
+            "rank": self.runtime.rank,
+            "step_time_s": round(elapsed / steps, 6),
+            "wait_s": round(wait, 6),
+            "busy_s": round(elapsed / steps - wait, 6),
+        }
         if self.runtime.is_main:
-            emit(METRICS_PREFIX, {
-                "step": step,
+            record |= {
                 "samples_per_s": round(self.common["global_batch"] * steps / elapsed, 3),
-                "step_time_s": round(elapsed / steps, 6),
                 "loss": round(loss, 6),
                 "peak_mem_mb": round(peak_mem_mb(self.runtime.device), 1),
                 **self.common,
                 "warmup": step <= self.warmup_end,
-            })
+            }
+        emit(METRICS_PREFIX, record)
         self.last_step, self.last_time = step, now
         self.loss_sum.zero_()
 
@@ -397,18 +531,30 @@ class Meter:
             })
 
 
-def checkpoint_state(trainer: Trainer, step: int) -> dict[str, Any]:
-    """Full (unsharded) model and optimizer state; collective under FSDP, so every rank calls it."""
-    full = StateDictOptions(full_state_dict=True, cpu_offload=trainer.runtime.distributed)
-    model_state, optim_state = get_state_dict(unwrap(trainer.model), trainer.optimizer, options=full)
+def checkpoint_state(trainer: Trainer, step: int, full: bool) -> dict[str, Any]:
+    """Model, optimizer (and scaler) state and the step. Collective under FSDP, so every rank
+    calls it; full: unsharded, gathered to CPU; otherwise FSDP's sharded state for DCP."""
+    options = StateDictOptions(full_state_dict=full, cpu_offload=full and trainer.runtime.distributed)
+    model_state, optim_state = get_state_dict(unwrap(trainer.model), trainer.optimizer, options=options)
     state = {"step": step, "model": model_state, "optimizer": optim_state}
     if trainer.scaler is not None:
         state["scaler"] = trainer.scaler.state_dict()
     return state
 
 
+def restore_state(trainer: Trainer, state: dict[str, Any], full: bool) -> int:
+    set_state_dict(unwrap(trainer.model), trainer.optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=full))
+    if trainer.scaler is not None and "scaler" in state:
+        trainer.scaler.load_state_dict(state["scaler"])
+    return int(state["step"])
+
+
 def save_checkpoint(trainer: Trainer, directory: Path, step: int) -> None:
-    state = checkpoint_state(trainer, step)
+    if trainer.strategy is Strategy.FSDP:
+        save_dcp(trainer, directory, step)
+        return
+    state = checkpoint_state(trainer, step, full=True)
     if not trainer.runtime.is_main:
         return
     directory.mkdir(parents=True, exist_ok=True)
@@ -419,31 +565,80 @@ def save_checkpoint(trainer: Trainer, directory: Path, step: int) -> None:
     say(trainer.runtime, f"saved {directory / CHECKPOINT_NAME} at step {step}")
 
 
-def read_checkpoint_on_rank0(runtime: Runtime, path: Path) -> dict[str, Any] | None:
+def dcp_checkpoints(directory: Path) -> dict[int, Path]:
+    """The complete DCP checkpoints in directory by step (a partial one is never named step-K.dcp)."""
+    if not directory.is_dir():
+        return {}
+    found = (DCP_PATTERN.fullmatch(path.name) for path in directory.iterdir() if path.is_dir())
+    return {int(match[1]): directory / match[0] for match in found if match}
+
+
+def save_dcp(trainer: Trainer, directory: Path, step: int) -> None:
+    """Every rank writes its shards into the partial directory; after a barrier rank 0 renames
+    it to step-K.dcp and drops the older ones. The directory must be shared between hosts."""
+    runtime = trainer.runtime
+    partial = directory / DCP_PARTIAL
+    if runtime.is_main:
+        directory.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(partial, ignore_errors=True)  # what a save killed midway left
+    dist.barrier()
+    dcp.save(checkpoint_state(trainer, step, full=False), checkpoint_id=partial)
+    dist.barrier()
+    if not runtime.is_main:
+        return
+    final = directory / f"step-{step}.dcp"
+    shutil.rmtree(final, ignore_errors=True)
+    partial.rename(final)
+    for older, path in dcp_checkpoints(directory).items():
+        if older != step:
+            shutil.rmtree(path, ignore_errors=True)
+    say(runtime, f"saved {final} at step {step}")
+
+
+def latest_checkpoint(runtime: Runtime, directory: Path, strategy: Strategy) -> Path | None:
+    """Rank 0 picks the checkpoint and tells the others, so all ranks load the same one."""
+    latest = None
+    if runtime.is_main:
+        if strategy is Strategy.FSDP:
+            found = dcp_checkpoints(directory)
+            latest = found[max(found)] if found else None
+        elif (directory / CHECKPOINT_NAME).is_file():
+            latest = directory / CHECKPOINT_NAME
+    if runtime.distributed:
+        box = [latest]
+        dist.broadcast_object_list(box, src=0)
+        latest = box[0]
+    return latest
+
+
+def read_checkpoint_on_rank0(runtime: Runtime, path: Path) -> dict[str, Any]:
     """Rank 0 reads the file and sends it to the others, so only rank 0 needs to see it."""
-    state = None
-    if runtime.is_main and path.exists():
-        state = torch.load(path, map_location="cpu", weights_only=True)
+    state = torch.load(path, map_location="cpu", weights_only=True) if runtime.is_main else None
     if runtime.distributed:
         box = [state]
         dist.broadcast_object_list(box, src=0)
         state = box[0]
+    assert state is not None
     return state
 
 
 def load_checkpoint(trainer: Trainer, directory: Path) -> int:
-    """Restore last.pt when it exists; returns the step to continue from (0 without one)."""
-    path = directory / CHECKPOINT_NAME
-    state = read_checkpoint_on_rank0(trainer.runtime, path)
-    if state is None:
-        say(trainer.runtime, f"no checkpoint at {path}; starting from step 0")
+    """Restore the latest checkpoint in directory; returns the step to continue from (0 without one)."""
+    runtime = trainer.runtime
+    path = latest_checkpoint(runtime, directory, trainer.strategy)
+    if path is None:
+        say(runtime, f"no checkpoint in {directory}; starting from step 0")
         return 0
-    set_state_dict(unwrap(trainer.model), trainer.optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
-    if trainer.scaler is not None and "scaler" in state:
-        trainer.scaler.load_state_dict(state["scaler"])
-    say(trainer.runtime, f"resumed from {path} at step {state['step']}")
-    return int(state["step"])
+    if trainer.strategy is Strategy.FSDP:
+        # Only with a checkpoint to load: on a fresh optimizer get_state_dict runs a zero step
+        # that sets SGD's momentum buffers from the weight decay.
+        state = checkpoint_state(trainer, 0, full=False)
+        dcp.load(state, checkpoint_id=path)
+        step = restore_state(trainer, state, full=False)
+    else:
+        step = restore_state(trainer, read_checkpoint_on_rank0(runtime, path), full=True)
+    write_line(f"train_resnet50: rank {runtime.rank}: resumed from step {step} ({path})")
+    return step
 
 
 def weights_checksum(model: nn.Module) -> float:
@@ -481,11 +676,12 @@ def build_trainer(args: argparse.Namespace, runtime: Runtime) -> Trainer:
     params = sum(p.numel() for p in model.parameters())
     say(runtime, f"model={args.model} params={params:,} strategy={args.strategy.value} "
                  f"world_size={runtime.world_size} device={runtime.device.type} amp={amp_dtype}")
-    model = wrap_model(model, args.strategy, runtime, amp_dtype)
+    sync_wait = SyncWait(runtime.device)
+    model = wrap_model(model, args.strategy, runtime, amp_dtype, sync_wait)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
     scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
     return Trainer(model=model, optimizer=optimizer, strategy=args.strategy, runtime=runtime,
-                   amp_dtype=amp_dtype, grad_accum=args.grad_accum, scaler=scaler)
+                   amp_dtype=amp_dtype, grad_accum=args.grad_accum, sync_wait=sync_wait, scaler=scaler)
 
 
 def should_log(step: int, args: argparse.Namespace) -> bool:
@@ -504,16 +700,19 @@ def train(args: argparse.Namespace, trainer: Trainer, start_step: int) -> None:
     began = time.perf_counter()
     trainer.model.train()
     groups = micro_batch_groups(make_loader(args, runtime, start_step), args.grad_accum)
-    meter = Meter.start(runtime, common, start_step, args.warmup_steps)
+    meter = Meter.start(runtime, common, start_step, args.warmup_steps, trainer.sync_wait)
     step = start_step
     for step, micro_batches in enumerate(groups, start=start_step + 1):
         if step == args.fail_at_step and runtime.rank == args.fail_rank:
             raise RuntimeError(f"injected failure at step {step} on rank {runtime.rank} (--fail-at-step)")
+        if runtime.rank == args.slow_rank:
+            time.sleep(args.slow_s)  # a straggler: this rank's own work takes longer (--slow-rank)
         loss = trainer.step(micro_batches)
         meter.record(step, loss, log=should_log(step, args))
-        if args.checkpoint_dir and args.save_every and step % args.save_every == 0 and step != args.steps:
+        if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0 \
+                and step != args.steps:
             save_checkpoint(trainer, args.checkpoint_dir, step)
-    if args.checkpoint_dir:
+    if args.checkpoint_dir and step > start_step:
         save_checkpoint(trainer, args.checkpoint_dir, step)
     meter.finish(step, step - start_step, time.perf_counter() - began)
 
@@ -524,8 +723,10 @@ def main(argv: list[str] | None = None) -> int:
     runtime = init_runtime(args.strategy)
     logging.basicConfig(level=logging.INFO if runtime.is_main else logging.WARNING,
                         format="train_resnet50: %(message)s", stream=sys.stdout)
+    if ATTEMPT_ENV in os.environ:
+        say(runtime, f"attempt {os.environ[ATTEMPT_ENV]}")
     trainer = build_trainer(args, runtime)
-    start_step = load_checkpoint(trainer, args.checkpoint_dir) if args.resume else 0
+    start_step = load_checkpoint(trainer, args.checkpoint_dir) if args.checkpoint_dir else 0
     train(args, trainer, start_step)
     if args.print_checksum:
         print_checksum(trainer)

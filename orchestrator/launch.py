@@ -36,6 +36,7 @@ from orchestrator.group import GroupError
 from orchestrator.interrupts import on_signals
 from orchestrator.logs import LogSink
 from orchestrator.logs.screen import Screen
+from orchestrator.logs.sink import job_wide
 from orchestrator.plan import HostPlan, LaunchPlan
 from orchestrator.remote.redact import Masker, escape_controls
 from orchestrator.remote.stream import Batch, FrameReader
@@ -469,7 +470,8 @@ class Launcher:
         self.dir: JobDir = ctx.store.job_dir(plan.job_id)
         self.dir.create()
         self.monitor = telemetry.Monitor([h.node for h in plan.hosts], plan.telemetry_interval,
-                                         self._on_alert, self._running, title=plan.job_id)
+                                         self._on_alert, self._running, title=plan.job_id,
+                                         world_size=plan.world_size)
         terminal = self.monitor.terminal(ctx.terminal, ctx.request.live)
         screen = None if terminal is None else Screen(terminal, ctx.colour(), ctx.request.collapse, plan.job_id)
         # The controller's attempts (DISTRUN_ATTEMPT 1, 2, ...) share the job's files; each line keeps its attempt.
@@ -499,8 +501,10 @@ class Launcher:
     def host(self, node: str) -> HostRun:
         return next(h for h in self.hosts if h.node == node)
 
-    def _on_metrics(self, _node: str, _rank: int | None, record: dict[str, Any]) -> None:
-        self.monitor.metrics(record)
+    def _on_metrics(self, node: str, _rank: int | None, record: dict[str, Any]) -> None:
+        self.monitor.metrics(node, record)
+        if not job_wide(record):
+            return
         self.last_metrics = record
         if record.get("final"):
             self.final_metrics = record

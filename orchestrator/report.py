@@ -624,15 +624,23 @@ def launch_command(record: JobRecord) -> str:
     return shlex.join(words)
 
 
+def alerts_list(record: JobRecord) -> str:
+    """The alerts kept in the job's record (telemetry's and stragglers'), as they were raised."""
+    if not record.alerts:
+        return "<p>Alerts while it ran: none.</p>"
+    items = "".join(f"<li>{esc(alert)}</li>" for alert in record.alerts)
+    return f"<h4>Alerts while it ran</h4>\n<ul class=alerts>{items}</ul>"
+
+
 def job_section(job: JobData, summary: JobSummary) -> str:
-    """Versions, commands and the outcome of one job."""
+    """Versions, commands, the alerts and the outcome of one job."""
     hosts = job.plan.get("hosts") or []
     commands = "\n\n".join(host_command(h) for h in hosts) or "no plan.json recorded"
     detail = f"<pre>{esc(job.record.detail)}</pre>" if job.record.detail else ""
     return (f"<h3 id=\"job-{esc(summary.job_id)}\">{esc(summary.name)} "
             f"<span class=id>{esc(summary.job_id)}</span> — {esc(summary.state)}</h3>\n"
             f"{versions_table(job)}\n<p>Launched as:</p><pre>{esc(launch_command(job.record))}</pre>\n"
-            f"<p>Each host ran:</p><pre>{esc(commands)}</pre>\n{detail}")
+            f"<p>Each host ran:</p><pre>{esc(commands)}</pre>\n{alerts_list(job.record)}\n{detail}")
 
 
 def definitions() -> str:

@@ -56,7 +56,7 @@ class JobRecord:
         backend_ref: The backend's own handle on the job (Slurm's job id), None when it has none.
         detail: The summary people read (also in the job directory's summary.txt).
         failures: `Failure.to_dict()` of each failure, the root cause first; [] when none.
-        alerts: Telemetry alerts raised while the job ran.
+        alerts: Alerts raised while the job ran (telemetry's and stragglers').
         controller_start: When the controller process started (`process_start`): with
             `controller_pid`, the identity of the controller; a reused pid has another start.
         internal: A run distrun made for itself (doctor --bandwidth's all-reduce): never `last`,

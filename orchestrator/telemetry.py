@@ -29,8 +29,10 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.logs.sink import job_wide
 from orchestrator.remote.sampler import SHIPPED_NVML
 from orchestrator.store import JobDir, JobRecord
+from orchestrator.stragglers import Detector
 from orchestrator.terminal import colour
 
 TICK = 1.0  # seconds between checks for silent hosts, and between redraws of `top`
@@ -61,7 +63,7 @@ class AlertRules:
 @dataclass(frozen=True)
 class Alert:
     node: str
-    rule: str  # idle | memory | throttle | ecc | xid | silent
+    rule: str  # idle | memory | throttle | ecc | xid | silent | straggler
     message: str
     t: float = field(default_factory=time.time)
 
@@ -147,9 +149,16 @@ class Aggregator:
         return fired
 
     def observe_metrics(self, record: dict[str, Any]) -> None:
-        """Keep the job's latest metrics record (throughput) for display."""
+        """Keep the job's latest metrics record (throughput) for display; other ranks' own are not it."""
+        if not job_wide(record):
+            return
         with self.lock:
             self.metrics = record
+
+    def add(self, alerts: list[Alert]) -> None:
+        """Alerts raised elsewhere (stragglers, from metrics), kept with the aggregator's own."""
+        with self.lock:
+            self.alerts += alerts
 
     def check(self, nodes: Iterable[str] | None = None, at: float | None = None) -> list[Alert]:
         """Alerts for hosts (all, or `nodes`) whose samples stopped arriving."""
@@ -447,11 +456,14 @@ class Monitor:
         active: whether a host still runs the job; only those can go silent.
         title: the live view's title (the job id).
         rules: alert thresholds (default: AlertRules()).
+        world_size: the job's ranks, for the straggler detector (None: unknown).
     """
 
     def __init__(self, nodes: list[str], interval: float | None, on_alert: Callable[[Alert], None],
-                 active: Callable[[str], bool], title: str, rules: AlertRules | None = None) -> None:
+                 active: Callable[[str], bool], title: str, rules: AlertRules | None = None,
+                 world_size: int | None = None) -> None:
         self.aggregator = Aggregator(nodes, interval, rules)
+        self.stragglers = Detector(world_size)
         self.nodes = nodes
         self.on_alert = on_alert
         self.active = active
@@ -484,8 +496,14 @@ class Monitor:
         if not self.stopped.is_set():
             self._report(self.aggregator.observe(node, sample))
 
-    def metrics(self, record: dict[str, Any]) -> None:
+    def metrics(self, node: str, record: dict[str, Any]) -> None:
+        """A metrics record of any rank of `node`: rank 0's is the job's latest; every rank's
+        own step time goes to the straggler detector, whose verdicts are alerts like the others."""
         self.aggregator.observe_metrics(record)
+        alerts = [Alert(s.node, "straggler", s.message()) for s in self.stragglers.observe(node, record)]
+        if alerts and not self.stopped.is_set():
+            self.aggregator.add(alerts)
+            self._report(alerts)
 
     def start(self) -> None:
         self.ticker.start()

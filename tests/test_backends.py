@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -382,6 +383,17 @@ def test_the_base_backend_refuses_operations_it_does_not_have(tmp_path: Path):
     rec = record(store, "s-9", "slurm", None, backend_ref="9")
     with pytest.raises(UsageError, match="cannot run commands beside its ranks"):
         SlurmBackend(store).run_near(rec, "node0", ["py-spy", "dump"])
+
+
+def test_slurm_reaches_a_jobs_nodes_through_its_allocation_only_while_it_runs(tmp_path: Path):
+    store = Store(tmp_path)
+    rec = record(store, "s-8", "slurm", None)
+    with pytest.raises(UsageError, match="has no Slurm job id yet"):
+        SlurmBackend(store).run_remote_near(rec, ["node0"], "stack", ["stack"])
+    store.end("s-8", JobState.FAILED, 1, "failed")
+    ended = replace(store.get("s-8"), backend_ref="8")
+    with pytest.raises(UsageError, match=r"is not running in Slurm \(failed\)"):
+        SlurmBackend(store).run_remote_near(ended, ["node0"], "stack", ["stack"])
 
 
 def test_stop_job_waits_for_nothing_on_a_finished_job(tmp_path: Path, capsys):

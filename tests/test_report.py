@@ -350,6 +350,18 @@ def test_a_job_without_telemetry_gets_a_sentence_instead_of_a_plot(store: Store)
     assert page.count("<img ") == 4
 
 
+def test_each_job_lists_the_alerts_raised_while_it_ran(store: Store) -> None:
+    slow = make_job(store, "slow-s", [("node0", 2)], metric_rows("ddp", 2))
+    store.update("slow-s", alerts=["14:02:11 node1: straggler: rank 3 takes 0.400 s a step, 4.0x the median"])
+    calm = make_job(store, "calm-c", [("node0", 1)], metric_rows("single", 1))
+
+    page = render([JobData.load(store.get(r.id), store.job_dir(r.id)) for r in (slow, calm)])
+
+    assert page.count("<h4>Alerts while it ran</h4>") == 1
+    assert "<li>14:02:11 node1: straggler: rank 3 takes 0.400 s a step, 4.0x the median</li>" in page
+    assert "Alerts while it ran: none." in page
+
+
 def test_versions_come_from_facts_and_else_from_the_plan(store: Store) -> None:
     data = standard_set(store)
     bare = make_job(store, "bare-z", [("node0", 1)], metric_rows("single", 1))

@@ -278,6 +278,20 @@ def test_monitor_hands_alerts_to_its_callback_and_stops_after_stop() -> None:
     assert [a.rule for a in alerts] == ["memory"]
 
 
+def test_monitor_names_a_straggler_from_every_ranks_metrics_and_keeps_rank0s_as_the_jobs() -> None:
+    alerts: list[telemetry.Alert] = []
+    mon = telemetry.Monitor(["node0", "node1"], None, alerts.append, lambda _node: True, title="job-1", world_size=4)
+    for step in range(1, 7):
+        for rank in range(4):
+            record = {"step": step, "rank": rank, "busy_s": 0.5 if rank == 3 else 0.1, "step_time_s": 0.5}
+            mon.metrics(f"node{rank // 2}", record | ({"samples_per_s": 8.0} if rank == 0 else {}))
+    assert [(a.node, a.rule) for a in alerts] == [("node1", "straggler")]
+    assert alerts[0].message.startswith("straggler: rank 3 takes 0.500 s a step, 5.0x the median 0.100 s")
+    assert mon.aggregator.alerts == alerts  # the live view's caption counts it
+    assert mon.aggregator.snapshot()[1] == {"step": 6, "rank": 0, "busy_s": 0.1, "step_time_s": 0.5,
+                                            "samples_per_s": 8.0}
+
+
 def test_monitor_reports_a_silent_host_from_its_own_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(telemetry, "TICK", 0.05)
     alerts: list[telemetry.Alert] = []

@@ -20,11 +20,13 @@ from tests.helpers import REPO
 
 SCRIPT = REPO / "jobs" / "train_resnet50.py"
 TINY = ["--model", "tiny", "--image-size", "32", "--batch-size", "4", "--num-classes", "10"]
-METRIC_KEYS = {"step", "samples_per_s", "step_time_s", "loss", "peak_mem_mb", "world_size", "global_batch",
+RANK_KEYS = {"step", "rank", "step_time_s", "wait_s", "busy_s"}
+METRIC_KEYS = RANK_KEYS | {"step", "samples_per_s", "step_time_s", "loss", "peak_mem_mb", "world_size", "global_batch",
                "strategy", "device", "amp", "warmup"}
 FINAL_KEYS = {"final", "step", "steps_run", "mean_samples_per_s", "peak_mem_mb", "wall_s", "world_size",
               "global_batch", "strategy", "device", "amp"}
 TIMEOUT = 180
+SLOW_S = 0.3
 TORCHRUN_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -58,11 +60,11 @@ def records(result: subprocess.CompletedProcess[str], prefix: str) -> list[dict[
 
 
 def metrics(result: subprocess.CompletedProcess[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(interval records, the final record) of a successful run."""
+    """(rank 0's interval records, the final record) of a successful run."""
     assert result.returncode == 0, result.stderr[-3000:]
     lines = records(result, "DISTRUN_METRICS")
     assert lines and lines[-1].get("final") is True, result.stdout
-    return lines[:-1], lines[-1]
+    return [r for r in lines[:-1] if r["rank"] == 0], lines[-1]
 
 
 def weights(result: subprocess.CompletedProcess[str]) -> list[float]:
@@ -80,11 +82,17 @@ if "LOCAL_RANK" in os.environ:
 
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
-    """A finished 2-rank run; its workers carry the exit probe (a sitecustomize module)."""
+    """A finished 2-rank run, rank 1 made slow by SLOW_S a step; its workers carry the exit probe
+    (a sitecustomize module)."""
     probe = tmp_path_factory.mktemp("exit-probe")
     (probe / "sitecustomize.py").write_text(EXIT_PROBE)
-    return train(*TINY, "--steps", "4", "--log-every", "2", "--print-checksum", nproc=2,
-                 env={"PYTHONPATH": str(probe)})
+    return train(*TINY, "--steps", "4", "--log-every", "2", "--print-checksum", "--slow-rank", "1",
+                 "--slow-s", str(SLOW_S), nproc=2, env={"PYTHONPATH": str(probe)})
+
+
+@pytest.fixture(scope="module")
+def fsdp_run() -> subprocess.CompletedProcess[str]:
+    return train(*TINY, "--steps", "4", "--log-every", "2", "--print-checksum", "--strategy", "fsdp", nproc=2)
 
 
 def test_bundled_resnet50_matches_torchvision_parameter_count_and_blocks() -> None:
@@ -95,7 +103,20 @@ def test_bundled_resnet50_matches_torchvision_parameter_count_and_blocks() -> No
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 1000)
 
 
-def test_two_rank_run_defaults_to_ddp_and_rank0_prints_every_metrics_line(ddp_run) -> None:
+def test_every_rank_prints_its_own_step_time_and_a_slowed_rank_is_the_busy_one(ddp_run) -> None:
+    lines = [r for r in records(ddp_run, "DISTRUN_METRICS") if not r.get("final")]
+    assert sorted((r["step"], r["rank"]) for r in lines) == [(2, 0), (2, 1), (4, 0), (4, 1)]
+    for record in lines:
+        assert record.keys() >= RANK_KEYS
+        assert record["busy_s"] + record["wait_s"] == pytest.approx(record["step_time_s"], abs=1e-5)
+    steady = {r["rank"]: r for r in lines if r["step"] == 4}
+    # Under DDP both ranks take the slow rank's wall time; only busy_s tells them apart.
+    assert steady[1]["busy_s"] >= SLOW_S
+    assert steady[0]["busy_s"] < steady[1]["busy_s"] - SLOW_S / 2
+    assert steady[0]["wait_s"] > SLOW_S / 2
+
+
+def test_two_rank_run_defaults_to_ddp_and_rank0_prints_the_job_figures(ddp_run) -> None:
     intervals, final = metrics(ddp_run)
     assert [r["step"] for r in intervals] == [2, 4]
     for record in intervals:
@@ -126,11 +147,10 @@ def test_finished_ranks_skip_interpreter_teardown_after_flushing_their_last_line
     assert sorted(r["rank"] for r in records(ddp_run, "DISTRUN_CHECKSUM")) == [0, 1]
 
 
-def test_fsdp_on_two_ranks_trains_the_same_weights_as_ddp(ddp_run) -> None:
-    result = train(*TINY, "--steps", "4", "--log-every", "2", "--print-checksum", "--strategy", "fsdp", nproc=2)
-    intervals, _ = metrics(result)
+def test_fsdp_on_two_ranks_trains_the_same_weights_as_ddp(ddp_run, fsdp_run) -> None:
+    intervals, _ = metrics(fsdp_run)
     assert {r["strategy"] for r in intervals} == {"fsdp"}
-    fsdp_weights = weights(result)
+    fsdp_weights = weights(fsdp_run)
     assert len(fsdp_weights) == 2 and len(set(fsdp_weights)) == 1
     assert fsdp_weights[0] == pytest.approx(weights(ddp_run)[0], abs=1e-3)
 
@@ -156,15 +176,79 @@ def test_one_process_strategy_refuses_a_multi_process_launch() -> None:
     assert "launch it with nproc_per_node 1" in result.stderr
 
 
+def resumed_ranks(result: subprocess.CompletedProcess[str], step: int) -> list[int]:
+    """The ranks that printed `resumed from step <step>`."""
+    return sorted(int(line.split("rank ")[1].split(":")[0]) for line in result.stdout.splitlines()
+                  if f"resumed from step {step} " in line)
+
+
 def test_resume_after_a_failure_continues_from_the_checkpoint_to_the_same_weights(tmp_path: Path) -> None:
     run = [*TINY, "--steps", "4", "--log-every", "1", "--print-checksum", "--checkpoint-dir", str(tmp_path)]
     uninterrupted = train(*TINY, "--steps", "4", "--log-every", "1", "--print-checksum")
-    crashed = train(*run, "--save-every", "2", "--fail-at-step", "3")
+    crashed = train(*run, "--checkpoint-every", "2", "--fail-at-step", "3")
     assert crashed.returncode != 0
     assert torch.load(tmp_path / "last.pt", weights_only=True)["step"] == 2
-    resumed = train(*run, "--resume")
+    resumed = train(*run)
     intervals, final = metrics(resumed)
-    assert "resumed from" in resumed.stdout
+    assert resumed_ranks(resumed, 2) == [0]
     assert [r["step"] for r in intervals] == [3, 4]
     assert (final["step"], final["steps_run"]) == (4, 2)
     assert weights(resumed) == weights(uninterrupted)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_longer_run_resumes_on_every_rank_and_trains_only_the_remaining_steps(
+        strategy: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    first = train(*TINY, "--steps", "2", "--checkpoint-every", "1", "--strategy", strategy, nproc=2,
+                  env={"DISTRUN_CHECKPOINT_DIR": str(tmp_path)})
+    assert [r["step"] for r in metrics(first)[0]] == [2]
+    assert resumed_ranks(first, 0) == [] and "no checkpoint in" in first.stdout
+    second = train(*TINY, "--steps", "4", "--log-every", "1", "--print-checksum", "--strategy", strategy, nproc=2,
+                   env={"DISTRUN_CHECKPOINT_DIR": str(tmp_path), "DISTRUN_ATTEMPT": "2"})
+    intervals, final = metrics(second)
+    assert "train_resnet50: attempt 2" in second.stdout
+    assert resumed_ranks(second, 2) == [0, 1]
+    assert [r["step"] for r in intervals] == [3, 4]
+    assert (final["step"], final["steps_run"]) == (4, 2)
+    # The same data, in the same order, as a run that went to step 4 in one go.
+    uninterrupted = request.getfixturevalue(f"{strategy}_run")
+    assert weights(second) == weights(uninterrupted)
+
+
+@pytest.mark.parametrize(("strategy", "partial", "saved"), [
+    ("ddp", "last.pt.partial", "last.pt"),
+    ("fsdp", "step.dcp.partial", "step-4.dcp"),
+])
+def test_checkpoint_left_half_written_by_a_crash_is_ignored_and_replaced(
+        strategy: str, partial: str, saved: str, tmp_path: Path) -> None:
+    run = [*TINY, "--strategy", strategy, "--checkpoint-dir", str(tmp_path)]
+    metrics(train(*run, "--steps", "2"))
+    if strategy == "fsdp":
+        (tmp_path / partial).mkdir()
+        (tmp_path / partial / "__0_0.distcp").write_bytes(b"cut short")
+    else:
+        (tmp_path / partial).write_bytes(b"cut short")
+    resumed = train(*run, "--steps", "4")
+    metrics(resumed)
+    assert resumed_ranks(resumed, 2) == [0]
+    assert not (tmp_path / partial).exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == [saved]
+
+
+def test_checkpoint_every_without_a_checkpoint_dir_is_refused() -> None:
+    result = train(*TINY, "--checkpoint-every", "2", env={"DISTRUN_CHECKPOINT_DIR": ""})
+    assert result.returncode == 2
+    assert "--checkpoint-every needs --checkpoint-dir or $DISTRUN_CHECKPOINT_DIR" in result.stderr
+
+
+def test_run_whose_checkpoint_already_reached_its_steps_trains_nothing_and_succeeds(tmp_path: Path) -> None:
+    # A restarted attempt whose predecessor saved the last step and then died.
+    run = [*TINY, "--steps", "2", "--checkpoint-dir", str(tmp_path)]
+    metrics(train(*run))
+    saved = (tmp_path / "last.pt").stat().st_mtime_ns
+    again = train(*run)
+    intervals, final = metrics(again)
+    assert resumed_ranks(again, 2) == [0]
+    assert intervals == []
+    assert (final["step"], final["steps_run"], final["mean_samples_per_s"]) == (2, 0, None)
+    assert (tmp_path / "last.pt").stat().st_mtime_ns == saved

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ from orchestrator.backends.ssh import SUPERVISOR_MODULES
 from orchestrator.doctor.probe import PROBE_MODULES
 from orchestrator.errors import ExitCode, InfraError, UsageError
 from orchestrator.failures import Failure, FailureKind, root_cause
+from orchestrator.group import GroupResult
 from orchestrator.launch import EXIT_WAIT, HostRun, Launcher
 from orchestrator.logs.sink import append_note
 from orchestrator.plan import LaunchPlan, build_plan
@@ -133,6 +135,34 @@ def run_slurm(argv: list[str]) -> subprocess.CompletedProcess[str]:
                          "squeue, scancel, sinfo) on this machine") from None
     except subprocess.TimeoutExpired:
         raise InfraError(f"{argv[0]} did not answer within {SLURM_TIMEOUT:g} s (is slurmctld up?)") from None
+
+
+def srun_on(slurm_id: str, node: str, argv: list[str], timeout: float) -> str:
+    """Run one task of `argv` on `node` inside a running Slurm job (beside its steps); its stdout.
+
+    Raises:
+        InfraError: srun is missing, failed, or did not finish within `timeout`.
+    """
+    command = ["srun", f"--jobid={slurm_id}", "--overlap", f"--nodelist={node}", "--nodes=1", "--ntasks=1",
+               "--quiet", *argv]
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False,
+                                stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        raise InfraError("srun not found: the Slurm backend runs Slurm's commands on this machine") from None
+    except subprocess.TimeoutExpired:
+        raise InfraError(f"srun on {node} did not finish within {timeout:g} s") from None
+    if result.returncode != 0:
+        raise InfraError(f"srun on {node}: {_error_text(result)}")
+    return result.stdout
+
+
+def _outcome(future: Future[str]) -> str | Exception:
+    """A node's stdout, or the error that stands for it in a GroupResult."""
+    try:
+        return future.result()
+    except InfraError as exc:
+        return exc
 
 
 def _error_text(result: subprocess.CompletedProcess[str]) -> str:
@@ -706,3 +736,35 @@ class SlurmBackend(Backend):
 
     def recover(self, record: JobRecord) -> dict[str, int]:
         raise UsageError(f"--recover: job {record.id} ran on Slurm, whose nodes wrote into the job directory itself")
+
+    def run_remote_near(self, record: JobRecord, nodes: Sequence[str], main: str, modules: list[str],
+                        args: Sequence[str] = (), timeout: float | None = None) -> GroupResult[str]:
+        """Run a remote program beside a running job's ranks on each of `nodes` at once: one
+        `srun --jobid --overlap` task per node, inside the job's own allocation (no new resources,
+        and Slurm's own channel to the node). The program goes as a bundle file into the job
+        directory, which every node sees, and starts through the job's bootstrap file there;
+        it gets `JOB_ID NODE *args`.
+
+        Raises:
+            UsageError: the job has no Slurm job id yet, or has ended.
+        """
+        if not record.backend_ref:
+            raise UsageError(f"job {record.id} has no Slurm job id yet (it is being submitted); try again")
+        if record.state.finished:
+            raise UsageError(f"job {record.id} is not running in Slurm ({record.state.value}); "
+                             "its nodes cannot be reached through its allocation")
+        job_dir = self.store.job_dir(record.id)
+        files = SlurmFiles(job_dir.root)
+        payload = remote.bundle(main, modules)
+        bundle = files.dir / f"{main}-{os.getpid()}.bundle"
+        write_private(bundle, payload)
+        python = str(json.loads(job_dir.plan.read_text(encoding="utf-8"))["hosts"][0]["python"])
+        program = [python, str(files.bootstrap), str(bundle), str(len(payload)), record.id]
+        limit = SLURM_TIMEOUT if timeout is None else timeout
+        try:
+            with ThreadPoolExecutor(max(1, len(nodes))) as pool:
+                futures = {node: pool.submit(srun_on, record.backend_ref, node, [*program, node, *args], limit)
+                           for node in nodes}
+            return GroupResult({node: _outcome(future) for node, future in futures.items()})
+        finally:
+            bundle.unlink(missing_ok=True)

@@ -42,6 +42,12 @@ def parse_metrics(text: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def job_wide(record: dict[str, Any]) -> bool:
+    """Whether a metrics record speaks for the whole job (rank 0's, or one without a rank), not
+    only for the rank that printed it (every rank prints its own step time)."""
+    return record.get("rank") in (0, None)
+
+
 def last_lines(data: bytes, count: int) -> list[str]:
     """The last `count` lines of a batch (each ending in a newline), decoded."""
     return [line.decode("utf-8", "replace") for line in data.rsplit(b"\n", count + 1)[-count - 1:-1]]

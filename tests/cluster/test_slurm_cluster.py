@@ -20,6 +20,7 @@ from .slurm import SlurmCluster
 pytestmark = requires_cluster
 
 DDP_JOB = REPO / "tests" / "slurm_ddp_job.py"
+HANG_WORKER = Path(__file__).parent / "jobs" / "hang_worker.py"
 
 
 def write_job(tmp_path: Path, name: str, args: list[str], extra: str = "") -> Path:
@@ -287,3 +288,48 @@ def test_a_restart_excludes_the_node_whose_worker_was_killed_and_resumes_on_the_
     assert sorted(line for line in again if line.startswith("step ")) == sorted(
         f"step {s} attempt 2 world 2" for s in range(start, 24) for _ in range(2))
     assert slurm_cluster.queue() == [] and job_processes(slurm_cluster, "again-1") == []
+
+
+def test_stack_of_a_running_slurm_job_folds_its_four_ranks_on_two_nodes_into_one_group(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    # Each step: a tiny all_reduce, then 2 s of sleep, where every rank is when it is dumped.
+    job = tmp_path / "healthy.yaml"
+    job.write_text(f"name: healthy\nscript: {HANG_WORKER}\nargs: [--steps, '1000', --step-time, '2']\n"
+                   "nproc_per_node: 2\nenv: {OMP_NUM_THREADS: '1'}\nstop_grace: 3\n")
+    submitted = launch(slurm_cluster, tmp_path, job, "stack-1", "--detach", timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    try:
+        assert wait_for(lambda: "[node1 r3] step 1" in combined(tmp_path, "stack-1"), 120)
+        began = time.monotonic()
+        done = distrun("stack", "stack-1", "--json", home=home, env=slurm_cluster.env, timeout=90)
+        took = time.monotonic() - began
+        assert done.returncode == 0, done.stdout + done.stderr
+        groups = json.loads(done.stdout)["groups"]
+        assert [(g["ranks"], g["hosts"]) for g in groups] == [([0, 1, 2, 3], ["node0", "node1"])]
+        assert groups[0]["where"] == "main (hang_worker.py:42)"
+        assert list((home / "jobs" / "stack-1" / "slurm").glob("*.bundle")) == []
+    finally:
+        distrun("stop", "stack-1", home=home, env=slurm_cluster.env, timeout=60)
+    assert job_processes(slurm_cluster, "stack-1") == []
+    print(f"MEASURED distrun stack --json on Slurm, 4 ranks on 2 nodes: {took:.2f} s (the whole command)")
+
+
+def test_a_rank_stuck_outside_the_collective_on_slurm_is_the_hangs_root_cause_with_its_stack(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    job = tmp_path / "hang.yaml"
+    job.write_text(f"name: hang\nscript: {HANG_WORKER}\nargs: [--steps, '100000', --hang-rank, '3', --hang-step, '5']\n"
+                   "nproc_per_node: 2\nenv: {OMP_NUM_THREADS: '1'}\nstop_grace: 3\nhang_timeout: 10\n")
+    result = launch(slurm_cluster, tmp_path, job, "hang-1")
+    ended = time.time()
+
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
+    summary = result.stdout[result.stdout.index("Root Cause"):]
+    assert "host: node1" in summary and "rank: 3" in summary
+    assert "load_batch (hang_worker.py:21)" in summary and "ranks 0-2 wait in: all_reduce" in summary
+    stacks = tmp_path / "home" / "jobs" / "hang-1" / "stacks"
+    assert sorted(p.name for p in stacks.glob("rank*.txt")) == [f"rank{r}.txt" for r in range(4)]
+    began = float(result.stdout.split("HANG START ", 1)[1].split()[0])
+    assert slurm_cluster.queue() == [] and job_processes(slurm_cluster, "hang-1") == []
+    print(f"MEASURED on Slurm, hang start to root cause: {ended - began:.1f} s (hang_timeout 10 s, "
+          "the controller's exit included)")
