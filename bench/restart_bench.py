@@ -141,7 +141,7 @@ def main() -> None:
     ]
     path = write_results("restart.md", "Restarts: from a lost host to training on the spare",
                          f"flock /work/locks/heavy.lock .venv/bin/python bench/restart_bench.py --rounds {rounds}",
-                         body)
+                         body, keep=("The README's scenario, once",))
     print(path.read_text())
 
 
