@@ -478,7 +478,7 @@ class Launcher:
         self.sink = LogSink(self.dir, screen, on_metrics=self._on_metrics, secrets=plan.secrets.values(),
                             attempt=plan.attempt)
         self.course = course or Course(ctx.job.restarts, len(plan.hosts), plan.spares)
-        self.course.begin([h.node for h in plan.hosts])
+        self.course.begin([h.node for h in plan.hosts], plan.master_port)
         self.verdict: Verdict | None = None  # set when this attempt failed: whether and where the next runs
         self.telemetry_lock = threading.Lock()
         self.telemetry_file = self.dir.open(self.dir.telemetry, "a", encoding="utf-8")  # closed in run()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.display import fold_hosts
@@ -55,6 +55,7 @@ class Attempt:
         ended: When it ended; None while it runs.
         failure: Its root cause; None when it succeeded or is running.
         quarantined: The host it set aside for the rest of the job, if any.
+        port: Its rendezvous port (each attempt gets a fresh one); 0 when unknown.
     """
 
     number: int
@@ -63,18 +64,21 @@ class Attempt:
     ended: float | None = None
     failure: Failure | None = None
     quarantined: str | None = None
+    port: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data (the record's `attempts`); `from_dict` reads it back."""
         return {"number": self.number, "hosts": list(self.hosts), "started": self.started, "ended": self.ended,
-                "failure": self.failure.to_dict() if self.failure else None, "quarantined": self.quarantined}
+                "failure": self.failure.to_dict() if self.failure else None, "quarantined": self.quarantined,
+                "port": self.port}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Attempt:
         failure = data.get("failure")
         return cls(number=int(data["number"]), hosts=tuple(data.get("hosts") or ()),
                    started=float(data.get("started") or 0.0), ended=data.get("ended"),
-                   failure=Failure.from_dict(failure) if failure else None, quarantined=data.get("quarantined"))
+                   failure=Failure.from_dict(failure) if failure else None, quarantined=data.get("quarantined"),
+                   port=int(data.get("port") or 0))
 
     def line(self) -> str:
         """`attempt 1 on node[0-1], 14:02:01-14:02:20: node1 lost: nothing heard for 6 s; node1 quarantined`."""
@@ -188,15 +192,14 @@ class Course:
     def quarantined(self) -> list[str]:
         return [*(a.quarantined for a in self.attempts if a.quarantined), *self.unreachable]
 
-    def begin(self, hosts: Sequence[str]) -> None:
-        self.attempts.append(Attempt(len(self.attempts) + 1, tuple(hosts)))
+    def begin(self, hosts: Sequence[str], port: int = 0) -> None:
+        self.attempts.append(Attempt(len(self.attempts) + 1, tuple(hosts), port=port))
 
     def end(self, failure: Failure | None, quarantined: str | None = None) -> None:
         """The current attempt ended (a second call keeps the first end)."""
         current = self.attempts[-1]
         if current.ended is None:
-            self.attempts[-1] = Attempt(current.number, current.hosts, current.started, time.time(), failure,
-                                        quarantined)
+            self.attempts[-1] = replace(current, ended=time.time(), failure=failure, quarantined=quarantined)
 
     def verdict(self, failure: Failure) -> Verdict | None:
         """What follows the current attempt's failure; None when the job allows no restart."""

@@ -67,7 +67,7 @@ def test_a_failure_that_restarts_on_does_not_list_ends_the_job() -> None:
 
 def test_a_course_records_every_attempt_and_lists_them_for_the_summary() -> None:
     course = Course(POLICY, min_hosts=2, spares=("node2",))
-    course.begin(["node0", "node1"])
+    course.begin(["node0", "node1"], 29501)
     verdict = course.verdict(LOST)
     assert verdict is not None and verdict.hosts == ("node0", "node2")
     course.end(LOST, verdict.quarantined)
@@ -76,6 +76,7 @@ def test_a_course_records_every_attempt_and_lists_them_for_the_summary() -> None
     course.end(EXIT)  # a second end keeps the first
     assert course.quarantined == ["node1"]
     assert [Attempt.from_dict(data) for data in course.records()] == course.attempts
+    assert course.attempts[0].port == 29501
     lines = course.lines()
     assert lines[0] == "Attempts (2 of at most 3):"
     assert "attempt 1 on node[0-1]" in lines[1] and lines[1].endswith(

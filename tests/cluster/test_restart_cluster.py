@@ -95,6 +95,7 @@ def test_a_cut_training_host_is_replaced_by_the_spare_and_training_goes_on_from_
     assert first["hosts"] == ["node0", "node1"] and second["hosts"] == ["node0", "node2"]
     assert (first["failure"]["host"], first["failure"]["kind"]) == ("node1", "lost")
     assert second["failure"] is None and second["ended"] is not None
+    assert second["port"] not in (0, first["port"]), "attempt 2 rendezvous on a fresh port"
     assert rec["hosts"] == ["node0", "node2"]
     assert distrun("logs", "spare-1", "--node", "node1", home=home).returncode == 0
     assert "attempt 1 on node[0-1]" in out and "attempt 2 on node[0,2]" in out and "node1 quarantined" in out
