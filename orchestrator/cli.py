@@ -294,6 +294,8 @@ def _ps_lines(records: list[JobRecord], colour: bool) -> list[str]:
             state = f"\x1b[{STATE_COLOURS[rec.state.value]}m{state}\x1b[0m"
         started = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started))
         extra = f"  restarts={rec.restarts}" if rec.restarts else ""
+        extra += f"  attempts={len(rec.attempts)}" if len(rec.attempts) > 1 else ""
+        extra += f"  quarantined={fold_hosts(rec.quarantined)}" if rec.quarantined else ""
         extra += f"  {rec.backend}={rec.backend_ref}" if rec.backend_ref else ""
         extra += f"  alerts={len(rec.alerts)}" if rec.alerts else ""
         extra += "  (internal)" if rec.internal else ""

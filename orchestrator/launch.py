@@ -5,6 +5,12 @@ has it prepare and submit the job, and `Launcher` follows the job to its end thr
 backend's hooks (orchestrator/backends/base.py lists them in order). The first failure observed
 (a host's torchrun exiting non-zero, or a host going silent) stops every other host; the summary
 leads with the root cause (failures.root_cause), as torch elastic's does.
+
+With the job's `restarts`, a failure it lists ends only the attempt: `execute` asks the policy
+(restarts.py) whether and where the next attempt runs, re-plans it through the backend's
+`replan` (a spare in place of a quarantined host, a fresh rendezvous port), preflights and
+stages it, and follows it with a new `Launcher` writing into the same job directory, each line
+with its attempt. The record keeps every attempt.
 """
 
 from __future__ import annotations
@@ -16,15 +22,17 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator import backends, telemetry
 from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, terminal_for
+from orchestrator.display import fold_hosts
 from orchestrator.errors import DistrunError, ExitCode, InfraError
 from orchestrator.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, failed_summary, oom_reason, root_cause
+from orchestrator.group import GroupError
 from orchestrator.interrupts import on_signals
 from orchestrator.logs import LogSink
 from orchestrator.logs.screen import Screen
@@ -32,6 +40,7 @@ from orchestrator.logs.sink import job_wide
 from orchestrator.plan import HostPlan, LaunchPlan
 from orchestrator.remote.redact import Masker, escape_controls
 from orchestrator.remote.stream import Batch, FrameReader
+from orchestrator.restarts import Course, Verdict, refill
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.overrides import is_script, job_to_yaml
 from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id
@@ -102,7 +111,8 @@ class Finished:
 
 
 def execute(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Finished:
-    """Submit a prepared job and follow it to its end; SIGINT/SIGTERM stop it on every host.
+    """Submit a prepared job and follow it to its end, attempt after attempt when the job's
+    `restarts` allow; SIGINT/SIGTERM stop it on every host.
 
     Returns:
         The exit code and the job's final metrics.
@@ -111,19 +121,106 @@ def execute(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Finished:
         started = backend.submit(ctx, plan)
         if started is None:
             return Finished(ctx.store.get(ctx.job_id).exit_code or 0)
-        launcher = _launcher(backend, ctx, started)
-        code = launcher.run()
-    return Finished(code, launcher.final_metrics)
+        course = Course(ctx.job.restarts, ctx.job.min_nnodes or len(started.hosts), started.spares)
+        while True:
+            launcher = _launcher(backend, ctx, started, course)
+            code = launcher.run()
+            if launcher.verdict is None or launcher.verdict.hosts is None:
+                return Finished(code, launcher.final_metrics)
+            following = _next_attempt(backend, ctx, started, course, launcher.verdict)
+            if isinstance(following, int):
+                return Finished(following)
+            started = following
 
 
-def _launcher(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Launcher:
+def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: Course,
+                  verdict: Verdict) -> LaunchPlan | int:
+    """After the backoff, plan the next attempt on the verdict's hosts, preflight and stage it.
+
+    Returns:
+        The next attempt's plan, or the exit code when the job ended here instead (interrupted,
+        or the next attempt could not be planned: recorded as the job's end).
+    """
+    deadline = time.monotonic() + course.policy.backoff
+    while ctx.interrupted is None and time.monotonic() < deadline:
+        time.sleep(POLL)
+    following: LaunchPlan | None = None
+    failed: DistrunError | None = None
+    if ctx.interrupted is None:
+        try:
+            following = _plan_next(backend, ctx, plan, course, verdict.hosts or (), verdict.spares)
+        except DistrunError as exc:
+            failed = exc
+    if ctx.interrupted is not None:
+        name = signal.Signals(ctx.interrupted).name
+        code = ExitCode.INTERRUPTED if ctx.interrupted == signal.SIGINT else ExitCode.TERMINATED
+        return _end_between(ctx, course, plan, JobState.STOPPED, int(code),
+                            f"job {ctx.job_id} stopped ({name}) before attempt {course.number + 1}")
+    if failed is not None or following is None:
+        return _end_between(ctx, course, plan, JobState.FAILED, int(failed.exit_code if failed else ExitCode.FAILED),
+                            f"job {ctx.job_id} FAILED: attempt {course.number + 1} could not start: {failed}")
+    ctx.store.job_dir(ctx.job_id).write_plan(following.to_dict())
+    ctx.store.update(ctx.job_id, hosts=[h.node for h in following.hosts], master_addr=following.master_addr,
+                     master_port=following.master_port)
+    return following
+
+
+def _plan_next(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: Course, hosts: Sequence[str],
+               spares: Sequence[str]) -> LaunchPlan:
+    """Plan, preflight and stage the next attempt on `hosts`; a host that cannot be reached or
+    probed is set aside, and the next spare (else fewer hosts, as `nnodes: MIN:MAX` allows)
+    tried in its place.
+
+    Raises:
+        DistrunError: the attempt cannot start (no host left to try, or another error).
+    """
+    while True:
+        course.spares = tuple(spares)
+        try:
+            following = backend.replan(ctx, plan, hosts, spares)
+            if not ctx.request.skip_preflight:
+                backend.preflight(ctx, following)
+            backend.stage(ctx, following)
+            return following
+        except GroupError as exc:
+            bad = set(exc.failed) & set(hosts)
+            refilled = refill(hosts, bad, spares, course.min_hosts) if bad else None
+            if refilled is None or ctx.interrupted is not None:
+                raise
+            course.unreachable += sorted(bad)
+            hosts, spares = refilled
+            _tell(ctx, f"[distrun] {fold_hosts(bad)} set aside ({exc}); attempt {course.number + 1} on "
+                       f"{fold_hosts(hosts)}")
+
+
+def _tell(ctx: LaunchContext, text: str) -> None:
+    out = ctx.terminal or sys.stderr
+    out.write(escape_controls(text) + "\n")
+    out.flush()
+
+
+def _end_between(ctx: LaunchContext, course: Course, plan: LaunchPlan, state: JobState, code: int,
+                 detail: str) -> int:
+    """Record and say the end of a job that ended between two attempts (secrets masked); its exit code."""
+    mask = Masker(plan.secrets.values())
+    text = mask.text("\n".join([detail, *course.lines()]))
+    try:
+        ctx.store.end(ctx.job_id, state, code, text, attempts=_masked_attempts(course, mask),
+                      quarantined=course.quarantined)
+    except DistrunError as exc:
+        text += f"\ndistrun: warning: the job's end is not recorded: {exc}"
+    _tell(ctx, text)
+    return code
+
+
+def _launcher(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: Course | None = None) -> Launcher:
     """The launcher of a recorded job, its files open; nothing has started on the hosts yet.
 
     Raises:
         InfraError: the job's files could not be opened (a full disk); the record says so.
     """
     try:
-        return Launcher(backend, ctx, plan)
+        return Launcher(backend, ctx, plan, course)
     except OSError as exc:
         error = InfraError(f"cannot write the job's files into {ctx.store.job_dir(plan.job_id).root}: "
                            f"{exc.strerror or exc} (free space under DISTRUN_HOME, or point DISTRUN_HOME elsewhere)")
@@ -352,10 +449,19 @@ def _masked(failure: Failure, mask: Masker) -> Failure:
                    last_lines=tuple(mask.text(line) for line in failure.last_lines))
 
 
+def _masked_attempts(course: Course, mask: Masker) -> list[dict[str, Any]]:
+    """The record's attempts, each failure's reason and lines masked."""
+    records = course.records()
+    for record, attempt in zip(records, course.attempts, strict=True):
+        if attempt.failure is not None:
+            record["failure"] = _masked(attempt.failure, mask).to_dict()
+    return records
+
+
 class Launcher:
     """Follows a submitted job to its end through its backend's hooks, and records how it ended."""
 
-    def __init__(self, backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> None:
+    def __init__(self, backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: Course | None = None) -> None:
         self.backend = backend
         self.ctx = ctx
         self.plan = plan
@@ -368,8 +474,12 @@ class Launcher:
                                          world_size=plan.world_size)
         terminal = self.monitor.terminal(ctx.terminal, ctx.request.live)
         screen = None if terminal is None else Screen(terminal, ctx.colour(), ctx.request.collapse, plan.job_id)
-        # attempt: 1 until the controller restarts jobs itself (DISTRUN_ATTEMPT 1, 2, ...).
-        self.sink = LogSink(self.dir, screen, on_metrics=self._on_metrics, secrets=plan.secrets.values(), attempt=1)
+        # The controller's attempts (DISTRUN_ATTEMPT 1, 2, ...) share the job's files; each line keeps its attempt.
+        self.sink = LogSink(self.dir, screen, on_metrics=self._on_metrics, secrets=plan.secrets.values(),
+                            attempt=plan.attempt)
+        self.course = course or Course(ctx.job.restarts, len(plan.hosts), plan.spares)
+        self.course.begin([h.node for h in plan.hosts], plan.master_port)
+        self.verdict: Verdict | None = None  # set when this attempt failed: whether and where the next runs
         self.telemetry_lock = threading.Lock()
         self.telemetry_file = self.dir.open(self.dir.telemetry, "a", encoding="utf-8")  # closed in run()
         self.wake = threading.Event()
@@ -565,12 +675,14 @@ class Launcher:
         self.monitor.stop()
         # The summary quotes the job's last lines: a secret the job printed is masked here too.
         mask = Masker(self.plan.secrets.values())
+        self.course.end(None)
         detail = mask.text("\n".join([detail, *extra, *telemetry.summary_lines(self.record.alerts),
-                                      *self.sink.shortfalls()]))
+                                      *self.sink.shortfalls(), *self.course.lines()]))
         restarts = max((h.restarts for h in self.hosts), default=0)
         try:
             self.store.end(self.plan.job_id, state, code, detail, restarts=restarts,
-                           failures=[_masked(f, mask).to_dict() for f in failures or []])
+                           failures=[_masked(f, mask).to_dict() for f in failures or []],
+                           attempts=_masked_attempts(self.course, mask), quarantined=self.course.quarantined)
         except DistrunError as exc:
             # The hosts are stopped and the summary is known: say it, and why it is not recorded.
             detail += f"\ndistrun: warning: the job's end is not recorded: {exc}"
@@ -603,8 +715,35 @@ class Launcher:
         others = {h.node: own[h.node].describe() if h.node in own else h.end()
                   for h in self.hosts if h.node != root.host}
         ordered = [root, *(f for f in failures if f.host != root.host)]
-        return self._finish(JobState.FAILED, int(ExitCode.FAILED), failed_summary(self.plan.job_id, root, others),
-                            ordered)
+        self.verdict = self.course.verdict(root)
+        self.course.end(root, self.verdict.quarantined if self.verdict else None)
+        if self.verdict is not None and self.verdict.hosts is not None:
+            title = f"{self.plan.job_id} attempt {self.plan.attempt}"
+            return self._end_attempt(failed_summary(title, root, others), self.verdict)
+        summary = failed_summary(self.plan.job_id, root, others)
+        if self.verdict is not None:
+            summary += f"\n{self.verdict.why}"
+        return self._finish(JobState.FAILED, int(ExitCode.FAILED), summary, ordered)
+
+    def _end_attempt(self, summary: str, verdict: Verdict) -> int:
+        """This attempt failed and another follows: record the attempt, say why and what comes
+        next; the job goes on (its record stays running)."""
+        backoff = self.course.policy.backoff
+        restarting = f"restarting: {verdict.why}" + (f" in {backoff:g} s" if backoff else "")
+        self.sink.note(self.plan.hosts[0].node, restarting)
+        summary = "\n".join([summary, *self.backend.finish(self)])
+        self.sink.flush()
+        self.sink.close_screen(SCREEN_DRAIN)
+        self.monitor.stop()
+        mask = Masker(self.plan.secrets.values())
+        try:
+            self.store.update(self.plan.job_id, attempts=_masked_attempts(self.course, mask),
+                              quarantined=self.course.quarantined)
+        except DistrunError as exc:
+            summary += f"\ndistrun: warning: the attempt is not recorded: {exc}"
+        self._say(mask.text(f"{summary}\n{restarting}"))
+        return int(ExitCode.FAILED)
+
 
     def _final_before(self, when: float) -> bool:
         """Whether the job's final metrics line had arrived by `when` (seconds since the epoch)."""

@@ -68,6 +68,9 @@ class LaunchPlan:
     sync_max_size: int = DEFAULT_SYNC_MAX_SIZE
     # Values left to the hosts' probe (an offline dry run): master_addr, master_port, nproc, iface.
     unprobed: tuple[str, ...] = ()
+    attempt: int = 1  # the controller's attempt (DISTRUN_ATTEMPT): 1, then 2, ... after each restart
+    spares: tuple[str, ...] = ()  # hosts kept aside to take a failed host's place (restarts)
+    checkpoint_dir: str | None = None  # created on every host before the job starts (DISTRUN_CHECKPOINT_DIR)
 
     @property
     def world_size(self) -> int:
@@ -104,6 +107,8 @@ class LaunchPlan:
             f"master {self.master_node} at {self._shown('master_addr', self.master_addr)}:"
             f"{self._shown('master_port', str(self.master_port))}"
         ]
+        if self.spares:
+            lines.append(f"spares: {', '.join(self.spares)} (take a failed host's place when the job restarts)")
         for host in self.hosts:
             env = {**host.env, **{k: MASK for k in host.secret_names}}
             iface = f"  iface {PROBE_MARK}" if "iface" in self.unprobed and host.iface is None else ""
@@ -200,13 +205,17 @@ def torchrun_argv(job: JobSpec, host_python: str, *, nnodes: int, nproc: int, no
     return argv + target + list(job.args) + list(extra_args)
 
 
-def host_env(job: JobSpec, node: NodeSpec, iface: str | None) -> dict[str, str]:
-    """Inventory env, then job env over it; the socket interfaces unless either sets them."""
+def host_env(job: JobSpec, node: NodeSpec, iface: str | None, attempt: int = 1) -> dict[str, str]:
+    """Inventory env, then job env over it; the socket interfaces unless either sets them; the
+    attempt and, with `checkpoint_dir`, where the ranks keep their checkpoints."""
     env = {**node.env, **job.env}
     if iface:
         env.setdefault("NCCL_SOCKET_IFNAME", iface)
         env.setdefault("GLOO_SOCKET_IFNAME", iface)
     env["PYTHONUNBUFFERED"] = "1"
+    env["DISTRUN_ATTEMPT"] = str(attempt)
+    if job.checkpoint_dir:
+        env["DISTRUN_CHECKPOINT_DIR"] = job.checkpoint_dir
     return env
 
 
@@ -248,6 +257,8 @@ def build_plan(
     controller_env: dict[str, str],
     extra_args: list[str] | None = None,
     backend: str = "ssh",
+    attempt: int = 1,
+    spares: tuple[str, ...] = (),
 ) -> LaunchPlan:
     """Build every host's torchrun argv and environment; the master is node rank 0."""
     ordered = [master] + [n for n in nodes if n.name != master.name]
@@ -256,7 +267,7 @@ def build_plan(
         node_facts = facts.get(node.name)
         nproc = resolve_nproc(job, node, node_facts)
         iface = choose_iface(node, node_facts, master_addr) if len(ordered) > 1 else node.iface
-        env = with_flight_recorder(host_env(job, node, iface), job, job_id)
+        env = with_flight_recorder(host_env(job, node, iface, attempt), job, job_id)
         argv = torchrun_argv(job, node.python, nnodes=len(ordered), nproc=nproc, node_rank=rank,
                              master_addr=master_addr, master_port=master_port, job_id=job_id,
                              extra_args=extra_args or [], dash_p=takes_dash_p(node_facts))
@@ -271,5 +282,5 @@ def build_plan(
         nnodes=len(ordered), hosts=hosts, secrets=resolve_secrets(job, controller_env),
         heartbeat_timeout=job.heartbeat_timeout, stop_grace=job.stop_grace, hang_timeout=job.hang_timeout,
         telemetry_interval=job.telemetry.interval if job.telemetry.enabled else None, sync=job.sync,
-        sync_max_size=job.sync_max_size,
+        sync_max_size=job.sync_max_size, attempt=attempt, spares=spares, checkpoint_dir=job.checkpoint_dir,
     )

@@ -63,6 +63,9 @@ class JobRecord:
             listed only by `ps --all`.
         command: The `distrun launch` arguments that start the job again on the same hosts
             ([] when unknown).
+        attempts: `restarts.Attempt.to_dict()` of each attempt of the controller's (`restarts:`),
+            in order; [] for a job recorded before it started one.
+        quarantined: Hosts a failure pointed at, left out of the job's later attempts.
     """
 
     id: str
@@ -86,6 +89,14 @@ class JobRecord:
     controller_start: str | None = None
     internal: bool = False
     command: list[str] = field(default_factory=list)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    quarantined: list[str] = field(default_factory=list)
+
+    @property
+    def every_host(self) -> list[str]:
+        """The hosts of every attempt, in the order they first ran the job (`hosts`: the last attempt's)."""
+        earlier = [host for attempt in self.attempts for host in attempt.get("hosts", [])]
+        return list(dict.fromkeys([*earlier, *self.hosts]))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -95,15 +106,15 @@ class JobRecord:
             "ended": self.ended, "exit_code": self.exit_code, "controller_pid": self.controller_pid,
             "restarts": self.restarts, "backend_ref": self.backend_ref, "detail": self.detail,
             "alerts": self.alerts, "failures": self.failures, "internal": self.internal,
-            "command": self.command,
+            "command": self.command, "attempts": self.attempts, "quarantined": self.quarantined,
         }
 
 
 _COLUMNS = ("id", "name", "spec_path", "inventory", "hosts", "master_addr", "master_port", "backend",
             "state", "started", "ended", "exit_code", "controller_pid", "restarts", "backend_ref",
             "detail", "alerts", "failures", "controller_start",
-            "internal", "command")
-_JSON_COLUMNS = ("hosts", "alerts", "failures", "command")
+            "internal", "command", "attempts", "quarantined")
+_JSON_COLUMNS = ("hosts", "alerts", "failures", "command", "attempts", "quarantined")
 AMBIGUOUS_SHOWN = 8
 
 BUSY_TIMEOUT = 30.0  # seconds a write waits for another process's lock on the database
@@ -115,14 +126,14 @@ CREATE TABLE IF NOT EXISTS jobs (
     started REAL NOT NULL, ended REAL, exit_code INTEGER, controller_pid INTEGER,
     restarts INTEGER DEFAULT 0, backend_ref TEXT, detail TEXT DEFAULT '', alerts TEXT DEFAULT '[]',
     failures TEXT DEFAULT '[]', controller_start TEXT, internal INTEGER DEFAULT 0,
-    command TEXT DEFAULT '[]'
+    command TEXT DEFAULT '[]', attempts TEXT DEFAULT '[]', quarantined TEXT DEFAULT '[]'
 )
 """
 # Columns renamed since a release wrote them: old name -> new name.
 _RENAMED = {"slurm_id": "backend_ref"}
 # Columns added since the first release: name -> its definition.
 _ADDED = {"failures": "TEXT DEFAULT '[]'", "controller_start": "TEXT", "internal": "INTEGER DEFAULT 0",
-          "command": "TEXT DEFAULT '[]'"}
+          "command": "TEXT DEFAULT '[]'", "attempts": "TEXT DEFAULT '[]'", "quarantined": "TEXT DEFAULT '[]'"}
 
 
 ID_RANDOM_BYTES = 3
@@ -291,7 +302,8 @@ class Store:
         row = (rec.id, rec.name, rec.spec_path, rec.inventory, json.dumps(rec.hosts), rec.master_addr,
                rec.master_port, rec.backend, rec.state.value, rec.started, rec.ended, rec.exit_code,
                rec.controller_pid, rec.restarts, rec.backend_ref, rec.detail, json.dumps(rec.alerts),
-               json.dumps(rec.failures), rec.controller_start, int(rec.internal), json.dumps(rec.command))
+               json.dumps(rec.failures), rec.controller_start, int(rec.internal), json.dumps(rec.command),
+               json.dumps(rec.attempts), json.dumps(rec.quarantined))
         marks = ",".join("?" * len(_COLUMNS))
         try:
             with self._connect() as db:

@@ -403,3 +403,14 @@ def test_stop_job_waits_for_nothing_on_a_finished_job(tmp_path: Path, capsys):
     began = time.monotonic()
     assert for_record(store, rec).stop_job(store.get("done-1")) == 0
     assert time.monotonic() - began < 2 and "already ended (succeeded)" in capsys.readouterr().out
+
+
+def test_a_dry_run_with_a_spare_names_it_and_its_hosts_beyond_nnodes_stay_out(tmp_path: Path):
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("nodes:\n" + "".join(f"  - {{name: {n}, host: 10.0.0.{i}}}\n" for i, n in enumerate("abc", 1)))
+    job = tmp_path / "j.yaml"
+    job.write_text(f"name: j\nscript: {job}\nnnodes: 2\nrestarts: {{max: 1}}\ncheckpoint_dir: /ck\n")
+    result = distrun("launch", str(job), "-i", str(inv), "--dry-run", home=tmp_path / "home")
+    assert result.returncode == 0, result.stderr
+    assert "spares: c (take a failed host's place when the job restarts)" in result.stdout
+    assert "[c]" not in result.stdout and result.stdout.count("DISTRUN_CHECKPOINT_DIR=/ck") == 2

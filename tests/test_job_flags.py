@@ -95,3 +95,13 @@ def test_the_recorded_command_names_the_hosts_as_a_range_and_every_flag_that_cha
     assert request.reproduce([], "<built-in>")[1:] == ["--nnodes", "2", "--backend", "ssh", "-o", "k=v", "--env",
                                                        "A=1", "--name", "t2", "--nproc-per-node", "1", "--",
                                                        "--steps", "20"]
+
+
+def test_yaml_of_a_job_with_restarts_spares_and_an_nnodes_range_reads_back_the_same() -> None:
+    job = job_from_text("name: r\nmodule: pkg.train\nnnodes: '1:2'\nhang_timeout: 30\nspares: 1\n"
+                        "restarts: {max: 2, backoff: 5, on: [host-lost, hang]}\ncheckpoint_dir: /ckpt\n", "r.yaml")
+
+    again = job_from_text(job_to_yaml(job), "again.yaml")
+
+    assert replace(again, path=job.path) == job
+    assert (again.min_nnodes, again.nnodes, again.restarts.on) == (1, 2, ("host-lost", "hang"))

@@ -142,3 +142,20 @@ def test_master_iface_address_is_preferred_over_the_ssh_address():
     inv = inventory_from_text(INVENTORY, "inv.yaml")
     facts = HostFacts("node0", interfaces={"ib0": ["192.168.50.10/24"]})
     assert choose_master_addr(inv.nodes[0], facts, "10.0.0.10", nnodes=3) == "192.168.50.10"
+
+
+def test_every_rank_gets_the_attempt_and_the_checkpoint_dir_and_the_plan_names_the_spares(tmp_path):
+    inv = inventory_from_text(INVENTORY, "inv.yaml")
+    spec = job("checkpoint_dir: /shared/ckpt\nrestarts: {max: 1}\n", tmp_path)
+    plan = build_plan(spec, list(inv.nodes[:2]), {}, job_id="demo-1", inventory_path="inv.yaml", master=inv.nodes[0],
+                      master_addr="10.0.0.10", master_port=29501, controller_cwd="/w", controller_env={},
+                      attempt=3, spares=("node2",))
+    assert all(h.env["DISTRUN_ATTEMPT"] == "3" and h.env["DISTRUN_CHECKPOINT_DIR"] == "/shared/ckpt"
+               for h in plan.hosts)
+    assert (plan.attempt, plan.checkpoint_dir) == (3, "/shared/ckpt")
+    assert "spares: node2 (take a failed host's place when the job restarts)" in plan.render()
+
+
+def test_without_checkpoint_dir_the_first_attempt_is_still_numbered(tmp_path):
+    host = plan_for(tmp_path).hosts[0]
+    assert host.env["DISTRUN_ATTEMPT"] == "1" and "DISTRUN_CHECKPOINT_DIR" not in host.env

@@ -244,3 +244,19 @@ def test_arguments_that_name_node_variables_stay_literal_in_the_script_and_the_n
     filled = json.loads(batch.files.node_config.read_text())["expand_at"]
     assert [argv[i - 1] for i in filled] == ["--node-rank", "--master-addr", "--master-port"]
     assert all(i < len(argv) - len(args) - 1 for i in filled)
+
+
+def test_a_later_attempt_excludes_the_quarantined_nodes_and_has_files_of_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WANDB_KEY", SECRET)
+    inv = write(tmp_path, "inventory.yaml", CPU_INVENTORY)
+    job = load_job(write(tmp_path, "job.yaml", job_text("restarts: {max: 1}\ncheckpoint_dir: /shared/ckpt\n")))
+    request = LaunchRequest(job_file=job.path, inventory=str(inv), backend="slurm")
+    job_dir = JobDir(tmp_path / "home" / "jobs" / "train-1")
+    batch, _ = batch_job(job, request, job_dir, "train-1", SlurmOptions(), attempt=2, nnodes=1, exclude=("cpu1",))
+    script = render_script(batch)
+
+    assert "#SBATCH --exclude=cpu1\n" in script and "#SBATCH --nodes=1\n" in script
+    assert "export DISTRUN_ATTEMPT=2\n" in script and "export DISTRUN_CHECKPOINT_DIR=/shared/ckpt\n" in script
+    assert batch.files.dir == job_dir.root / "slurm" / "attempt2"
+    assert str(batch.files.stream("cpu0")).startswith(str(job_dir.root / "slurm" / "attempt2"))

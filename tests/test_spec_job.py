@@ -129,7 +129,7 @@ def test_unknown_key_with_nothing_close_lists_the_valid_keys() -> None:
         "jobs/x.yaml:12: colour: unknown key (valid keys: name, script, module, args, nnodes, nproc_per_node, "
         f"workdir, env, rendezvous, max_restarts, select, telemetry, sync, sync_max_size, backend, "
         f"{', '.join(backends.names())}, "
-        "heartbeat_timeout, stop_grace, hang_timeout)"
+        "heartbeat_timeout, stop_grace, hang_timeout, restarts, checkpoint_dir, spares)"
     )
 
 
@@ -333,3 +333,47 @@ def test_every_shipped_job_file_is_valid(path: Path, monkeypatch: pytest.MonkeyP
     monkeypatch.chdir(REPO)
     assert load_job(path.relative_to(REPO)).name
 
+
+
+def test_restarts_checkpoint_dir_and_spares_are_read() -> None:
+    job = job_from_text(RESNET + "restarts: {max: 2, backoff: 5, on: [hang]}\ncheckpoint_dir: /ckpt\nspares: 1\n",
+                        "jobs/x.yaml")
+    assert (job.restarts.max, job.restarts.backoff, job.restarts.on) == (2, 5.0, ("hang",))
+    assert (job.checkpoint_dir, job.spares) == ("/ckpt", 1)
+
+
+def test_restarts_on_defaults_to_host_lost_and_rank_failed() -> None:
+    assert job_from_text(RESNET + "restarts: {max: 1}\n", "jobs/x.yaml").restarts.on == ("host-lost", "rank-failed")
+
+
+@pytest.mark.parametrize("nnodes", ["1:2", "'1:2'", "' 1:2 '"])
+def test_nnodes_min_max_is_read_as_written_not_as_yaml_base_60(nnodes: str) -> None:
+    job = job_from_text(RESNET.replace("nnodes: 2", f"nnodes: {nnodes}"), "jobs/x.yaml")
+    assert (job.min_nnodes, job.nnodes) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ("restarts: {max: 1, on: [lost]}", "jobs/x.yaml:12: restarts.on[0]: must be one of host-lost, rank-failed, "
+                                          "hang, got string 'lost' (did you mean 'host-lost'?)"),
+        ("restarts: {max: 1, on: []}", "jobs/x.yaml:12: restarts.on: must be a non-empty list, got a list (list the "
+                                       "failures that restart the job: any of host-lost, rank-failed, hang)"),
+        ("restarts: {max: -1}", "jobs/x.yaml:12: restarts.max: must be an integer from 0 to 1000, got -1"),
+        ("restarts: {max: 1, backof: 2}", "jobs/x.yaml:12: restarts.backof: unknown key (did you mean 'backoff'?)"),
+        ("restarts: {backoff: -2}", "jobs/x.yaml:12: restarts.backoff: must be a number from 0 to 3600, got -2 "
+                                    "(seconds between a failed attempt and the next)"),
+        ("restarts: 2", "jobs/x.yaml:12: restarts: must be a mapping, got integer 2"),
+        ("spares: -1", "jobs/x.yaml:12: spares: must be an integer >= 0, got -1"),
+        ("checkpoint_dir: ''", "jobs/x.yaml:12: checkpoint_dir: must not be empty (remove the key to use the "
+                               "default)"),
+    ],
+)
+def test_bad_restart_keys_are_reported_at_their_line(extra: str, expected: str) -> None:
+    assert error(RESNET + extra + "\n") == expected
+
+
+@pytest.mark.parametrize("nnodes", ["'2:1'", "'0:2'", "'a:2'", "1:2:3"])
+def test_bad_nnodes_range_is_explained(nnodes: str) -> None:
+    assert error(RESNET.replace("nnodes: 2", f"nnodes: {nnodes}")).startswith(
+        "jobs/x.yaml:4: nnodes: must be an integer >= 1 or MIN:MAX, got ")

@@ -14,6 +14,7 @@ from orchestrator.spec import (
     job_from_text,
     select_hosts,
     select_nodes,
+    select_with_spares,
 )
 
 INVENTORY = """\
@@ -219,3 +220,31 @@ def test_on_a_terminal_the_operator_is_asked_and_a_no_stops_everything() -> None
         select_hosts(BIG, HostSelection(), Guard(8, answer(False)), "doctor")
     assert asked == ["distrun exec on all 12 hosts of big.yaml (n[00-11])?",
                      "distrun doctor on all 12 hosts of big.yaml (n[00-11])?"]
+
+
+def test_nodes_selected_beyond_nnodes_are_the_spares(inv: Inventory) -> None:
+    chosen, spares = select_with_spares(job("nnodes: 2\n"), inv, HostSelection(nodes=("node0,node1,node3",)))
+    assert (names(chosen), names(spares)) == (["node0", "node1"], ["node3"])
+
+
+def test_spares_k_without_nnodes_keeps_the_last_k_selected_aside(inv: Inventory) -> None:
+    chosen, spares = select_with_spares(job("spares: 1\n"), inv)
+    assert (names(chosen), names(spares)) == (["node0", "node1", "node2"], ["node3"])
+
+
+def test_spares_k_with_nnodes_keeps_only_k_spares(inv: Inventory) -> None:
+    chosen, spares = select_with_spares(job("nnodes: 2\nspares: 1\n"), inv)
+    assert (names(chosen), names(spares)) == (["node0", "node1"], ["node2"])
+
+
+def test_more_spares_than_selected_beyond_nnodes_points_at_the_spares_line(inv: Inventory) -> None:
+    with pytest.raises(SpecError) as caught:
+        select_with_spares(job("nnodes: 3\nspares: 2\n"), inv)
+    assert str(caught.value).startswith("job.yaml:4: spares: 2 spare host(s) asked but 1 selected beyond the job's 3")
+
+
+def test_nnodes_min_max_runs_on_fewer_hosts_when_fewer_are_selected(inv: Inventory) -> None:
+    chosen, spares = select_with_spares(job("nnodes: '2:3'\n"), inv, HostSelection(nodes=("node0,node1",)))
+    assert (names(chosen), spares) == (["node0", "node1"], [])
+    with pytest.raises(SpecError, match="2 nodes requested but only 1 selected"):
+        select_with_spares(job("nnodes: '2:3'\n"), inv, HostSelection(nodes=("node0",)))

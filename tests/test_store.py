@@ -310,3 +310,9 @@ def test_delete_forgets_the_record_and_its_directory(tmp_path: Path) -> None:
     assert not store.job_dir("gone-1").root.exists()
     with pytest.raises(UsageError, match="no job matches 'gone-1'"):
         store.get("gone-1")
+
+
+def test_every_host_of_a_restarted_job_holds_its_earlier_attempts_hosts_first() -> None:
+    rec = JobRecord(id="j", name="j", spec_path="", inventory="", hosts=["node0", "node2"],
+                    attempts=[{"number": 1, "hosts": ["node0", "node1"]}, {"number": 2, "hosts": ["node0", "node2"]}])
+    assert rec.every_host == ["node0", "node1", "node2"]

@@ -6,6 +6,8 @@ fills in hooks. A backend object serves one command: one launch, or operations o
 A launch calls, in this order (`launch.launch` and `launch.Launcher`):
 
     prepare(ctx) -> plan                  reach hosts / render the scheduler's request; nothing starts
+    replan(ctx, plan, hosts, spares)      the controller's next attempt (`restarts:`), then preflight,
+                                          stage and start again
     dry_run(plan) -> text                 with --dry-run: what would run; then release()
     preflight(ctx, plan)                  unless --skip-preflight: refuse hosts that would hang a job
     stage(ctx, plan)                      put what the job needs on its hosts (`sync: true`)
@@ -243,6 +245,17 @@ class Backend(ABC):
             UsageError: the request cannot be planned (bad selection, bad options).
             InfraError: a host or the scheduler could not be reached.
         """
+
+    def replan(self, ctx: LaunchContext, previous: LaunchPlan, hosts: Sequence[str],
+               spares: Sequence[str]) -> LaunchPlan:
+        """Plan the controller's next attempt of a job (`restarts:`) on `hosts`, its attempt number
+        one past `previous`'s and on a fresh rendezvous port; preflight and stage follow.
+
+        Raises:
+            UsageError: this backend does not restart jobs.
+            DistrunError: the hosts could not be reached or probed.
+        """
+        raise UsageError(f"the {self.NAME} backend does not restart jobs")
 
     def dry_run(self, plan: LaunchPlan) -> str:
         """What `--dry-run` prints: by default every host's environment and argv."""

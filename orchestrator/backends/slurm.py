@@ -5,7 +5,9 @@ reason until Slurm allocates nodes, then follows each node's stream file in the 
 directory with the same HostRun/LogSink/summary code the SSH backend drives through its channels.
 The inventory only gives the nodes' settings (python, iface, env, gpus), from its first selected
 node; Slurm chooses the hosts. Slurm owns the job's lifetime: `distrun stop` is `scancel`, and a
-node that fails ends the step on all nodes through `srun --kill-on-bad-exit`.
+node that fails ends the step on all nodes through `srun --kill-on-bad-exit`. With `restarts`,
+each attempt is a batch job of its own that excludes (`--exclude`) the nodes earlier failures
+quarantined (`replan`).
 """
 
 from __future__ import annotations
@@ -272,17 +274,20 @@ def node_template(job: JobSpec, request: LaunchRequest, options: SlurmOptions) -
     return NodeTemplate(node, len(selected), inventory.path)
 
 
-def slurm_plan(job: JobSpec, request: LaunchRequest, template: NodeTemplate, job_id: str) -> LaunchPlan:
+def slurm_plan(job: JobSpec, request: LaunchRequest, template: NodeTemplate, job_id: str, attempt: int = 1,
+               nnodes: int | None = None) -> LaunchPlan:
     """The plan for every node: one torchrun argv whose per-node values each node fills in.
 
     Nodes are named rank0.. until Slurm allocates them (see `allocated_plan`); their number is
-    --nnodes, else the job's nnodes, else the inventory's selected nodes.
+    `nnodes` (a later attempt's), else --nnodes, else the job's nnodes, else the inventory's
+    selected nodes.
     """
-    nnodes = request.nnodes or job.nnodes or template.selected
+    nnodes = nnodes or request.nnodes or job.nnodes or template.selected
     nodes = [replace(template.node, name=f"rank{i}") for i in range(nnodes)]
     plan = build_plan(job, nodes, {}, job_id=job_id, inventory_path=template.inventory_path, master=nodes[0],
                       master_addr="$MASTER_ADDR", master_port=0, controller_cwd=os.getcwd(),
-                      controller_env=dict(os.environ), extra_args=request.extra_args, backend=SlurmBackend.NAME)
+                      controller_env=dict(os.environ), extra_args=request.extra_args, backend=SlurmBackend.NAME,
+                      attempt=attempt)
     hosts = [replace(h, argv=node_argv(h.argv, torchrun_options_end(job, h.argv, request.extra_args)))
              for h in plan.hosts]
     return replace(plan, hosts=hosts)
@@ -301,17 +306,18 @@ def allocated_plan(plan: LaunchPlan, names: list[str], addrs: dict[str, str]) ->
     return replace(plan, hosts=hosts, master_node=names[0], master_addr=names[0])
 
 
-def batch_job(job: JobSpec, request: LaunchRequest, job_dir: JobDir, job_id: str,
-              options: SlurmOptions) -> tuple[BatchJob, bytes]:
-    """The batch job and the supervisor bundle its nodes run."""
+def batch_job(job: JobSpec, request: LaunchRequest, job_dir: JobDir, job_id: str, options: SlurmOptions,
+              attempt: int = 1, nnodes: int | None = None, exclude: tuple[str, ...] = ()) -> tuple[BatchJob, bytes]:
+    """The batch job and the supervisor bundle its nodes run; a later attempt's on `nnodes` nodes,
+    none of `exclude`, with files of its own."""
     template = node_template(job, request, options)
-    plan = slurm_plan(job, request, template, job_id)
+    plan = slurm_plan(job, request, template, job_id, attempt, nnodes)
     gpus = gpus_per_node(options, plan, template)
     modules = [*dict.fromkeys([*PROBE_MODULES, *SUPERVISOR_MODULES]), "slurm_node"]
     bundle = remote.bundle("slurm_node", modules, telemetry.shipped_modules(gpus or 0))
     batch = BatchJob(plan=plan, options=options, gpus_per_node=gpus,
-                     port=job.rendezvous.port, bundle_size=len(bundle), files=SlurmFiles(job_dir.root),
-                     options_end=torchrun_options_end(job, plan.hosts[0].argv, request.extra_args))
+                     port=job.rendezvous.port, bundle_size=len(bundle), files=SlurmFiles(job_dir.root, attempt),
+                     options_end=torchrun_options_end(job, plan.hosts[0].argv, request.extra_args), exclude=exclude)
     return batch, bundle
 
 
@@ -408,6 +414,7 @@ class SlurmBackend(Backend):
         self.cancelled = False
         self.done = threading.Event()
         self.followers: list[threading.Thread] = []
+        self.excluded: tuple[str, ...] = ()  # nodes quarantined by earlier attempts' failures
 
     # ---------------------------------------------------------------- before Slurm runs it
 
@@ -457,6 +464,34 @@ class SlurmBackend(Backend):
             self._ended_unallocated(job)
             return None
         return self._allocated(job, plan)
+
+    def replan(self, ctx: LaunchContext, previous: LaunchPlan, hosts: Sequence[str],
+               spares: Sequence[str]) -> LaunchPlan:
+        """The next attempt: a batch job of its own on as many nodes as `hosts`, excluding (sbatch
+        --exclude) every node an earlier attempt left out; submitted, and waited for until Slurm
+        allocates it (Slurm chooses the nodes, `hosts` only counts them).
+
+        Raises:
+            InfraError: Slurm ended the job before allocating it, or distrun was interrupted.
+            UsageError: Slurm refused the job.
+        """
+        left_out = [h.node for h in previous.hosts if h.node not in hosts]
+        self.excluded = tuple(dict.fromkeys([*self.excluded, *left_out]))
+        self.batch, self.bundle = batch_job(ctx.job, ctx.request, ctx.store.job_dir(ctx.job_id), ctx.job_id,
+                                            self.slurm_options, previous.attempt + 1, len(hosts), self.excluded)
+        self.script = render_script(self.batch)
+        self.done, self.followers, self.ended_at, self.latest, self.cancelled = threading.Event(), [], None, None, False
+        write_files(ctx.store.job_dir(ctx.job_id), self.batch, self.bundle, self.script)
+        self.slurm_id = sbatch(str(self.batch.files.script))
+        self.store.update(ctx.job_id, backend_ref=self.slurm_id)
+        excluding = f", excluding {','.join(self.excluded)}" if self.excluded else ""
+        self.say(f"attempt {previous.attempt + 1} submitted as Slurm job {self.slurm_id}{excluding}")
+        job = self._await_allocation(ctx)
+        if ctx.interrupted is not None or job is None or not job.allocated:
+            cancel(self.slurm_id)
+            state = "interrupted" if ctx.interrupted is not None else (job.state if job else "gone")
+            raise InfraError(f"Slurm job {self.slurm_id} ended before it started ({state})")
+        return self._allocated(job, self.batch.plan)
 
     def say(self, text: str) -> None:
         """A line for the terminal (stderr when detached) and the job's lines (as a note of `slurm`)."""
@@ -517,6 +552,11 @@ class SlurmBackend(Backend):
         job_id = self.launching[0].job_id
         names = hostnames(job.nodelist)
         allocated = allocated_plan(plan, names, node_addresses(names))
+        if self.launching[0].job.restarts.max:
+            # The partition's other nodes stand in for the spares: Slurm picks among them (less --exclude).
+            _, partition = partition_nodes(self.slurm_options.partition)
+            allocated = replace(allocated, spares=tuple(n for n in partition if n not in names and
+                                                        n not in self.excluded))
         self.store.job_dir(job_id).write_plan(allocated.to_dict())
         self.store.update(job_id, hosts=names, master_addr=allocated.master_addr, detail="")
         self.say(f"job {self.slurm_id} running on {', '.join(names)}")

@@ -49,10 +49,11 @@ class SlurmFiles:
     """Where a Slurm job's files live in its job directory."""
 
     root: Path
+    attempt: int = 1  # the controller's attempt: a later one has files of its own under slurm/attempt<N>/
 
     @property
     def dir(self) -> Path:
-        return self.root / "slurm"
+        return self.root / "slurm" if self.attempt == 1 else self.root / "slurm" / f"attempt{self.attempt}"
 
     @property
     def script(self) -> Path:
@@ -108,6 +109,7 @@ class BatchJob:
     bundle_size: int
     files: SlurmFiles
     options_end: int
+    exclude: tuple[str, ...] = ()  # nodes an earlier attempt's failure quarantined (sbatch --exclude)
 
     @property
     def python(self) -> str:
@@ -155,6 +157,7 @@ def node_config(batch: BatchJob) -> dict[str, Any]:
         "job_id": plan.job_id, "cwd": plan.hosts[0].workdir, "stop_grace": plan.stop_grace,
         "telemetry_interval": plan.telemetry_interval, "stream_dir": str(files.dir),
         "secrets_on_stdin": bool(plan.secrets), "expand": EXPANDED, "expand_at": batch.filled,
+        "make_dirs": [plan.checkpoint_dir] if plan.checkpoint_dir else [],
     }
 
 
@@ -172,6 +175,8 @@ def _directives(batch: BatchJob) -> list[str]:
               (("partition", opts.partition), ("time", opts.time), ("account", opts.account)) if value]
     if batch.gpus_per_node:
         lines.append(f"--gpus-per-node={batch.gpus_per_node}")
+    if batch.exclude:
+        lines.append(f"--exclude={','.join(batch.exclude)}")
     return [f"#SBATCH {line}" for line in [*lines, *opts.extra]]
 
 

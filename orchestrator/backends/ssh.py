@@ -36,7 +36,7 @@ from orchestrator.spec import (
     default_inventory,
     load_inventory,
     resolve_inventory_path,
-    select_nodes,
+    select_with_spares,
 )
 from orchestrator.spec.model import DEFAULT_STOP_GRACE
 from orchestrator.store import JobRecord, JobState, signal_controller
@@ -76,10 +76,23 @@ class SshBackend(Backend):
         """Select the hosts and plan on them: probing each host, except for a dry run without --probe."""
         request = ctx.request
         inventory = self.inventory(request)
-        nodes = select_nodes(ctx.job, inventory, request.selection, request.nnodes, request.guard)
+        nodes, spares = select_with_spares(ctx.job, inventory, request.selection, request.nnodes, request.guard)
+        # Spares serve the controller's restarts only; without them the hosts beyond nnodes stay out.
+        kept = tuple(node.name for node in spares) if ctx.job.restarts.max else ()
         if request.dry_run and not request.probe:
-            return self.plan_offline(ctx.job, inventory, nodes, ctx.job_id, request.extra_args)
-        return self.plan_on(ctx.job, inventory, nodes, ctx.job_id, request.extra_args)
+            return replace(self.plan_offline(ctx.job, inventory, nodes, ctx.job_id, request.extra_args), spares=kept)
+        return replace(self.plan_on(ctx.job, inventory, nodes, ctx.job_id, request.extra_args), spares=kept)
+
+    def replan(self, ctx: LaunchContext, previous: LaunchPlan, hosts: Sequence[str],
+               spares: Sequence[str]) -> LaunchPlan:
+        """Plan the next attempt on `hosts` (probing each again) with a fresh rendezvous port: with
+        `port: auto`, the search starts past the previous attempt's port."""
+        inventory = self.inventory(ctx.request)
+        nodes = [inventory.node(name) for name in hosts]
+        port_from = None if ctx.job.rendezvous.port else previous.master_port + 1
+        plan = self.plan_on(ctx.job, inventory, nodes, ctx.job_id, ctx.request.extra_args, port_from=port_from,
+                            attempt=previous.attempt + 1)
+        return replace(plan, spares=tuple(spares))
 
     def plan_offline(self, job: JobSpec, inventory: Inventory, nodes: list[NodeSpec], job_id: str,
                      extra_args: Sequence[str] = ()) -> LaunchPlan:
@@ -98,7 +111,7 @@ class SshBackend(Backend):
         return replace(plan, unprobed=tuple(unprobed))
 
     def plan_on(self, job: JobSpec, inventory: Inventory, nodes: list[NodeSpec], job_id: str,
-                extra_args: Sequence[str] = ()) -> LaunchPlan:
+                extra_args: Sequence[str] = (), port_from: int | None = None, attempt: int = 1) -> LaunchPlan:
         """Reach the nodes, probe each once, and build the plan; the connections stay open for the launch.
 
         The one probe round also tests what the preflight checks: the master listens on the
@@ -114,8 +127,9 @@ class SshBackend(Backend):
         master = inventory.master_of(nodes)
         # torch as the job will import it (the node's python, in the workdir, with the job's env),
         # so that the preflight compares the torch each host will really run.
-        probed = probe_round(self.group, master, {}, job.rendezvous.port, None, port_from=auto_port_start(),
-                             resolve=False, per_host=import_options(nodes, job, job.workdir or os.getcwd()),
+        probed = probe_round(self.group, master, {}, job.rendezvous.port, None,
+                             port_from=port_from or auto_port_start(), resolve=False,
+                             per_host=import_options(nodes, job, job.workdir or os.getcwd()),
                              progress=Progress(len(nodes), "probed"))
         self.facts = probed.check()
         if probed.master_addr is None:
@@ -125,7 +139,7 @@ class SshBackend(Backend):
         return build_plan(
             job, nodes, self.facts, job_id=job_id, inventory_path=_absolute(inventory.path), master=master,
             master_addr=addr, master_port=port, controller_cwd=os.getcwd(), controller_env=dict(os.environ),
-            extra_args=list(extra_args), backend=self.NAME,
+            extra_args=list(extra_args), backend=self.NAME, attempt=attempt,
         )
 
     def preflight(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
@@ -163,6 +177,7 @@ class SshBackend(Backend):
             "job_id": plan.job_id, "node": host.node, "argv": host.plan.argv, "env": plan.host_env(host.plan),
             "cwd": host.plan.workdir, "heartbeat_timeout": plan.heartbeat_timeout, "stop_grace": plan.stop_grace,
             "telemetry_interval": plan.telemetry_interval, **output_config(plan, host.plan),
+            "make_dirs": [plan.checkpoint_dir] if plan.checkpoint_dir else [],
         }
         transport = self.group[host.node]
         host.link_up = transport.connected
@@ -322,7 +337,7 @@ def output_config(plan: LaunchPlan, host: HostPlan) -> dict[str, Any]:
     come with the environment), the host's first global rank, whether torchrun's ranks follow from
     it (static rendezvous; c10d assigns them at rendezvous), and the attempt."""
     return {"secret_names": host.secret_names, "first_rank": plan.first_rank(host.node),
-            "exact_ranks": "--node-rank" in host.argv, "attempt": 1}
+            "exact_ranks": "--node-rank" in host.argv, "attempt": plan.attempt}
 
 
 def fetch_copy(transport: Transport, job_id: str) -> HostCopy:
@@ -343,17 +358,17 @@ def _remove_copies(inventory_path: str, jobs: list[JobRecord]) -> dict[str, str]
     except UsageError as exc:
         return {job.id: str(exc) for job in jobs}
     known = {node.name for node in inventory.nodes}
-    ids_on = {name: [job.id for job in jobs if name in job.hosts] for name in known}
+    ids_on = {name: [job.id for job in jobs if name in job.every_host] for name in known}
     ids_on = {name: ids for name, ids in ids_on.items() if ids}
     nodes = [inventory.node(name) for name in ids_on]
     with Group(nodes, progress=Progress(len(nodes), "connected")) as group:
         done = group.run(lambda t: run_remote(t, "prune", ["prune"], b"", *ids_on[t.name]))
     failed = done.failed
-    left = {job.id: f"{job.hosts[0]}: not in inventory {inventory_path} any more" for job in jobs
-            if not set(job.hosts) <= known}
+    left = {job.id: f"{job.every_host[0]}: not in inventory {inventory_path} any more" for job in jobs
+            if not set(job.every_host) <= known}
     if failed:
         why = GroupError(done, "cannot remove job copies").render()
-        left.update({job.id: why for job in jobs if set(job.hosts) & set(failed)})
+        left.update({job.id: why for job in jobs if set(job.every_host) & set(failed)})
     return left
 
 

@@ -94,8 +94,8 @@ def build_query(request: LogsRequest, record: JobRecord, job_dir: JobDir) -> Que
     """
     nodes = frozenset(n.strip() for value in request.nodes for n in value.split(",") if n.strip()) or None
     for node in sorted(nodes or ()):
-        if node not in record.hosts:
-            raise UsageError(f"--node {node}: job {record.id} ran on {fold_hosts(record.hosts) or 'no host yet'}")
+        if node not in record.every_host:
+            raise UsageError(f"--node {node}: job {record.id} ran on {fold_hosts(record.every_host) or 'no host yet'}")
     ranks = parse_ranks(request.ranks)
     entries = JobLog(job_dir.root).new_entries()
     if ranks is not None:

@@ -56,6 +56,7 @@ def supervisor_config(cfg: dict[str, Any], node: str, argv: list[str], env: dict
         "job_id": cfg["job_id"], "node": node, "argv": argv, "env": secrets, "secret_names": sorted(secrets),
         "cwd": cfg.get("cwd"), "heartbeat_timeout": None, "stop_grace": cfg.get("stop_grace", 5.0),
         "telemetry_interval": cfg.get("telemetry_interval"), "first_rank": first_rank(argv),
+        "make_dirs": cfg.get("make_dirs", []),
     }
 
 

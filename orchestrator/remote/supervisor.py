@@ -142,6 +142,20 @@ def end_job(job_id: str, node: str, leader: Leader | None, grace: float) -> int:
     return len(left)
 
 
+def make_dirs(paths: list[str], cwd: str | None) -> None:
+    """Create each directory the job needs (its checkpoint_dir), relative to its workdir.
+
+    Raises:
+        OSError: one could not be created (the job does not start).
+    """
+    for path in paths:
+        full = os.path.join(os.path.expanduser(cwd or "."), os.path.expanduser(path))
+        try:
+            os.makedirs(full, exist_ok=True)
+        except OSError as exc:
+            raise OSError(f"cannot create {full}: {exc.strerror or exc}") from exc
+
+
 class Supervisor:
     def __init__(self, cfg: dict[str, Any], out: StreamWriter) -> None:
         self.cfg = cfg
@@ -182,6 +196,7 @@ class Supervisor:
         env["DISTRUN_NODE"] = self.node
         self.resolve_sockets(env)
         cwd = self.cfg.get("cwd")
+        make_dirs(self.cfg.get("make_dirs", []), cwd)
         self.child = subprocess.Popen(
             self.relay.argv(self.cfg["argv"]),
             env=env,

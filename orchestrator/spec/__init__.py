@@ -12,7 +12,7 @@ from orchestrator.spec.model import (
     Telemetry,
     TransportKind,
 )
-from orchestrator.spec.select import Guard, HostSelection, select_hosts, select_nodes
+from orchestrator.spec.select import Guard, HostSelection, select_hosts, select_nodes, select_with_spares
 
 __all__ = [
     "Guard",
@@ -33,4 +33,5 @@ __all__ = [
     "resolve_inventory_path",
     "select_hosts",
     "select_nodes",
+    "select_with_spares",
 ]

@@ -17,8 +17,8 @@ from typing import TypeVar
 from orchestrator import backends
 from orchestrator.errors import UsageError
 from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT, Reader, Source, describe
-from orchestrator.spec.model import JobSpec, Rendezvous, Select, Telemetry
-from orchestrator.spec.yamlsrc import Map, Node, collect_lines, join_path, load_yaml, shown
+from orchestrator.spec.model import RESTART_TRIGGERS, JobSpec, Rendezvous, Restarts, Select, Telemetry
+from orchestrator.spec.yamlsrc import Map, Node, Scalar, Seq, collect_lines, join_path, load_yaml, shown
 
 T = TypeVar("T")
 
@@ -32,6 +32,8 @@ HEARTBEAT_TIMEOUT_BOUNDS = (3.0, 86400.0)
 STOP_GRACE_BOUNDS = (0.0, 3600.0)
 TELEMETRY_INTERVAL_BOUNDS = (0.25, 3600.0)
 HANG_TIMEOUT_BOUNDS = (1.0, 7 * 86400.0)
+BACKOFF_BOUNDS = (0.0, 3600.0)
+NNODES_RANGE = re.compile(r"(\d+):(\d+)")
 SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _NEEDS = "a job needs at least 'name' and 'script' or 'module'"
@@ -82,6 +84,8 @@ def _job(root: Node | None, file: str) -> JobSpec:
     values = src.fields(top, "", readers)
     if "env" in values:
         values["env"], values["secrets"] = values["env"]
+    if isinstance(values.get("nnodes"), tuple):
+        values["min_nnodes"], values["nnodes"] = values["nnodes"]
     sections = {name: values.pop(name) for name in backends.names() if name in values}
     return JobSpec(path=file, **values, backend_sections=sections, lines=collect_lines(top))
 
@@ -92,7 +96,7 @@ def _job_readers(src: Source) -> dict[str, Reader]:
         "script": lambda node, path: _script(src, node, path),
         "module": lambda node, path: _module(src, node, path),
         "args": src.strings,
-        "nnodes": lambda node, path: src.integer(node, path, 1),
+        "nnodes": lambda node, path: _nnodes(src, node, path),
         "nproc_per_node": lambda node, path: src.auto_or_integer(node, path, 1),
         "workdir": lambda node, path: _workdir(src, node, path),
         "env": lambda node, path: _env(src, node, path),
@@ -112,7 +116,44 @@ def _job_readers(src: Source) -> dict[str, Reader]:
             node, path, *STOP_GRACE_BOUNDS, hint="seconds between SIGTERM and SIGKILL when a job is stopped"),
         "hang_timeout": lambda node, path: src.number(
             node, path, *HANG_TIMEOUT_BOUNDS, hint="seconds without progress from any rank before the job is a hang"),
+        "restarts": lambda node, path: _restarts(src, node, path),
+        "checkpoint_dir": src.text,
+        "spares": lambda node, path: src.integer(node, path, 0),
     }
+
+
+def _nnodes(src: Source, node: Node, path: str) -> int | tuple[int, int]:
+    """`nnodes`: a number of hosts, or `MIN:MAX` as torchrun writes it (the job may go on with MIN).
+    The text is read as written: YAML 1.1 takes an unquoted 1:2 for the number 62 (base 60)."""
+    text = node.text.strip() if isinstance(node, Scalar) and isinstance(node.value, (str, int)) else ""
+    if ":" not in text:
+        return src.integer(node, path, 1)
+    match = NNODES_RANGE.fullmatch(text)
+    low, high = (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+    if not 1 <= low <= high:
+        hint = "a number of hosts, or MIN:MAX with 1 <= MIN <= MAX (the job may go on with MIN hosts)"
+        raise src.error(node.line, path, f"must be an integer >= 1 or MIN:MAX, got {shown(text)}", hint)
+    return low, high
+
+
+def _restarts(src: Source, node: Node, path: str) -> Restarts:
+    """`restarts: {max: N, backoff: SECONDS, on: [host-lost, rank-failed, hang]}`."""
+    readers: dict[str, Reader] = {
+        "max": lambda value, key: src.integer(value, key, 0, 1000),
+        "backoff": lambda value, key: src.number(value, key, *BACKOFF_BOUNDS,
+                                                 hint="seconds between a failed attempt and the next"),
+        "on": lambda value, key: _triggers(src, value, key),
+    }
+    return Restarts(**src.fields(node, path, readers))  # type: ignore[arg-type]
+
+
+def _triggers(src: Source, node: Node, path: str) -> tuple[str, ...]:
+    """`restarts.on`: a non-empty list of RESTART_TRIGGERS."""
+    if not isinstance(node, Seq) or not node.items:
+        hint = f"list the failures that restart the job: any of {', '.join(RESTART_TRIGGERS)}"
+        raise src.error(node.line, path, f"must be a non-empty list, got {describe(node)}", hint)
+    return tuple(dict.fromkeys(src.choice(item, f"{path}[{index}]", RESTART_TRIGGERS)
+                               for index, item in enumerate(node.items)))
 
 
 def _rendezvous_readers(src: Source) -> dict[str, Reader]:

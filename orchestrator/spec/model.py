@@ -86,6 +86,26 @@ class Telemetry:
     enabled: bool = True
 
 
+# What `restarts.on` may list: the failures after which the controller starts the job again.
+RESTART_TRIGGERS = ("host-lost", "rank-failed", "hang")
+DEFAULT_RESTART_ON = ("host-lost", "rank-failed")
+
+
+@dataclass(frozen=True)
+class Restarts:
+    """The controller's restarts of a whole job (`restarts:`), apart from torchrun's `max_restarts`.
+
+    Attributes:
+        max: Attempts after the first (0: none).
+        backoff: Seconds between an attempt's end and the next one's start.
+        on: The failures that start another attempt (RESTART_TRIGGERS).
+    """
+
+    max: int = 0
+    backoff: float = 0.0
+    on: tuple[str, ...] = DEFAULT_RESTART_ON
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A job file. `env` holds plain values; `secrets` maps a variable to the controller's
@@ -97,6 +117,8 @@ class JobSpec:
     module: str | None = None
     args: tuple[str, ...] = ()
     nnodes: int | None = None
+    # `nnodes: MIN:MAX`: the job may go on with as few as MIN hosts once no spare is left (None: nnodes).
+    min_nnodes: int | None = None
     nproc_per_node: int | None = None  # None = auto
     workdir: str | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -114,5 +136,8 @@ class JobSpec:
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
     stop_grace: float = DEFAULT_STOP_GRACE
     hang_timeout: float | None = None  # None: off (a silent but healthy phase must not be killed)
+    restarts: Restarts = field(default_factory=Restarts)
+    checkpoint_dir: str | None = None  # -> DISTRUN_CHECKPOINT_DIR on every rank, created on every host
+    spares: int | None = None  # hosts kept aside for restarts (None: every host selected beyond nnodes)
     # Key path -> line in the file ("nnodes", "select.names[0]"), for errors found later.
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)

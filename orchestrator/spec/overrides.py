@@ -18,7 +18,7 @@ import yaml
 from orchestrator.errors import UsageError
 from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT
 from orchestrator.spec.job import JOB_NAME, SECRET_REF, missing_file
-from orchestrator.spec.model import JobSpec, Rendezvous, Select, Telemetry
+from orchestrator.spec.model import JobSpec, Rendezvous, Restarts, Select, Telemetry
 from orchestrator.spec.yamlsrc import Map, Node, Scalar, Seq
 
 SCRIPT_SUFFIX = ".py"
@@ -120,7 +120,7 @@ def job_to_dict(job: JobSpec) -> dict[str, Any]:
     data.update({"module": job.module} if job.module else {"script": job.script})
     optional: dict[str, Any] = {
         "args": list(job.args),
-        "nnodes": job.nnodes,
+        "nnodes": f"{job.min_nnodes}:{job.nnodes}" if job.min_nnodes else job.nnodes,
         "nproc_per_node": "auto" if job.nproc_per_node is None else job.nproc_per_node,
         "workdir": job.workdir,
         "env": {**job.env, **{k: f"${{env:{v}}}" for k, v in job.secrets.items()}},
@@ -133,6 +133,10 @@ def job_to_dict(job: JobSpec) -> dict[str, Any]:
         **{name: _plain(section) for name, section in job.backend_sections.items()},
         "heartbeat_timeout": job.heartbeat_timeout,
         "stop_grace": job.stop_grace,
+        "hang_timeout": job.hang_timeout,
+        "restarts": _section(job.restarts, Restarts()),
+        "checkpoint_dir": job.checkpoint_dir,
+        "spares": job.spares,
     }
     for key, value in optional.items():
         default = getattr(_DEFAULTS, key, None)
@@ -141,7 +145,10 @@ def job_to_dict(job: JobSpec) -> dict[str, Any]:
     return data
 
 
-def _section(value: Rendezvous | Select | Telemetry, default: Rendezvous | Select | Telemetry) -> dict[str, Any]:
+Section = Rendezvous | Select | Telemetry | Restarts
+
+
+def _section(value: Section, default: Section) -> dict[str, Any]:
     """A section's keys that differ from their defaults (tuples written as lists)."""
     fields = vars(value)
     return {k: list(v) if isinstance(v, tuple) else v for k, v in fields.items() if v != vars(default)[k]}

@@ -11,7 +11,8 @@ The flags mean the same on every command, and each takes clush/pdsh host ranges
 
 For a job, `--nodes` replaces the job's `select.names` (which may hold ranges too); the job's
 `select.labels` always apply. The first `nnodes` of the selected hosts, in inventory order,
-are the job's hosts.
+are the job's hosts; the hosts selected beyond them are its spares (`spares: K` keeps K of
+them), which take a failed host's place when the controller restarts the job.
 
 `Guard` keeps a command off every host by accident: a selection that says nothing about the
 hosts (no `--nodes`, `--label`, `--all`, no `--nnodes`, and a job without `nnodes` or
@@ -145,24 +146,32 @@ def select_hosts(inv: Inventory, selection: HostSelection, guard: Guard | None =
 
 def select_nodes(job: JobSpec, inv: Inventory, selection: HostSelection | None = None, nnodes: int | None = None,
                  guard: Guard | None = None) -> list[NodeSpec]:
-    """The nodes a job runs on, in inventory order.
+    """The nodes a job runs on, in inventory order (`select_with_spares`, less the spares)."""
+    return select_with_spares(job, inv, selection, nnodes, guard)[0]
+
+
+def select_with_spares(job: JobSpec, inv: Inventory, selection: HostSelection | None = None,
+                       nnodes: int | None = None, guard: Guard | None = None) -> tuple[list[NodeSpec], list[NodeSpec]]:
+    """The nodes a job runs on and its spares, each in inventory order.
 
     Args:
-        job: The job; its `select` and `nnodes` apply unless overridden.
+        job: The job; its `select`, `nnodes` and `spares` apply unless overridden.
         inv: The inventory to choose from.
         selection: The command line's host selection; `--nodes` replaces the job's `select.names`.
-        nnodes: The `--nnodes` value; None to use the job's `nnodes`, else every selected node.
+        nnodes: The `--nnodes` value; None to use the job's `nnodes`, else every selected node
+            (less the job's `spares`).
         guard: The rule for an implicit selection of many hosts; None: no rule.
 
     Returns:
-        The first `nnodes` selected nodes, in inventory order.
+        The first `nnodes` selected nodes, and the selected nodes beyond them (at most `spares`).
 
     Raises:
         UsageError: A `--nodes` name is unknown or lacks a required label, `--label` or
             `--exclude` leave no node, `--nnodes` is out of range, or the guard refused.
         SpecError: A name in the job's `select.names` is unknown or lacks a required label,
-            no node has the job's `select.labels`, or the job's `nnodes` is above the number
-            of selected nodes.
+            no node has the job's `select.labels`, the job's `nnodes` is above the number
+            of selected nodes (below its MIN, for `nnodes: MIN:MAX`), or fewer spares are
+            selected than its `spares` asks.
     """
     selection = selection or HostSelection()
     names = selection.node_names()
@@ -173,12 +182,25 @@ def select_nodes(job: JobSpec, inv: Inventory, selection: HostSelection | None =
     else:
         selected = _labelled(job, inv)
     selected = _exclude(inv, _with_labels(inv, selected, selection.labels), selection.exclude)
-    chosen = selected[: _count(job, selected, nnodes)]
+    count = _count(job, selected, nnodes)
+    chosen, spares = selected[:count], _spares(job, selected, selected[count:])
     if guard is not None:
         explicit = selection.explicit or nnodes is not None or job.nnodes is not None or bool(
             job.select.names or job.select.labels)
-        guard.check(chosen, inv, explicit, "launch")
-    return chosen
+        guard.check(chosen + spares, inv, explicit, "launch")
+    return chosen, spares
+
+
+def _spares(job: JobSpec, selected: list[NodeSpec], beyond: list[NodeSpec]) -> list[NodeSpec]:
+    """The spares: every node selected beyond the job's, or the first `spares` of them."""
+    if job.spares is None:
+        return beyond
+    if len(beyond) < job.spares:
+        what = (f"{job.spares} spare host(s) asked but {len(beyond)} selected beyond the job's "
+                f"{len(selected) - len(beyond)} ({fold_hosts(node.name for node in selected)})")
+        raise SpecError(job.path, _line(job, "spares"), "spares", what,
+                        "select more hosts with --nodes, select or the inventory, or lower spares")
+    return beyond[:job.spares]
 
 
 def _known(inv: Inventory, names: Sequence[str], option: str) -> list[NodeSpec]:
@@ -268,6 +290,7 @@ def _labelled(job: JobSpec, inv: Inventory) -> list[NodeSpec]:
 
 
 def _count(job: JobSpec, selected: list[NodeSpec], nnodes: int | None) -> int:
+    """How many of the selected nodes the job runs on (the rest are spares)."""
     chosen = fold_hosts(node.name for node in selected)
     if nnodes is not None:
         if not 1 <= nnodes <= len(selected):
@@ -276,12 +299,17 @@ def _count(job: JobSpec, selected: list[NodeSpec], nnodes: int | None) -> int:
             )
         return nnodes
     if job.nnodes is None:
-        return len(selected)
-    if job.nnodes > len(selected):
-        what = f"{job.nnodes} nodes requested but only {len(selected)} selected ({chosen})"
+        if job.spares is not None and job.spares >= len(selected):
+            what = f"{job.spares} spare host(s) asked, but only {len(selected)} selected ({chosen})"
+            hint = "select more hosts, or lower spares: at least one host must run the job"
+            raise SpecError(job.path, _line(job, "spares"), "spares", what, hint)
+        return len(selected) - (job.spares or 0)
+    least = job.min_nnodes or job.nnodes
+    if least > len(selected):
+        what = f"{least} nodes requested but only {len(selected)} selected ({chosen})"
         hint = "lower nnodes, or select more nodes with --nodes, select or the inventory"
         raise SpecError(job.path, _line(job, "nnodes"), "nnodes", what, hint)
-    return job.nnodes
+    return min(job.nnodes, len(selected))
 
 
 def _name_error(job: JobSpec, path: str, what: str, hint: str, from_cli: bool) -> UsageError:

@@ -247,6 +247,49 @@ def test_arguments_naming_node_variables_reach_the_script_literally_on_slurm_as_
         assert shown == [LITERAL_ARGS, LITERAL_ARGS], backend
 
 
+def test_a_restart_excludes_the_node_whose_worker_was_killed_and_resumes_on_the_other(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    worker = REPO / "tests" / "cluster" / "jobs" / "restart_worker.py"
+    job = tmp_path / "again.yaml"
+    job.write_text(f"name: again\nscript: {worker}\nargs: [--steps, '24', --step-time, '0.3']\nnproc_per_node: 2\n"
+                   f"env: {{OMP_NUM_THREADS: '1'}}\nstop_grace: 3\nnnodes: 1\nrestarts: {{max: 1, backoff: 0}}\n"
+                   f"checkpoint_dir: {tmp_path / 'ckpt'}\n")
+    inventory = slurm_cluster.cluster.write_inventory(tmp_path / "inventory.yaml")
+    with open(tmp_path / "out.txt", "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "launch", str(job), "--backend", "slurm", "-i",
+                                 str(inventory), "--job-id", "again-1", "--no-live"], cwd=REPO, stdout=out,
+                                stderr=subprocess.STDOUT,
+                                env={**os.environ, "DISTRUN_HOME": str(tmp_path / "home"), **slurm_cluster.env})
+    try:
+        assert wait_for(lambda: "step 4 attempt 1" in combined(tmp_path, "again-1"), 120), \
+            (tmp_path / "out.txt").read_text()[-3000:]
+        first = record(slurm_cluster, tmp_path, "again-1")["hosts"][0]
+        index = int(first.removeprefix("node"))
+        workers = [p for p in slurm_cluster.cluster.processes_with_env(index, "DISTRUN_JOB_ID", "again-1")
+                   if str(worker) in p.cmdline]
+        assert workers
+        os.kill(workers[0].pid, 9)
+        proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = (tmp_path / "out.txt").read_text()
+    assert proc.returncode == 0, text[-4000:]
+    rec = record(slurm_cluster, tmp_path, "again-1")
+    other = "node1" if first == "node0" else "node0"
+    assert rec["quarantined"] == [first] and [a["hosts"] for a in rec["attempts"]] == [[first], [other]]
+    script = (tmp_path / "home" / "jobs" / "again-1" / "slurm" / "attempt2" / "job.sbatch").read_text()
+    assert f"#SBATCH --exclude={first}\n" in script
+    assert f"attempt 2 submitted as Slurm job {rec['backend_ref']}, excluding {first}" in text
+    again = distrun("logs", "again-1", "--attempt", "2", "--bare", home=tmp_path / "home").stdout.splitlines()
+    resumed = {line for line in again if line.startswith("resumed from step")}
+    assert len(resumed) == 1, again
+    start = int(resumed.pop().split()[-1])
+    assert sorted(line for line in again if line.startswith("step ")) == sorted(
+        f"step {s} attempt 2 world 2" for s in range(start, 24) for _ in range(2))
+    assert slurm_cluster.queue() == [] and job_processes(slurm_cluster, "again-1") == []
+
+
 def test_stack_of_a_running_slurm_job_folds_its_four_ranks_on_two_nodes_into_one_group(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
     home = tmp_path / "home"
