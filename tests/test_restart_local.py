@@ -65,3 +65,22 @@ def test_sigterm_during_the_backoff_stops_the_job_before_its_next_attempt(tmp_pa
     rec = record(home)
     assert rec["state"] == "stopped" and len(rec["attempts"]) == 1
     assert rec["detail"].startswith(f"job {rec['id']} stopped (SIGTERM) before attempt 2\nAttempts (1 of at most 4):")
+
+
+def test_logs_follow_of_a_detached_job_goes_through_its_restart_and_exits_with_its_code(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    job = write_job(tmp_path, ["--steps", "8", "--step-time", "0.2", "--fail-rank", "1", "--fail-at", "3",
+                               "--fail-once"], "{max: 1, backoff: 1}")
+    launched = distrun("launch", str(job), "--backend", "local", "--detach", home=home)
+    assert launched.returncode == 0, launched.stderr
+
+    followed = distrun("logs", "last", "-f", home=home)
+
+    assert followed.returncode == 0, followed.stdout[-3000:] + followed.stderr[-3000:]
+    lines = followed.stdout.splitlines()
+    assert "--- attempt 2 ---" in lines
+    second = lines[lines.index("--- attempt 2 ---"):]
+    assert sorted(line for line in second if line.endswith("step 7 attempt 2 world 2")) == [
+        "[localhost r0] step 7 attempt 2 world 2", "[localhost r1] step 7 attempt 2 world 2"]
+    assert any(line.endswith("step 2 attempt 1 world 2") for line in lines[:lines.index("--- attempt 2 ---")])
+    assert record(home)["state"] == "succeeded"
