@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
+from orchestrator.logs.sink import job_wide
 from orchestrator.report import PLOT_FRAME_COLOUR, TABLE_HEAD_COLOUR
 from tests.browser import chromium, colour_mask, frames, ink, inside, load_rgb, render, table_rows
 from tests.cluster.harness import Cluster, cleanup_stale, skip_reason
@@ -41,8 +42,9 @@ class Bench:
     output: str
 
     def metrics(self, job_id: str) -> list[dict[str, Any]]:
+        """The job-wide (rank 0's) records of metrics.jsonl, which also holds every rank's step time."""
         text = (self.home / "jobs" / job_id / "metrics.jsonl").read_text()
-        return [json.loads(line) for line in text.splitlines()]
+        return [record for record in map(json.loads, text.splitlines()) if job_wide(record)]
 
     def has_telemetry(self, job_id: str) -> bool:
         path = self.home / "jobs" / job_id / "telemetry.jsonl"
