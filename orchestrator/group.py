@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from types import TracebackType
 from typing import Generic, TypeVar
 
@@ -33,6 +33,10 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 MAX_WORKERS = 64
+# How often the main thread wakes while it waits for hosts. A signal that the kernel gives to
+# another thread only sets a flag: a main thread blocked on a lock without a timeout would never
+# run its handler (Ctrl-C or SIGTERM would be ignored until every host answered).
+SIGNAL_POLL = 0.1
 
 
 class GroupResult(dict[str, "R | Exception"], Generic[R]):
@@ -145,11 +149,18 @@ def parallel(items: Iterable[T], fn: Callable[[T], R], key: Callable[[T], str]) 
     with ThreadPoolExecutor(max_workers=min(MAX_WORKERS, len(items))) as pool:
         futures = [(key(item), pool.submit(fn, item)) for item in items]
         for name, future in futures:
+            _wait_awake(future)
             try:
                 result[name] = future.result()
             except Exception as exc:
                 result[name] = exc
     return result
+
+
+def _wait_awake(future: Future[R]) -> None:
+    """Wait for `future`, waking every SIGNAL_POLL so that the main thread runs signal handlers."""
+    while not future.done():
+        wait([future], timeout=SIGNAL_POLL)
 
 
 class Group:

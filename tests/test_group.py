@@ -7,7 +7,9 @@ connect fails the way an SSH connection does, so every path runs without sshd.
 from __future__ import annotations
 
 import io
+import subprocess
 import sys
+import textwrap
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -22,6 +24,7 @@ from orchestrator.spec.model import NodeSpec, TransportKind
 from orchestrator.terminal import Progress
 from orchestrator.transport import RemoteProcess, Transport, transport_for
 from orchestrator.transport.base import REACH_HINT, ConnectError, ConnectFailure
+from tests.helpers import REPO
 
 FIX = f" (fix: {REACH_HINT})"
 
@@ -196,3 +199,29 @@ def test_connecting_shows_how_many_hosts_answered_on_a_terminal_then_erases_it()
     shown = out.getvalue()
     assert shown.count("connected ") == 2 and "connected 2/3" in shown
     assert shown.endswith("\r\x1b[2K")
+
+
+def test_a_signal_the_kernel_gives_to_a_worker_thread_still_runs_the_main_threads_handler() -> None:
+    """Ctrl-C or SIGTERM during `exec` can land on any thread; the main thread, waiting for the
+    hosts, must still run its handler at once (exec once hung until every host answered)."""
+    script = textwrap.dedent("""
+        import signal, sys, threading, time
+        from orchestrator.group import parallel
+
+        stop = threading.Event()
+
+        def handler(signum, frame):
+            stop.set()
+            raise SystemExit(7)
+
+        def host(_item):
+            time.sleep(0.5)  # the main thread is waiting for this host by now
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # to this worker thread only
+            stop.wait(30)
+
+        signal.signal(signal.SIGTERM, handler)
+        parallel([0], host, key=str)
+    """)
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, time.monotonic() - began < 10) == (7, True), done.stderr

@@ -24,27 +24,40 @@ from orchestrator.remote.leader import Leader
 
 
 class Guard:
-    def __init__(self, leader: Leader, grace: float) -> None:
-        self.leader = leader
+    """Its signal handlers are installed before the command starts: a SIGTERM that arrives while
+    it starts ends the command once it has, instead of killing the guard and orphaning it."""
+
+    def __init__(self, grace: float) -> None:
+        self.leader: Leader | None = None
         self.grace = grace
         self.ender: threading.Thread | None = None
-        self.lock = threading.Lock()
+        self.asked = False
+        # Reentrant: a signal handler calls `end` in the main thread, maybe while it holds the lock.
+        self.lock = threading.RLock()
+
+    def begin(self, leader: Leader) -> None:
+        """The command started; end it now if that was asked while it started."""
+        with self.lock:
+            self.leader = leader
+            if self.asked:
+                self.end()
 
     def end(self) -> None:
         """End the command's group (once): SIGTERM, then SIGKILL after the grace period."""
         with self.lock:
-            if self.ender is not None:
+            self.asked = True
+            if self.ender is not None or self.leader is None:
                 return
-            self.ender = threading.Thread(target=self._end, daemon=True)
+            self.ender = threading.Thread(target=self._end, args=(self.leader,), daemon=True)
             self.ender.start()
 
-    def _end(self) -> None:
-        self.leader.signal_group(signal.SIGTERM)
-        exited = threading.Thread(target=self.leader.wait_exit, daemon=True)
+    def _end(self, leader: Leader) -> None:
+        leader.signal_group(signal.SIGTERM)
+        exited = threading.Thread(target=leader.wait_exit, daemon=True)
         exited.start()
         exited.join(self.grace)
         # The leader is not reaped before this returns (see `status`), so the group is still ours.
-        self.leader.signal_group(signal.SIGKILL)
+        leader.signal_group(signal.SIGKILL)
 
     def watch(self, stdin: BinaryIO) -> None:
         """End the command when stdin ends: the controller closed the channel or is gone."""
@@ -52,14 +65,14 @@ class Guard:
             pass
         self.end()
 
-    def status(self) -> int:
+    def status(self, leader: Leader) -> int:
         """Wait for the command, and for its group's ending if one began; its shell-style status."""
-        self.leader.wait_exit()
+        leader.wait_exit()
         with self.lock:
             ender = self.ender
         if ender is not None:
             ender.join()
-        rc = self.leader.wait()
+        rc = leader.wait()
         return 128 - rc if rc < 0 else rc
 
 
@@ -78,11 +91,13 @@ def start(command: list[str]) -> Leader:
 
 def main(argv: list[str]) -> None:
     grace, command = float(argv[0]), argv[1:]
-    guard = Guard(start(command), grace)
+    guard = Guard(grace)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(sig, lambda _signum, _frame: guard.end())
+    leader = start(command)
+    guard.begin(leader)
     threading.Thread(target=guard.watch, args=(sys.stdin.buffer,), daemon=True).start()
-    code = guard.status()
+    code = guard.status(leader)
     sys.stdout.flush()
     sys.stderr.flush()
     # The watching thread sits in a blocking read of stdin; leave without joining it.
