@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,3 +67,19 @@ def job_lines(job_dir: Path, bare: bool = False, **query: object) -> str:
     from orchestrator.logs.query import Query, Style, read_lines
 
     return "".join(read_lines(job_dir, Query(**query), Style(bare=bare)))  # type: ignore[arg-type]
+
+
+@contextmanager
+def ready_processes(commands: Sequence[tuple[list[str], dict[str, str]]]) -> Iterator[list[subprocess.Popen[str]]]:
+    """Start each (argv, env), wait until each has printed `ready`, and kill them all on leaving."""
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for argv, env in commands:
+            procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True))
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()

@@ -32,6 +32,7 @@ from orchestrator.flight import Lag, lags
 from orchestrator.remote.flightrec import MAX_SOCKET_PATH, fetch, socket_dir, socket_path
 from orchestrator.store import JobRecord, JobState, Store
 from orchestrator.watchdog import diagnose, with_flight_rank
+from tests.helpers import ready_processes
 
 DATA = Path(__file__).parent / "data" / "flight"
 
@@ -218,21 +219,12 @@ def hung_pair(tmp_path: Path, own_tmp: Path) -> Iterator[tuple[Store, JobRecord]
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    procs = []
-    for rank in range(2):
-        env = {**os.environ, "DISTRUN_JOB_ID": rec.id, "DISTRUN_NODE": "localhost", "RANK": str(rank),
-               "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "DISTRUN_WORKER_SOCKETS": str(own_tmp), "TORCH_FR_BUFFER_SIZE": "100"}
-        procs.append(subprocess.Popen([sys.executable, "-c", HUNG_RANK], env=env, stdout=subprocess.PIPE, text=True))
-    try:
-        for proc in procs:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    envs = [{**os.environ, "DISTRUN_JOB_ID": rec.id, "DISTRUN_NODE": "localhost", "RANK": str(rank),
+             "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+             "DISTRUN_WORKER_SOCKETS": str(own_tmp), "TORCH_FR_BUFFER_SIZE": "100"} for rank in range(2)]
+    with ready_processes([([sys.executable, "-c", HUNG_RANK], env) for env in envs]):
         time.sleep(0.5)  # rank 0 from its "ready" into the all_reduce
         yield store, rec
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
 
 
 def test_diagnose_fetches_every_ranks_flight_recorder_keeps_it_and_names_the_rank_behind(hung_pair):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +32,7 @@ from orchestrator.stack import (
 )
 from orchestrator.store import JobRecord, JobState, Store
 from orchestrator.watchdog import Progress, Watchdog, diagnose
-from tests.helpers import distrun
+from tests.helpers import distrun, ready_processes
 
 RANK_SCRIPT = """\
 import sys, time
@@ -123,20 +122,11 @@ def ranks(tmp_path: Path) -> Iterator[tuple[Store, JobRecord]]:
     rec = JobRecord(id="stk-1", name="stk", spec_path="x.yaml", inventory="<built-in>", hosts=["localhost"],
                     backend="local", state=JobState.RUNNING)
     store.save(rec)
-    procs = []
-    for rank in range(4):
-        env = {**os.environ, "DISTRUN_JOB_ID": rec.id, "DISTRUN_NODE": "localhost", "RANK": str(rank),
-               "LOCAL_RANK": str(rank), "DISTRUN_WORKER_SOCKETS": str(tmp_path / "sock")}
-        procs.append(subprocess.Popen([sys.executable, str(script), "odd" if rank == 3 else "even"], env=env,
-                                      stdout=subprocess.PIPE, text=True))
-    try:
-        for proc in procs:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    commands = [([sys.executable, str(script), "odd" if rank == 3 else "even"],
+                 {**os.environ, "DISTRUN_JOB_ID": rec.id, "DISTRUN_NODE": "localhost", "RANK": str(rank),
+                  "LOCAL_RANK": str(rank), "DISTRUN_WORKER_SOCKETS": str(tmp_path / "sock")}) for rank in range(4)]
+    with ready_processes(commands):
         yield store, rec
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
 
 
 def test_gather_dumps_every_rank_of_the_job_with_pyspy_and_folds_the_odd_one_first(ranks):
