@@ -37,6 +37,13 @@ def unique(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:6]}"
 
 
+def kill_a_worker(cluster, job_id: str, host: int) -> None:
+    """SIGKILL one rank of the job on node<host>."""
+    workers = [p for p in job_procs(cluster, job_id)[host] if str(RESTART_WORKER) in p.cmdline]
+    assert workers, job_procs(cluster, job_id)
+    os.kill(workers[0].pid, signal.SIGKILL)
+
+
 def restart_job(tmp_path: Path, name: str, args: list[str], extra: str) -> Path:
     return write_job(tmp_path, name, args, script=RESTART_WORKER, heartbeat=HEARTBEAT,
                      extra=f"checkpoint_dir: {tmp_path / 'ckpt'}\n{extra}")
@@ -152,9 +159,7 @@ def test_nnodes_min_max_without_a_spare_goes_on_with_one_host_after_a_worker_is_
     proc = start(job, inv, home, job_id, "--no-live", "--nodes", "node0,node1")
     try:
         wait_for_line(home, job_id, "step 5 attempt 1")
-        workers = [p for p in job_procs(cluster3, job_id)[1] if str(RESTART_WORKER) in p.cmdline]
-        assert workers, job_procs(cluster3, job_id)
-        os.kill(workers[0].pid, signal.SIGKILL)
+        kill_a_worker(cluster3, job_id, 1)
         finish(proc)
     finally:
         if proc.poll() is None:
@@ -201,9 +206,7 @@ def test_a_spare_that_cannot_be_reached_is_set_aside_and_the_next_spare_takes_th
     try:
         proc = start(job, inv, home, job_id, "--no-live", "--nodes", "node0,node1,node2")
         wait_for_line(home, job_id, "step 4 attempt 1")
-        workers = [p for p in job_procs(cluster3, job_id)[0] if str(RESTART_WORKER) in p.cmdline]
-        assert workers, job_procs(cluster3, job_id)
-        os.kill(workers[0].pid, signal.SIGKILL)
+        kill_a_worker(cluster3, job_id, 0)
         finish(proc)
     finally:
         cluster3.start_sshd(1)
