@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -11,6 +12,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+# The test hosts share this machine's home, so their host-side job copies (~/.distrun/jobs/<id>)
+# outlive a run: a fixed job id would add to an earlier run's copy.
+RUN_TAG = secrets.token_hex(3)
+
+
+def unique_job_id(name: str) -> str:
+    """`name` made unique to this test run (the same within the run)."""
+    return f"{name}-{RUN_TAG}"
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, every: float = 0.2) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.harness import Cluster, skip_reason
+from tests.cluster.ports import port_held
 from tests.helpers import REPO, distrun, plant_module
 
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(skip_reason() is not None, reason=str(skip_reason()))]
@@ -161,16 +162,8 @@ def test_launch_refuses_when_a_nodes_pythonpath_puts_another_torch_first_and_sta
 
 
 def test_a_port_already_bound_on_the_master_is_an_error_for_the_jobs_hosts(cluster3, tmp_path, env):
-    listener = (f"import socket, time; s = socket.socket(); s.bind(('0.0.0.0', {PORT})); s.listen(); "
-                "print('ready', flush=True); time.sleep(300)")
-    holder = subprocess.Popen(["ip", "netns", "exec", cluster3.ns(0), sys.executable, "-c", listener],
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+    with port_held(cluster3, 0, PORT):
         result = doctor(cluster3, tmp_path, env, "--job", str(job_file(tmp_path, "nnodes: 2\n")))
-    finally:
-        holder.kill()
-        holder.wait()
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stdout.startswith("distrun doctor: 2 host(s) node[0-1], master node0")
     found = rows(result.stdout)

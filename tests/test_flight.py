@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -32,7 +31,7 @@ from orchestrator.flight import Lag, lags
 from orchestrator.remote.flightrec import MAX_SOCKET_PATH, fetch, socket_dir, socket_path
 from orchestrator.store import JobRecord, JobState, Store
 from orchestrator.watchdog import diagnose, with_flight_rank
-from tests.helpers import ready_processes
+from tests.helpers import ready_processes, wait_for
 
 DATA = Path(__file__).parent / "data" / "flight"
 
@@ -208,6 +207,12 @@ with worker_main():
 """
 
 
+def entered(path: str, seq: int) -> bool:
+    """Whether the rank serving `path` has entered its `seq`th collective, by its own Flight Recorder."""
+    flight = fetch(path).get("flight") or {}
+    return any(entry["collective_seq_id"] == seq for entry in flight.get("entries", []))  # type: ignore[union-attr]
+
+
 @pytest.fixture
 def hung_pair(tmp_path: Path, own_tmp: Path) -> Iterator[tuple[Store, JobRecord]]:
     """Two gloo ranks recorded as a running local job: rank 1 sleeps before the 4th all_reduce, which
@@ -223,7 +228,7 @@ def hung_pair(tmp_path: Path, own_tmp: Path) -> Iterator[tuple[Store, JobRecord]
              "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
              "DISTRUN_WORKER_SOCKETS": str(own_tmp), "TORCH_FR_BUFFER_SIZE": "100"} for rank in range(2)]
     with ready_processes([([sys.executable, "-c", HUNG_RANK], env) for env in envs]):
-        time.sleep(0.5)  # rank 0 from its "ready" into the all_reduce
+        assert wait_for(lambda: entered(socket_path(str(own_tmp), 0), 4), 30)
         yield store, rec
 
 

@@ -8,13 +8,13 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, distrun, job_lines, wait_for
+from tests.helpers import REPO, distrun, job_lines, unique_job_id, wait_for
+
+from .ports import in_time_wait, leave_in_time_wait, port_held
 
 WORKER = Path(__file__).parent / "jobs" / "worker.py"
 TRAIN = REPO / "jobs" / "train_resnet50.py"
@@ -48,23 +48,6 @@ def output(home: Path, job_id: str) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-@contextmanager
-def port_held(cluster, host: int, port: int) -> Iterator[None]:
-    """A process listening on `port` of a host, ready before the block starts."""
-    holder = subprocess.Popen(
-        ["ip", "netns", "exec", cluster.ns(host), sys.executable, "-c",
-         f"import socket,time;s=socket.socket();s.bind(('0.0.0.0',{port}));s.listen();print('ready',flush=True);"
-         "time.sleep(300)"],
-        stdout=subprocess.PIPE, text=True,
-    )
-    try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
-        yield
-    finally:
-        holder.kill()
-        holder.wait()
-
-
 def job_procs(cluster, job_id: str) -> dict[int, list]:
     return {i: cluster.processes_with_env(i, "DISTRUN_JOB_ID", job_id) for i in range(cluster.n)}
 
@@ -87,6 +70,7 @@ def inv(cluster3, tmp_path) -> Path:
 
 
 def test_three_hosts_two_processes_each_agree_on_allreduce_and_trained_weights(cluster3, inv, tmp_path):
+    job_id = unique_job_id("ddp-3x2")
     home = tmp_path / "home"
     job = write_job(
         tmp_path,
@@ -106,7 +90,7 @@ def test_three_hosts_two_processes_each_agree_on_allreduce_and_trained_weights(c
         ],
         script=TRAIN,
     )
-    result = distrun("launch", str(job), "-i", str(inv), "--job-id", "ddp-3x2", home=home)
+    result = distrun("launch", str(job), "-i", str(inv), "--job-id", job_id, home=home)
     assert result.returncode == 0, result.stdout[-3000:]
     sums = [
         json.loads(line.split("DISTRUN_CHECKSUM ", 1)[1])
@@ -116,15 +100,16 @@ def test_three_hosts_two_processes_each_agree_on_allreduce_and_trained_weights(c
     assert sorted(s["rank"] for s in sums) == list(range(6))
     assert {s["allreduce"] for s in sums} == {21.0}
     assert len({s["weights"] for s in sums}) == 1
-    rec = record(home, "ddp-3x2")
+    rec = record(home, job_id)
     assert rec["state"] == "succeeded" and rec["exit_code"] == 0
     assert rec["hosts"] == ["node0", "node1", "node2"] and rec["master_addr"] == cluster3.addr(0)
-    assert all(not procs for procs in job_procs(cluster3, "ddp-3x2").values())
+    assert all(not procs for procs in job_procs(cluster3, job_id).values())
 
 
 def test_every_torchrun_worker_variable_is_present_and_correct_in_each_rank(cluster3, inv, tmp_path):
+    job_id = unique_job_id("env-1")
     home = tmp_path / "home"
-    result = distrun("launch", str(write_job(tmp_path)), "-i", str(inv), "--job-id", "env-1", home=home)
+    result = distrun("launch", str(write_job(tmp_path)), "-i", str(inv), "--job-id", job_id, home=home)
     assert result.returncode == 0, result.stdout[-3000:]
     envs = [json.loads(line.split("ENV ", 1)[1]) for line in result.stdout.splitlines() if " ENV {" in line]
     assert len(envs) == 6
@@ -136,31 +121,33 @@ def test_every_torchrun_worker_variable_is_present_and_correct_in_each_rank(clus
         assert env["ROLE_RANK"] == str(rank) and env["ROLE_WORLD_SIZE"] == "6"
         assert env["MASTER_ADDR"] == cluster3.addr(0) and env["MASTER_PORT"].isdigit()
         assert env["TORCHELASTIC_RESTART_COUNT"] == "0" and env["TORCHELASTIC_MAX_RESTARTS"] == "0"
-        assert env["TORCHELASTIC_RUN_ID"] and env["DISTRUN_JOB_ID"] == "env-1"
+        assert env["TORCHELASTIC_RUN_ID"] and env["DISTRUN_JOB_ID"] == job_id
         assert env["GLOO_SOCKET_IFNAME"] == "eth0"
 
 
 def test_a_rank_raising_on_one_host_stops_all_hosts_and_names_host_and_rank(cluster3, inv, tmp_path):
+    job_id = unique_job_id("fail-1")
     home = tmp_path / "home"
     job = write_job(tmp_path, args=["--fail-rank", "3", "--sleep", "60"])
-    result = distrun("launch", str(job), "-i", str(inv), "--job-id", "fail-1", home=home, timeout=90)
+    result = distrun("launch", str(job), "-i", str(inv), "--job-id", job_id, home=home, timeout=90)
     assert result.returncode == 1, result.stdout[-3000:]
     summary = result.stdout[result.stdout.index("Root Cause") :]
     assert "host: node1" in summary and "rank: 3" in summary
     assert "deliberate failure on rank 3" in summary
     assert "Other hosts: node[0,2]: stopped by distrun" in summary
-    rec = record(home, "fail-1")
+    rec = record(home, job_id)
     assert rec["state"] == "failed"
     root = rec["failures"][0]
     assert (root["host"], root["rank"], root["kind"], root["exit_code"]) == ("node1", 3, "exit", 1)
-    assert all(not procs for procs in job_procs(cluster3, "fail-1").values())
+    assert all(not procs for procs in job_procs(cluster3, job_id).values())
 
 
 def test_a_rank_aborting_after_its_last_step_fails_and_the_summary_says_the_work_was_done(cluster3, inv, tmp_path):
+    job_id = unique_job_id("abort-1")
     home = tmp_path / "home"
     job = tmp_path / "abort.yaml"
     job.write_text(f"name: abort\nscript: {WORKER.parent / 'abort_at_exit.py'}\nnproc_per_node: 1\nstop_grace: 3\n")
-    result = distrun("launch", str(job), "-i", str(inv), "--job-id", "abort-1", home=home, timeout=90)
+    result = distrun("launch", str(job), "-i", str(inv), "--job-id", job_id, home=home, timeout=90)
     assert result.returncode == 1, result.stdout[-3000:]
     summary = result.stdout[result.stdout.index("FAILED") :]
     assert "host: node2" in summary and "rank: 2" in summary and "exit: killed by SIGABRT" in summary
@@ -169,22 +156,23 @@ def test_a_rank_aborting_after_its_last_step_fails_and_the_summary_says_the_work
             in summary)
     assert "rank 2: step 2/2 done" in summary
     assert "Other hosts: node[0-1]: stopped by distrun" in summary
-    root = record(home, "abort-1")["failures"][0]
+    root = record(home, job_id)["failures"][0]
     assert (root["host"], root["rank"], root["signal"]) == ("node2", 2, "SIGABRT")
     assert root["after_final"] is True and root["barrier_hosts"] == ["node0", "node1"]
 
 
 def test_cutting_one_hosts_link_stops_the_others_within_20_s_and_it_cleans_itself(cluster3, inv, tmp_path):
+    job_id = unique_job_id("cut-1")
     home = tmp_path / "home"
-    proc = start(write_job(tmp_path, args=["--sleep", "120"]), inv, home, "cut-1")
+    proc = start(write_job(tmp_path, args=["--sleep", "120"]), inv, home, job_id)
     try:
-        wait_for_line(home, "cut-1", "tick 5")
+        wait_for_line(home, job_id, "tick 5")
         cluster3.cut(2)
         cut_at = time.monotonic()
-        assert wait_for(lambda: not job_procs(cluster3, "cut-1")[0] and not job_procs(cluster3, "cut-1")[1], 25)
+        assert wait_for(lambda: not job_procs(cluster3, job_id)[0] and not job_procs(cluster3, job_id)[1], 25)
         gone_after = time.monotonic() - cut_at
         proc.wait(timeout=60)
-        out = output(home, "cut-1")
+        out = output(home, job_id)
     finally:
         cluster3.restore(2)
         if proc.poll() is None:
@@ -193,50 +181,56 @@ def test_cutting_one_hosts_link_stops_the_others_within_20_s_and_it_cleans_itsel
     assert proc.returncode == 1
     assert "host: node2" in out and "host lost" in out
     # The cut host's supervisor ends the job itself once the heartbeat has been silent.
-    assert wait_for(lambda: not job_procs(cluster3, "cut-1")[2], 20)
+    assert wait_for(lambda: not job_procs(cluster3, job_id)[2], 20)
 
 
 def test_sigint_to_distrun_stops_every_host_and_exits_130(cluster3, inv, tmp_path):
+    job_id = unique_job_id("int-1")
     home = tmp_path / "home"
-    proc = start(write_job(tmp_path, args=["--sleep", "120"]), inv, home, "int-1")
-    wait_for_line(home, "int-1", "tick 5")
+    proc = start(write_job(tmp_path, args=["--sleep", "120"]), inv, home, job_id)
+    wait_for_line(home, job_id, "tick 5")
     began = time.monotonic()
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=30)
     assert proc.returncode == 130
-    assert wait_for(lambda: all(not p for p in job_procs(cluster3, "int-1").values()), 10 - (time.monotonic() - began))
-    assert record(home, "int-1")["state"] == "stopped"
+    assert wait_for(lambda: all(not p for p in job_procs(cluster3, job_id).values()), 10 - (time.monotonic() - began))
+    assert record(home, job_id)["state"] == "stopped"
 
 
 def test_stopping_one_of_two_jobs_on_the_same_hosts_leaves_the_other_to_finish(cluster3, inv, tmp_path):
+    job_a = unique_job_id("two-a")
+    job_b = unique_job_id("two-b")
     home = tmp_path / "home"
-    long_job = start(write_job(tmp_path, "a", ["--sleep", "120"]), inv, home, "two-a")
-    short_job = start(write_job(tmp_path, "b", ["--sleep", "12"]), inv, home, "two-b")
+    long_job = start(write_job(tmp_path, "a", ["--sleep", "120"]), inv, home, job_a)
+    short_job = start(write_job(tmp_path, "b", ["--sleep", "12"]), inv, home, job_b)
     try:
-        wait_for_line(home, "two-a", "tick 5")
-        wait_for_line(home, "two-b", "tick 5")
-        assert distrun("stop", "two-a", home=home).returncode == 0
+        wait_for_line(home, job_a, "tick 5")
+        wait_for_line(home, job_b, "tick 5")
+        assert distrun("stop", job_a, home=home).returncode == 0
         long_job.wait(timeout=30)
-        assert all(not p for p in job_procs(cluster3, "two-a").values())
-        assert any(job_procs(cluster3, "two-b").values()), "stopping two-a touched two-b"
+        assert all(not p for p in job_procs(cluster3, job_a).values())
+        assert any(job_procs(cluster3, job_b).values()), "stopping two-a touched two-b"
         short_job.wait(timeout=120)
     finally:
         for proc in (long_job, short_job):
             if proc.poll() is None:
                 proc.kill()
-    assert record(home, "two-a")["state"] == "stopped"
-    assert short_job.returncode == 0 and record(home, "two-b")["state"] == "succeeded"
+    assert record(home, job_a)["state"] == "stopped"
+    assert short_job.returncode == 0 and record(home, job_b)["state"] == "succeeded"
 
 
 def test_auto_port_skips_29500_when_it_is_taken_on_the_master(cluster3, inv, tmp_path):
+    job_id = unique_job_id("port-1")
     with port_held(cluster3, 0, 29500):
         home = tmp_path / "home"
-        result = distrun("launch", str(write_job(tmp_path)), "-i", str(inv), "--job-id", "port-1", home=home)
+        result = distrun("launch", str(write_job(tmp_path)), "-i", str(inv), "--job-id", job_id, home=home)
         assert result.returncode == 0, result.stdout[-3000:]
-        assert record(home, "port-1")["master_port"] not in (0, 29500)
+        assert record(home, job_id)["master_port"] not in (0, 29500)
 
 
 def test_an_explicit_busy_port_is_an_infrastructure_error_naming_host_and_port(cluster3, inv, tmp_path):
+    leave_in_time_wait(cluster3, 0, 29511)  # as an earlier test's rendezvous on that port may have
+    assert in_time_wait(cluster3, 0, 29511)
     with port_held(cluster3, 0, 29511):
         job = write_job(tmp_path, extra="rendezvous: {port: 29511}\n")
         result = distrun("launch", str(job), "-i", str(inv), home=tmp_path / "home")
@@ -272,82 +266,87 @@ def test_detach_then_follow_logs_then_stop(cluster3, inv, tmp_path):
 
 
 def test_a_killed_controller_leaves_hosts_that_clean_themselves_and_ps_shows_lost(cluster3, inv, tmp_path):
+    job_id = unique_job_id("kill-1")
     home = tmp_path / "home"
-    proc = start(write_job(tmp_path, args=["--sleep", "120"]), inv, home, "kill-1")
-    wait_for_line(home, "kill-1", "tick 5")
+    proc = start(write_job(tmp_path, args=["--sleep", "120"]), inv, home, job_id)
+    wait_for_line(home, job_id, "tick 5")
     proc.kill()
     proc.wait()
-    assert wait_for(lambda: all(not p for p in job_procs(cluster3, "kill-1").values()), 8 + 10)
-    assert record(home, "kill-1")["state"] == "lost"
+    assert wait_for(lambda: all(not p for p in job_procs(cluster3, job_id).values()), 8 + 10)
+    assert record(home, job_id)["state"] == "lost"
 
 
 def test_logs_recover_brings_back_what_a_cut_off_host_printed_after_the_controller_lost_it(cluster3, inv, tmp_path):
+    job_id = unique_job_id("rec-1")
     home = tmp_path / "home"
     proc = start(write_job(tmp_path, args=["--sleep", "120"], extra="telemetry: {interval: 0.5}\n"), inv, home,
-                 "rec-1")
+                 job_id)
     try:
-        wait_for_line(home, "rec-1", "tick 5")
+        wait_for_line(home, job_id, "tick 5")
         cluster3.cut(2)
         proc.wait(timeout=60)
         # Cut off, node2's workers tick on until its supervisor's heartbeat timeout ends them.
-        assert wait_for(lambda: not job_procs(cluster3, "rec-1")[2], 30)
+        assert wait_for(lambda: not job_procs(cluster3, job_id)[2], 30)
     finally:
         cluster3.restore(2)
-    seen = (home / "jobs" / "rec-1" / "ranks" / "5.out").read_text().count("tick 5")
-    result = distrun("logs", "rec-1", "--recover", "--rank", "5", "--grep", "tick", home=home)
+    seen = (home / "jobs" / job_id / "ranks" / "5.out").read_text().count("tick 5")
+    result = distrun("logs", job_id, "--recover", "--rank", "5", "--grep", "tick", home=home)
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("recovered") == 3
     assert len(result.stdout.splitlines()) >= seen + 8, "node2's ticks after the cut should be back"
-    combined = job_lines(home / "jobs" / "rec-1")
+    combined = job_lines(home / "jobs" / job_id)
     assert all(f"[node{i} r{2 * i}] tick" in combined for i in range(3))
-    samples = [json.loads(line) for line in (home / "jobs" / "rec-1" / "telemetry.jsonl").read_text().splitlines()]
+    samples = [json.loads(line) for line in (home / "jobs" / job_id / "telemetry.jsonl").read_text().splitlines()]
     assert {s["node"] for s in samples} == {"node0", "node1", "node2"}
 
 def test_stop_cleans_the_hosts_of_a_lost_job_directly(cluster3, inv, tmp_path):
+    job_id = unique_job_id("lost-1")
     home = tmp_path / "home"
     job = write_job(tmp_path, args=["--sleep", "120"], heartbeat=600)
-    proc = start(job, inv, home, "lost-1")
-    wait_for_line(home, "lost-1", "tick 5")
+    proc = start(job, inv, home, job_id)
+    wait_for_line(home, job_id, "tick 5")
     proc.kill()
     proc.wait()
-    assert any(job_procs(cluster3, "lost-1").values())
-    result = distrun("stop", "lost-1", home=home)
+    assert any(job_procs(cluster3, job_id).values())
+    result = distrun("stop", job_id, home=home)
     assert result.returncode == 0, result.stderr
-    assert all(not p for p in job_procs(cluster3, "lost-1").values())
-    assert record(home, "lost-1")["state"] == "stopped"
+    assert all(not p for p in job_procs(cluster3, job_id).values())
+    assert record(home, job_id)["state"] == "stopped"
 
 
 def test_secrets_reach_ranks_through_stdin_and_never_show_in_host_ps(cluster3, inv, tmp_path):
+    job_id = unique_job_id("sec-1")
     home = tmp_path / "home"
     job = write_job(tmp_path, args=["--sleep", "8"], extra="")
     text = job.read_text().replace("env: {OMP_NUM_THREADS: '1'}", "env: {OMP_NUM_THREADS: '1', TOKEN: '${env:T}'}")
     job.write_text(text)
     env = {**os.environ, "DISTRUN_HOME": str(home), "T": "sekrit-271828"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", "launch", str(job), "-i", str(inv), "--job-id", "sec-1"],
+        [sys.executable, "-m", "orchestrator", "launch", str(job), "-i", str(inv), "--job-id", job_id],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
         text=True,
     )
-    wait_for_line(home, "sec-1", "tick 5")
+    wait_for_line(home, job_id, "tick 5")
     listing = cluster3.host_run(1, ["ps", "-eww", "-o", "args"]).stdout
     proc.communicate(timeout=60)
-    assert "sec-1" in listing and "sekrit-271828" not in listing
+    assert job_id in listing and "sekrit-271828" not in listing
     assert proc.returncode == 0
-    assert "sekrit" not in (home / "jobs" / "sec-1" / "plan.json").read_text()
+    assert "sekrit" not in (home / "jobs" / job_id / "plan.json").read_text()
 
 
 def test_max_restarts_restarts_the_workers_and_counts_the_restart(cluster3, inv, tmp_path):
+    job_id = unique_job_id("restart-1")
     # One host: across hosts, torchrun's agents restart out of step and gloo's re-rendezvous
     # fails inside torch; distrun's part (passing max_restarts, counting restarts) is the same.
     home = tmp_path / "home"
     job = write_job(tmp_path, args=["--fail-rank", "1", "--fail-before-init"], extra="max_restarts: 1\n")
-    result = distrun("launch", str(job), "-i", str(inv), "--nodes", "node1", "--job-id", "restart-1", home=home,
+    result = distrun("launch", str(job), "-i", str(inv), "--nodes", "node1", "--job-id", job_id, home=home,
                      timeout=180)
     assert result.returncode == 0, result.stdout[-3000:]
     assert "restarts: 1" in result.stdout
-    assert record(home, "restart-1")["restarts"] == 1
+    assert record(home, job_id)["restarts"] == 1
 
 
 def test_sync_copies_the_workdir_to_private_host_dirs_skipping_ignored_and_unchanged(make_cluster, tmp_path):
@@ -378,16 +377,17 @@ def test_sync_copies_the_workdir_to_private_host_dirs_skipping_ignored_and_uncha
 
 
 def test_unreachable_host_at_launch_is_exit_3_naming_it_and_nothing_starts(cluster3, inv, tmp_path):
+    job_id = unique_job_id("down-1")
     cluster3.stop_sshd(1)
     try:
         result = distrun(
-            "launch", str(write_job(tmp_path)), "-i", str(inv), "--job-id", "down-1", home=tmp_path / "home"
+            "launch", str(write_job(tmp_path)), "-i", str(inv), "--job-id", job_id, home=tmp_path / "home"
         )
     finally:
         cluster3.start_sshd(1)
     assert result.returncode == 3
     assert "node1" in result.stderr and "Traceback" not in result.stderr
-    assert all(not p for p in job_procs(cluster3, "down-1").values())
+    assert all(not p for p in job_procs(cluster3, job_id).values())
 
 
 def test_a_misspelt_module_or_a_script_missing_on_a_host_fails_the_preflight_within_10_s_naming_it(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, distrun, job_lines, wait_for
+from tests.helpers import REPO, distrun, job_lines, unique_job_id, wait_for
 
 from .fixtures import requires_cluster
 from .slurm import SlurmCluster
@@ -84,9 +84,10 @@ def test_two_nodes_of_two_processes_train_with_ddp_and_agree(slurm_cluster: Slur
 
 def test_a_failing_rank_fails_the_job_names_its_node_and_rank_and_releases_the_nodes(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    job_id = unique_job_id("fail-1")
     job = write_job(tmp_path, "fail", ["--fail-rank", "3", "--sleep", "120"])
     began = time.monotonic()
-    result = launch(slurm_cluster, tmp_path, job, "fail-1")
+    result = launch(slurm_cluster, tmp_path, job, job_id)
     took = time.monotonic() - began
 
     assert result.returncode == 1, result.stdout[-3000:]
@@ -94,9 +95,9 @@ def test_a_failing_rank_fails_the_job_names_its_node_and_rank_and_releases_the_n
     assert "host: node1" in summary and "rank: 3" in summary
     assert "rank 3 fails on purpose" in summary
     assert took < 90, f"the job took {took:.0f} s to end after rank 3 failed"
-    rec = record(slurm_cluster, tmp_path, "fail-1")
+    rec = record(slurm_cluster, tmp_path, job_id)
     assert rec["state"] == "failed" and rec["exit_code"] == 1
-    assert slurm_cluster.queue() == [] and job_processes(slurm_cluster, "fail-1") == []
+    assert slurm_cluster.queue() == [] and job_processes(slurm_cluster, job_id) == []
 
 
 def test_stop_cancels_a_detached_running_job_in_slurm_and_leaves_no_process(
@@ -143,20 +144,22 @@ def test_a_job_whose_controller_died_shows_slurms_own_state_running_then_succeed
 
 def test_a_job_waiting_for_busy_nodes_shows_why_and_can_be_stopped_while_pending(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    busy_id = unique_job_id("busy-1")
+    waiting_id = unique_job_id("wait-1")
     busy = write_job(tmp_path, "busy", ["--sleep", "300"])
     waiting = write_job(tmp_path, "waiting", ["--steps", "1"], extra="slurm: {extra: [--exclusive]}\n")
-    assert launch(slurm_cluster, tmp_path, busy, "busy-1", "--detach", timeout=60).returncode == 0
+    assert launch(slurm_cluster, tmp_path, busy, busy_id, "--detach", timeout=60).returncode == 0
     try:
-        assert wait_for(lambda: record(slurm_cluster, tmp_path, "busy-1")["state"] == "running", 60)
-        assert launch(slurm_cluster, tmp_path, waiting, "wait-1", "--detach", timeout=60).returncode == 0
-        assert wait_for(lambda: "pending (Resources)" in combined(tmp_path, "wait-1"), 30)
-        assert record(slurm_cluster, tmp_path, "wait-1")["state"] == "pending"
-        assert distrun("stop", "wait-1", home=tmp_path / "home", env=slurm_cluster.env).returncode == 0
-        assert wait_for(lambda: record(slurm_cluster, tmp_path, "wait-1")["state"] == "stopped", 30)
+        assert wait_for(lambda: record(slurm_cluster, tmp_path, busy_id)["state"] == "running", 60)
+        assert launch(slurm_cluster, tmp_path, waiting, waiting_id, "--detach", timeout=60).returncode == 0
+        assert wait_for(lambda: "pending (Resources)" in combined(tmp_path, waiting_id), 30)
+        assert record(slurm_cluster, tmp_path, waiting_id)["state"] == "pending"
+        assert distrun("stop", waiting_id, home=tmp_path / "home", env=slurm_cluster.env).returncode == 0
+        assert wait_for(lambda: record(slurm_cluster, tmp_path, waiting_id)["state"] == "stopped", 30)
     finally:
-        distrun("stop", "busy-1", home=tmp_path / "home", env=slurm_cluster.env, timeout=60)
+        distrun("stop", busy_id, home=tmp_path / "home", env=slurm_cluster.env, timeout=60)
     assert wait_for(lambda: slurm_cluster.queue() == [], 30)
-    assert job_processes(slurm_cluster, "busy-1") == []
+    assert job_processes(slurm_cluster, busy_id) == []
 
 
 def test_a_job_asking_for_more_nodes_than_slurm_has_is_refused_at_once(
@@ -182,14 +185,15 @@ def test_the_resnet50_job_spec_runs_unchanged_on_slurm(slurm_cluster: SlurmClust
 
 def test_a_batch_script_that_fails_before_torchrun_shows_slurms_error_in_the_summary(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    job_id = unique_job_id("nopy-1")
     inventory = slurm_cluster.cluster.write_inventory(tmp_path / "inventory.yaml", python="/nonexistent/python3")
     result = distrun("launch", str(write_job(tmp_path, "nopy", [])), "--backend", "slurm", "-i", str(inventory),
-                     "--job-id", "nopy-1", home=tmp_path / "home", env=slurm_cluster.env, timeout=120)
+                     "--job-id", job_id, home=tmp_path / "home", env=slurm_cluster.env, timeout=120)
 
     assert result.returncode == 1, result.stdout[-3000:]
     summary = result.stdout[result.stdout.index("Root Cause"):]
     assert "host: node0" in summary and "/nonexistent/python3" in summary
-    assert record(slurm_cluster, tmp_path, "nopy-1")["state"] == "failed"
+    assert record(slurm_cluster, tmp_path, job_id)["state"] == "failed"
     assert slurm_cluster.queue() == []
 
 
@@ -207,15 +211,16 @@ sys.stdout.write("ENV " + json.dumps({
 
 def test_the_job_gets_its_secret_but_not_the_controllers_environment_and_no_secrets_file_while_it_runs(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    job_id = unique_job_id("env-1")
     secret = "slurm-sekrit-8128"
     script = tmp_path / "env_report.py"
     script.write_text(ENV_REPORT)
-    secrets_file = tmp_path / "home" / "jobs" / "env-1" / "slurm" / "secrets.json"
+    secrets_file = tmp_path / "home" / "jobs" / job_id / "slurm" / "secrets.json"
     job = tmp_path / "env.yaml"
     job.write_text(f"name: env\nscript: {script}\nargs: [{json.dumps(str(secrets_file))}]\nnnodes: 2\n"
                    "nproc_per_node: 1\nenv: {TOKEN: '${env:DISTRUN_TEST_SOURCE}'}\ntelemetry: {enabled: false}\n")
     inventory = slurm_cluster.cluster.write_inventory(tmp_path / "inventory.yaml")
-    result = distrun("launch", str(job), "--backend", "slurm", "-i", str(inventory), "--job-id", "env-1",
+    result = distrun("launch", str(job), "--backend", "slurm", "-i", str(inventory), "--job-id", job_id,
                      home=tmp_path / "home", timeout=180,
                      env={**slurm_cluster.env, "DISTRUN_TEST_SOURCE": secret, "DISTRUN_TEST_UNRELATED": "1"})
 
@@ -249,6 +254,7 @@ def test_arguments_naming_node_variables_reach_the_script_literally_on_slurm_as_
 
 def test_a_restart_excludes_the_node_whose_worker_was_killed_and_resumes_on_the_other(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    job_id = unique_job_id("again-1")
     worker = REPO / "tests" / "cluster" / "jobs" / "restart_worker.py"
     job = tmp_path / "again.yaml"
     job.write_text(f"name: again\nscript: {worker}\nargs: [--steps, '24', --step-time, '0.3']\nnproc_per_node: 2\n"
@@ -257,15 +263,15 @@ def test_a_restart_excludes_the_node_whose_worker_was_killed_and_resumes_on_the_
     inventory = slurm_cluster.cluster.write_inventory(tmp_path / "inventory.yaml")
     with open(tmp_path / "out.txt", "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "launch", str(job), "--backend", "slurm", "-i",
-                                 str(inventory), "--job-id", "again-1", "--no-live"], cwd=REPO, stdout=out,
+                                 str(inventory), "--job-id", job_id, "--no-live"], cwd=REPO, stdout=out,
                                 stderr=subprocess.STDOUT,
                                 env={**os.environ, "DISTRUN_HOME": str(tmp_path / "home"), **slurm_cluster.env})
     try:
-        assert wait_for(lambda: "step 4 attempt 1" in combined(tmp_path, "again-1"), 120), \
+        assert wait_for(lambda: "step 4 attempt 1" in combined(tmp_path, job_id), 120), \
             (tmp_path / "out.txt").read_text()[-3000:]
-        first = record(slurm_cluster, tmp_path, "again-1")["hosts"][0]
+        first = record(slurm_cluster, tmp_path, job_id)["hosts"][0]
         index = int(first.removeprefix("node"))
-        workers = [p for p in slurm_cluster.cluster.processes_with_env(index, "DISTRUN_JOB_ID", "again-1")
+        workers = [p for p in slurm_cluster.cluster.processes_with_env(index, "DISTRUN_JOB_ID", job_id)
                    if str(worker) in p.cmdline]
         assert workers
         os.kill(workers[0].pid, 9)
@@ -275,52 +281,54 @@ def test_a_restart_excludes_the_node_whose_worker_was_killed_and_resumes_on_the_
             proc.kill()
     text = (tmp_path / "out.txt").read_text()
     assert proc.returncode == 0, text[-4000:]
-    rec = record(slurm_cluster, tmp_path, "again-1")
+    rec = record(slurm_cluster, tmp_path, job_id)
     other = "node1" if first == "node0" else "node0"
     assert rec["quarantined"] == [first] and [a["hosts"] for a in rec["attempts"]] == [[first], [other]]
-    script = (tmp_path / "home" / "jobs" / "again-1" / "slurm" / "attempt2" / "job.sbatch").read_text()
+    script = (tmp_path / "home" / "jobs" / job_id / "slurm" / "attempt2" / "job.sbatch").read_text()
     assert f"#SBATCH --exclude={first}\n" in script
     assert f"attempt 2 submitted as Slurm job {rec['backend_ref']}, excluding {first}" in text
-    again = distrun("logs", "again-1", "--attempt", "2", "--bare", home=tmp_path / "home").stdout.splitlines()
+    again = distrun("logs", job_id, "--attempt", "2", "--bare", home=tmp_path / "home").stdout.splitlines()
     resumed = {line for line in again if line.startswith("resumed from step")}
     assert len(resumed) == 1, again
     start = int(resumed.pop().split()[-1])
     assert sorted(line for line in again if line.startswith("step ")) == sorted(
         f"step {s} attempt 2 world 2" for s in range(start, 24) for _ in range(2))
-    assert slurm_cluster.queue() == [] and job_processes(slurm_cluster, "again-1") == []
+    assert slurm_cluster.queue() == [] and job_processes(slurm_cluster, job_id) == []
 
 
 def test_stack_of_a_running_slurm_job_folds_its_four_ranks_on_two_nodes_into_one_group(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    job_id = unique_job_id("stack-1")
     home = tmp_path / "home"
     # Each step: a tiny all_reduce, then 2 s of sleep, where every rank is when it is dumped.
     job = tmp_path / "healthy.yaml"
     job.write_text(f"name: healthy\nscript: {HANG_WORKER}\nargs: [--steps, '1000', --step-time, '2']\n"
                    "nproc_per_node: 2\nenv: {OMP_NUM_THREADS: '1'}\nstop_grace: 3\n")
-    submitted = launch(slurm_cluster, tmp_path, job, "stack-1", "--detach", timeout=60)
+    submitted = launch(slurm_cluster, tmp_path, job, job_id, "--detach", timeout=60)
     assert submitted.returncode == 0, submitted.stderr
     try:
-        assert wait_for(lambda: "[node1 r3] step 1" in combined(tmp_path, "stack-1"), 120)
+        assert wait_for(lambda: "[node1 r3] step 1" in combined(tmp_path, job_id), 120)
         began = time.monotonic()
-        done = distrun("stack", "stack-1", "--json", home=home, env=slurm_cluster.env, timeout=90)
+        done = distrun("stack", job_id, "--json", home=home, env=slurm_cluster.env, timeout=90)
         took = time.monotonic() - began
         assert done.returncode == 0, done.stdout + done.stderr
         groups = json.loads(done.stdout)["groups"]
         assert [(g["ranks"], g["hosts"]) for g in groups] == [([0, 1, 2, 3], ["node0", "node1"])]
         assert groups[0]["where"] == "steps (hang_worker.py:62)"
-        assert list((home / "jobs" / "stack-1" / "slurm").glob("*.bundle")) == []
+        assert list((home / "jobs" / job_id / "slurm").glob("*.bundle")) == []
     finally:
-        distrun("stop", "stack-1", home=home, env=slurm_cluster.env, timeout=60)
-    assert job_processes(slurm_cluster, "stack-1") == []
+        distrun("stop", job_id, home=home, env=slurm_cluster.env, timeout=60)
+    assert job_processes(slurm_cluster, job_id) == []
     print(f"MEASURED distrun stack --json on Slurm, 4 ranks on 2 nodes: {took:.2f} s (the whole command)")
 
 
 def test_a_rank_stuck_outside_the_collective_on_slurm_is_the_hangs_root_cause_with_its_stack(
         slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    job_id = unique_job_id("hang-1")
     job = tmp_path / "hang.yaml"
     job.write_text(f"name: hang\nscript: {HANG_WORKER}\nargs: [--steps, '100000', --hang-rank, '3', --hang-step, '5']\n"
                    "nproc_per_node: 2\nenv: {OMP_NUM_THREADS: '1'}\nstop_grace: 3\nhang_timeout: 10\n")
-    result = launch(slurm_cluster, tmp_path, job, "hang-1")
+    result = launch(slurm_cluster, tmp_path, job, job_id)
     ended = time.time()
 
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
@@ -330,11 +338,11 @@ def test_a_rank_stuck_outside_the_collective_on_slurm_is_the_hangs_root_cause_wi
     # The Flight Recorder through the allocation too: steps 0-4 are collectives #1-#5.
     assert ("flight recorder: rank 3 has not entered collective #6 gloo:all_reduce that ranks 0-2 wait in "
             "(last entered: #5)") in summary, summary
-    stacks = tmp_path / "home" / "jobs" / "hang-1" / "stacks"
+    stacks = tmp_path / "home" / "jobs" / job_id / "stacks"
     assert sorted(p.name for p in stacks.glob("rank*.txt")) == [f"rank{r}.txt" for r in range(4)]
-    flight = tmp_path / "home" / "jobs" / "hang-1" / "flight"
+    flight = tmp_path / "home" / "jobs" / job_id / "flight"
     assert sorted(p.name for p in flight.glob("rank*.json")) == [f"rank{r}.json" for r in range(4)]
     began = float(result.stdout.split("HANG START ", 1)[1].split()[0])
-    assert slurm_cluster.queue() == [] and job_processes(slurm_cluster, "hang-1") == []
+    assert slurm_cluster.queue() == [] and job_processes(slurm_cluster, job_id) == []
     print(f"MEASURED on Slurm, hang start to root cause: {ended - began:.1f} s (hang_timeout 10 s, "
           "the controller's exit included)")
