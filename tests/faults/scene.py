@@ -35,7 +35,7 @@ from tests.faults.matrix import (
     Fault,
     Phase,
 )
-from tests.helpers import REPO, distrun, job_lines, wait_for
+from tests.helpers import REPO, distrun, job_lines, unique_job_id, wait_for
 
 WORKER = Path(__file__).parent / "jobs" / "worker.py"
 POLL = 0.1
@@ -242,7 +242,7 @@ class Bystander:
         if self.controller is not None:
             self.controller.end()
         self.count += 1
-        job_id = f"bystander-{self.count}"
+        job_id = unique_job_id(f"bystander-{self.count}")
         home = self.root / f"home{self.count}"
         home.mkdir(parents=True)
         job = write_job(self.root / f"{job_id}.yaml", "bystander",
