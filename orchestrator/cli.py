@@ -480,8 +480,8 @@ def top(job_ref: str, once: bool, as_json: bool) -> None:
     """
     from rich.console import Console
 
-    from orchestrator.telemetry import top as show
-    from orchestrator.telemetry import top_sample
+    from orchestrator.telemetry.top import top as show
+    from orchestrator.telemetry.top import top_sample
 
     store = Store()
     job_id = store.get(job_ref).id
