@@ -480,8 +480,8 @@ def top(job_ref: str, once: bool, as_json: bool) -> None:
     """
     from rich.console import Console
 
-    from orchestrator.telemetry import top as show
-    from orchestrator.telemetry import top_sample
+    from orchestrator.telemetry.top import top as show
+    from orchestrator.telemetry.top import top_sample
 
     store = Store()
     job_id = store.get(job_ref).id
@@ -579,7 +579,8 @@ def report(job_refs: tuple[str, ...], output: str) -> None:
       distrun report last -o report.html
       distrun report tiny-2026 resnet50-2026 -o compare.html
     """
-    from orchestrator.report import load_jobs, write_report
+    from orchestrator.report.numbers import load_jobs
+    from orchestrator.report.page import write_report
 
     path = write_report(load_jobs(Store(), job_refs), Path(output))
     click.echo(f"report written to {path}")

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.errors import DistrunError, ExitCode, UsageError
-from orchestrator.report import JobData, write_report
+from orchestrator.report.numbers import JobData
+from orchestrator.report.page import write_report
 from orchestrator.spec import load_job
 from orchestrator.spec.select import Guard, HostSelection
 from orchestrator.store import JobRecord, JobState, Store, new_job_id

@@ -137,13 +137,18 @@ class Listen:
 
 @dataclass(frozen=True)
 class Connect:
-    """Another host's test connection to the master's address and port."""
+    """Another host's test connection to the master's address and port.
+
+    `skipped` (set by the controller, not the probe): why this host could not try, e.g. its
+    probe ran after the master had stopped listening; such a test failed nothing.
+    """
 
     addr: str | None = None
     port: int | None = None
     ok: bool = False
     error: str | None = None
     ms: float | None = None
+    skipped: str | None = None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from orchestrator.logs.sink import job_wide
-from orchestrator.report import PLOT_FRAME_COLOUR, TABLE_HEAD_COLOUR
+from orchestrator.report.page import PLOT_FRAME_COLOUR, TABLE_HEAD_COLOUR
 from tests.browser import chromium, colour_mask, frames, ink, inside, load_rgb, render, table_rows
 from tests.cluster.harness import Cluster, cleanup_stale, skip_reason
 from tests.helpers import REPO

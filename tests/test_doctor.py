@@ -15,9 +15,9 @@ import pytest
 from orchestrator import doctor
 from orchestrator.backends.ssh import SshBackend
 from orchestrator.bandwidth import BandwidthReport, SizeResult, parse_results
-from orchestrator.doctor.checks import Check, Context, Status, bandwidth_check, run_checks
+from orchestrator.doctor.checks import NOT_TOLD, Check, Context, Status, bandwidth_check, run_checks
 from orchestrator.doctor.command import exit_code
-from orchestrator.doctor.probe import HostResult, import_options, probe_round
+from orchestrator.doctor.probe import LATE, HostResult, import_options, probe_round
 from orchestrator.doctor.render import render_table, to_json
 from orchestrator.facts import Connect, Entry, HostFacts, Listen
 from orchestrator.group import Group
@@ -297,6 +297,44 @@ def test_hosts_that_cannot_connect_to_the_master_port_are_named_with_port_and_re
     assert found.status is Status.ERROR and found.hosts == ["node1", "node2"]
     assert found.detail == "node[1-2]: cannot connect to node0 at 10.0.0.10:29500 (timed out after 2 s)"
     assert "allow TCP port 29500 into node0" in found.hint
+
+
+def untried(results: dict[str, HostResult], host: str, why: str) -> None:
+    """Mark `host`'s connection as one it could not try, as the probe round does."""
+    facts = results[host].facts
+    assert facts is not None and facts.connect is not None
+    results[host] = HostResult(host, facts=replace(facts, connect=replace(facts.connect, ok=False,
+                                                                           error="connection refused", skipped=why)))
+
+
+def test_a_host_that_could_not_try_is_skipped_with_its_reason_never_failed_nor_ok():
+    results, ctx = make(n=4)
+    untried(results, "node2", LATE)
+    untried(results, "node3", LATE)
+    found = check("port-reachable", results, ctx)
+    assert found.status is Status.SKIP and found.hosts == ["node2", "node3"]
+    assert found.detail == (f"node[2-3]: skipped: {LATE}; node1: connect to node0 at 10.0.0.10:29500")
+    assert exit_code(run_checks(results, ctx), results, strict=False) == 0
+
+
+def test_a_host_whose_probe_got_no_address_to_connect_to_is_skipped_not_failed():
+    results, ctx = make()
+    facts = results["node2"].facts
+    assert facts is not None
+    results["node2"] = HostResult("node2", facts=replace(facts, connect=None))
+    found = check("port-reachable", results, ctx)
+    assert found.status is Status.SKIP and found.hosts == ["node2"]
+    assert found.detail.startswith(f"node2: skipped: {NOT_TOLD}; ")
+
+
+def test_hosts_that_failed_to_connect_stay_errors_and_those_that_could_not_try_are_named_apart():
+    failed = {"addr": MASTER_ADDR, "port": PORT, "ok": False, "error": "timed out after 2 s", "ms": 2000.0}
+    results, ctx = make(n=4, changes={1: {"connect": failed}})
+    untried(results, "node3", LATE)
+    found = check("port-reachable", results, ctx)
+    assert found.status is Status.ERROR and found.hosts == ["node1"]
+    assert found.detail == (f"node1: cannot connect to node0 at 10.0.0.10:29500 (timed out after 2 s); "
+                            f"node3: skipped: {LATE}")
 
 
 def test_a_loopback_master_address_for_several_hosts_is_an_error():

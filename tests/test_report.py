@@ -13,16 +13,8 @@ import pytest
 
 from orchestrator.errors import UsageError
 from orchestrator.failures import Failure, FailureKind
-from orchestrator.report import (
-    JobData,
-    host_efficiency,
-    load_jobs,
-    pick_baseline,
-    render,
-    scaling_series,
-    summarize,
-    write_report,
-)
+from orchestrator.report.numbers import JobData, host_efficiency, load_jobs, pick_baseline, scaling_series, summarize
+from orchestrator.report.page import render, write_report
 from orchestrator.store import JobRecord, JobState, Store
 from tests.helpers import distrun
 

@@ -8,7 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.report import JOB_COLOURS, PLOT_FRAME_COLOUR, TABLE_HEAD_COLOUR, JobData, write_report
+from orchestrator.report.numbers import JobData
+from orchestrator.report.page import PLOT_FRAME_COLOUR, TABLE_HEAD_COLOUR, write_report
+from orchestrator.report.plots import JOB_COLOURS
 from orchestrator.store import JobState, Store
 from tests.browser import (
     Box,

@@ -14,17 +14,9 @@ import pytest
 from orchestrator.errors import UsageError
 from orchestrator.spec.model import HostKeyPolicy, NodeSpec
 from orchestrator.transport.base import ConnectError, ConnectFailure
-from orchestrator.transport.ssh import (
-    Endpoint,
-    HostKeyChecker,
-    KnownHosts,
-    SSHTransport,
-    command_line,
-    connect_timeout,
-    key_description,
-    load_ssh_config,
-    resolve_route,
-)
+from orchestrator.transport.known_hosts import HostKeyChecker, KnownHosts, key_description
+from orchestrator.transport.ssh import SSHTransport, command_line
+from orchestrator.transport.ssh_config import Endpoint, connect_timeout, load_ssh_config, resolve_route
 
 HOSTILE = ["; rm -rf /tmp/x", "$(touch /tmp/pwned)", "`id`", "it's \"quoted\"", "a\nb", "ünï €", "*", "", "-n"]
 

@@ -18,7 +18,8 @@ from orchestrator import telemetry
 from orchestrator.remote import sampler
 from orchestrator.remote.sampler import SHIPPED_NVML
 from orchestrator.store import JobDir, JobRecord, JobState
-from orchestrator.telemetry import Aggregator, AlertRules
+from orchestrator.telemetry import alerts, top, view
+from orchestrator.telemetry.alerts import Aggregator, AlertRules
 
 
 class Clock:
@@ -150,7 +151,7 @@ def test_silence_threshold_is_three_intervals_and_at_least_five_seconds() -> Non
 
 def test_host_that_never_sent_a_sample_gets_a_startup_grace(clock: Clock) -> None:
     agg = aggregator(clock, interval=1.0)
-    clock.now += telemetry.STARTUP_GRACE + 4
+    clock.now += alerts.STARTUP_GRACE + 4
     assert agg.check() == []
     clock.now += 2
     assert [a.message for a in agg.check()] == [
@@ -164,16 +165,16 @@ def test_no_silence_alerts_when_telemetry_is_off(clock: Clock) -> None:
 
 
 def test_alert_record_carries_time_node_and_message() -> None:
-    alert = telemetry.Alert("node1", "idle", "gpu0 idle for 60 s", t=time.mktime((2026, 1, 2, 3, 4, 5, 0, 0, -1)))
+    alert = alerts.Alert("node1", "idle", "gpu0 idle for 60 s", t=time.mktime((2026, 1, 2, 3, 4, 5, 0, 0, -1)))
     assert alert.record() == "03:04:05 node1: gpu0 idle for 60 s"
     assert alert.line() == "ALERT gpu0 idle for 60 s"
 
 
 def test_summary_lists_at_most_ten_alerts() -> None:
-    lines = telemetry.summary_lines([f"a{i}" for i in range(12)])
+    lines = alerts.summary_lines([f"a{i}" for i in range(12)])
     assert lines[0] == "  alerts (12):" and lines[1] == "    a0" and len(lines) == 12
     assert "2 more" in lines[-1]
-    assert telemetry.summary_lines([]) == []
+    assert alerts.summary_lines([]) == []
 
 
 # ---------------------------------------------------------------- the table
@@ -198,7 +199,7 @@ def filled(clock: Clock) -> Aggregator:
 def test_table_shows_hosts_gpus_and_throughput(clock: Clock) -> None:
     agg = filled(clock)
     clock.now += 2
-    text = rendered(telemetry.render(agg, "job-1", clock(), ["12:00:00 node0: gpu1 memory 98% full"]))
+    text = rendered(view.render(agg, "job-1", clock(), ["12:00:00 node0: gpu1 memory 98% full"]))
     node0_gpu0 = next(line for line in text.splitlines() if "gpu0" in line)
     assert re.search(r"gpu0\s+97%\s+39\.1/80\.0 GB\s+71°C\s+650/700 W", node0_gpu0)
     assert "throttle: sw_power_cap" in node0_gpu0 and "job 30.0 GB" in node0_gpu0
@@ -212,7 +213,7 @@ def test_table_shows_hosts_gpus_and_throughput(clock: Clock) -> None:
 def test_table_of_a_finished_job_shows_when_the_last_sample_came(clock: Clock) -> None:
     agg = aggregator(clock, interval=1.0)
     agg.observe("node0", host(), at=time.mktime((2026, 1, 2, 3, 4, 5, 0, 0, -1)))
-    assert "last 03:04:05" in rendered(telemetry.render(agg, "job-1", None, []))
+    assert "last 03:04:05" in rendered(view.render(agg, "job-1", None, []))
 
 
 def test_too_many_gpus_for_the_screen_fold_into_one_row_per_host(clock: Clock) -> None:
@@ -220,13 +221,13 @@ def test_too_many_gpus_for_the_screen_fold_into_one_row_per_host(clock: Clock) -
     agg.observe("node0", host())
     for index in range(8):
         agg.observe("node0", gpu(index, util=50 + index, temp_c=60 + index, power_w=100.0))
-    text = rendered(telemetry.render(agg, "job-1", clock(), [], max_rows=4))
+    text = rendered(view.render(agg, "job-1", clock(), [], max_rows=4))
     assert "gpu3" not in text
     assert re.search(r"8 gpus\s+54% \(min 50%\)\s+max 49%\s+max 67°C\s+800 W", text)
 
 
 def test_table_renders_on_a_terminal_console_with_colours(clock: Clock) -> None:
-    text = rendered(telemetry.render(filled(clock), "job-1", clock(), []), terminal=True)
+    text = rendered(view.render(filled(clock), "job-1", clock(), []), terminal=True)
     assert "\x1b[" in text and "gpu1" in text
 
 
@@ -238,15 +239,15 @@ class TTY(io.StringIO):
         return True
 
 
-def monitor(alerts: list[telemetry.Alert], interval: float | None = 1.0) -> telemetry.Monitor:
-    return telemetry.Monitor(["node0"], interval, alerts.append, lambda _node: True, title="job-1")
+def monitor(alerts: list[alerts.Alert], interval: float | None = 1.0) -> view.Monitor:
+    return view.Monitor(["node0"], interval, alerts.append, lambda _node: True, title="job-1")
 
 
 def test_live_view_keeps_log_lines_above_the_table() -> None:
     screen = TTY()
     mon = monitor([])
     writer = mon.terminal(screen, live=True)
-    assert isinstance(writer, telemetry.ConsoleWriter)
+    assert isinstance(writer, view.ConsoleWriter)
     mon.start()
     mon.sample("node0", host())
     mon.sample("node0", gpu(0, util=77))
@@ -270,7 +271,7 @@ def test_no_live_view_when_not_asked_or_not_a_terminal() -> None:
 
 
 def test_monitor_hands_alerts_to_its_callback_and_stops_after_stop() -> None:
-    alerts: list[telemetry.Alert] = []
+    alerts: list[alerts.Alert] = []
     mon = monitor(alerts)
     mon.sample("node0", gpu(mem_used_mb=81000.0))
     mon.stop()
@@ -279,8 +280,8 @@ def test_monitor_hands_alerts_to_its_callback_and_stops_after_stop() -> None:
 
 
 def test_monitor_names_a_straggler_from_every_ranks_metrics_and_keeps_rank0s_as_the_jobs() -> None:
-    alerts: list[telemetry.Alert] = []
-    mon = telemetry.Monitor(["node0", "node1"], None, alerts.append, lambda _node: True, title="job-1", world_size=4)
+    alerts: list[alerts.Alert] = []
+    mon = view.Monitor(["node0", "node1"], None, alerts.append, lambda _node: True, title="job-1", world_size=4)
     for step in range(1, 7):
         for rank in range(4):
             record = {"step": step, "rank": rank, "busy_s": 0.5 if rank == 3 else 0.1, "step_time_s": 0.5}
@@ -293,9 +294,9 @@ def test_monitor_names_a_straggler_from_every_ranks_metrics_and_keeps_rank0s_as_
 
 
 def test_monitor_reports_a_silent_host_from_its_own_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(telemetry, "TICK", 0.05)
-    alerts: list[telemetry.Alert] = []
-    mon = telemetry.Monitor(["node0", "node1"], 0.1, alerts.append, lambda node: node == "node0", title="job-1",
+    monkeypatch.setattr(view, "TICK", 0.05)
+    alerts: list[alerts.Alert] = []
+    mon = view.Monitor(["node0", "node1"], 0.1, alerts.append, lambda node: node == "node0", title="job-1",
                             rules=AlertRules(silent_min_s=0.3, silent_intervals=1))
     mon.sample("node0", host())
     mon.sample("node1", host())
@@ -325,7 +326,7 @@ def write_job(root: Path, state: JobState = JobState.SUCCEEDED) -> tuple[JobDir,
 def test_follower_returns_only_complete_new_lines(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     path.write_text('{"a": 1}\n{"a": 2')
-    follower = telemetry.JsonlFollower(path)
+    follower = top.JsonlFollower(path)
     assert follower.read() == [{"a": 1}]
     with open(path, "a") as fh:
         fh.write('}\nnot json\n{"a": 3}\n')
@@ -336,13 +337,13 @@ def test_follower_returns_only_complete_new_lines(tmp_path: Path) -> None:
 def test_follower_starts_near_the_end_of_a_big_file(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     path.write_text("".join(json.dumps({"i": i}) + "\n" for i in range(1000)))
-    assert telemetry.JsonlFollower(path, tail_bytes=50).read() == [{"i": i} for i in range(996, 1000)]
+    assert top.JsonlFollower(path, tail_bytes=50).read() == [{"i": i} for i in range(996, 1000)]
 
 
 def test_top_of_a_finished_job_prints_its_last_samples(tmp_path: Path) -> None:
     job_dir, record = write_job(tmp_path)
     out = io.StringIO()
-    telemetry.top(job_dir, lambda: record, Console(file=out, width=160))
+    top.top(job_dir, lambda: record, Console(file=out, width=160))
     text = out.getvalue()
     assert "job-1 · succeeded" in text
     assert re.search(r"node0\s+cpu\s+12%", text) and re.search(r"gpu0\s+42%", text)
@@ -350,7 +351,7 @@ def test_top_of_a_finished_job_prints_its_last_samples(tmp_path: Path) -> None:
 
 
 def test_top_follows_a_running_job_until_it_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(telemetry, "TICK", 0.05)
+    monkeypatch.setattr(top, "TICK", 0.05)
     job_dir, record = write_job(tmp_path, JobState.RUNNING)
     states = iter([JobState.RUNNING] * 3 + [JobState.SUCCEEDED] * 10)
 
@@ -362,7 +363,7 @@ def test_top_follows_a_running_job_until_it_ends(tmp_path: Path, monkeypatch: py
         return record
 
     out = TTY()
-    telemetry.top(job_dir, current, Console(file=out, width=160, height=40, force_terminal=True))
+    top.top(job_dir, current, Console(file=out, width=160, height=40, force_terminal=True))
     text = out.getvalue()
     assert "job-1 · running" in text and "s ago" in text
     assert re.search(r"gpu0\s+\S*99%", text)
@@ -371,7 +372,7 @@ def test_top_follows_a_running_job_until_it_ends(tmp_path: Path, monkeypatch: py
 def test_top_once_prints_one_frame_of_a_running_job(tmp_path: Path) -> None:
     job_dir, record = write_job(tmp_path, JobState.RUNNING)
     out = io.StringIO()
-    telemetry.top(job_dir, lambda: record, Console(file=out, width=160, force_terminal=True), once=True)
+    top.top(job_dir, lambda: record, Console(file=out, width=160, force_terminal=True), once=True)
     assert out.getvalue().count("job-1 · running") == 1
 
 

@@ -9,7 +9,7 @@ port-reachable (and bandwidth, with --bandwidth).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import TYPE_CHECKING, Any
 
@@ -400,7 +400,10 @@ def check_port_free(probed: Mapping[str, HostFacts], ctx: Context) -> Check:
 
 
 def check_port_reachable(probed: Mapping[str, HostFacts], ctx: Context) -> Check:
-    """Every other host opened a TCP connection to the master's address and rendezvous port."""
+    """Every other host opened a TCP connection to the master's address and rendezvous port.
+
+    A host that could not try (see `Connect.skipped`) is named as skipped, never as failed.
+    """
     others = {h: f for h, f in probed.items() if h != ctx.master}
     master = probed.get(ctx.master)
     listen = master.listen if master is not None and master.listen is not None else Listen()
@@ -414,12 +417,29 @@ def check_port_reachable(probed: Mapping[str, HostFacts], ctx: Context) -> Check
     if not listen.ok:
         return skipped("port-reachable", f"nothing listens for the test on the master {ctx.master}")
     target = f"{ctx.master} at {ctx.master_addr}:{listen.port}"
-    problems = {h: f"cannot connect to {target} ({(f.connect.error if f.connect else None) or 'not tried'})"
-                for h, f in others.items() if not (f.connect and f.connect.ok)}
-    shown = {h: f"connect to {target}" for h in others}
-    return verdict("port-reachable", problems, shown, Status.ERROR,
-                   f"allow TCP port {listen.port} into {ctx.master} from the other hosts (iptables/nftables, "
-                   "security groups), or set `iface:` to the network the hosts share")
+    untried = {h: f.connect.skipped if f.connect else NOT_TOLD for h, f in others.items()
+               if f.connect is None or f.connect.skipped}
+    tried = {h: f.connect for h, f in others.items() if f.connect is not None and h not in untried}
+    problems = {h: f"cannot connect to {target} ({c.error or 'failed'})" for h, c in tried.items() if not c.ok}
+    shown = {h: f"connect to {target}" for h in tried}
+    found = verdict("port-reachable", problems, shown, Status.ERROR,
+                    f"allow TCP port {listen.port} into {ctx.master} from the other hosts (iptables/nftables, "
+                    "security groups), or set `iface:` to the network the hosts share")
+    return with_untried(found, untried) if untried else found
+
+
+NOT_TOLD = "the master's address did not reach this host's probe in time"
+
+
+def with_untried(found: Check, untried: Mapping[str, str]) -> Check:
+    """`found` with the hosts that could not try named as skipped: an error stays an error on its
+    own hosts; otherwise the row is skipped, on those hosts, listing what the others did."""
+    text = listing({h: f"skipped: {why}" for h, why in untried.items()})
+    if found.status is Status.ERROR:
+        return replace(found, detail=f"{found.detail}; {text}")
+    detail = text if found.status is Status.SKIP else f"{text}; {found.detail}"
+    return Check(found.name, Status.SKIP, list(untried), detail,
+                 "run doctor again on those hosts (--nodes); their probe ran too late to test the port")
 
 
 def check_entry(probed: Mapping[str, HostFacts], ctx: Context) -> Check:

@@ -6,22 +6,29 @@ address and tells every other host's probe to connect to it, resolve its names a
 interface whose route reaches it. Doctor runs a `full` round; a launch runs a fast one, once,
 and plans and preflights from its facts. In both, each host's probe finds torch as the job
 would import it (`import_options`): the torch a check or the preflight names is the job's.
+
+The master listens until every other host has tried. Each host is told where to connect as soon
+as its probe runs and the master listens, and has PROBE_TIMEOUT from then to report: the wait
+grows with the fan-out, so hosts reached last in a large one get the same time as the first. A
+host that reports only after the master stopped listening, without having connected, could not
+try: its `connect` is marked `skipped` (doctor shows it as skipped, never as failed).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import posixpath
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from importlib import util
 from typing import Any
 
 from orchestrator import remote
 from orchestrator.errors import InfraError, UsageError, one_line
-from orchestrator.facts import HostFacts
+from orchestrator.facts import Connect, HostFacts
 from orchestrator.group import Group, GroupResult, parallel
 from orchestrator.plan import DEFAULT_PORT, choose_master_addr
 from orchestrator.spec.model import JobSpec, NodeSpec
@@ -29,8 +36,9 @@ from orchestrator.terminal import Progress
 from orchestrator.transport import RemoteProcess, Transport
 
 PROBE_MODULES = ["output", "pyspy", "probe"]  # what the probe runs, dependencies first
-PROBE_TIMEOUT = 60.0
-LISTEN_SECONDS = 60.0
+PROBE_TIMEOUT = 60.0  # for the master to listen; for another host to report once told where to connect
+BACKSTOP_PER_HOST = 0.5  # seconds a round may take per host before probes stop waiting on their own
+LATE = "the master stopped listening before this host's probe ran"
 POLL = 0.01
 EXIT_GRACE = 5.0
 EVENT = "\x1e"
@@ -70,6 +78,8 @@ class ProbeRun:
         self.listening: dict[str, Any] | None = None
         self.facts: dict[str, Any] | None = None
         self.stderr: list[str] = []
+        self.told_at: float | None = None  # when told where to connect (time.monotonic)
+        self.facts_at: float | None = None  # when the facts arrived
         self._heard = threading.Event()
 
     @property
@@ -91,6 +101,16 @@ class ProbeRun:
         if self.proc is not None:
             self.proc.write(_line(message))
 
+    def tell(self, message: dict[str, Any]) -> None:
+        """Send the `connect_to` message; this host's time to report starts now."""
+        self.told_at = time.monotonic()
+        self.send(message)
+
+    def time_left(self) -> float:
+        """Seconds left of this host's PROBE_TIMEOUT to report, counted from when it was told."""
+        told = self.told_at if self.told_at is not None else time.monotonic()
+        return max(0.0, told + PROBE_TIMEOUT - time.monotonic())
+
     def _on_stdout(self, line: str) -> None:
         try:
             data = json.loads(line.removeprefix(EVENT))
@@ -104,6 +124,7 @@ class ProbeRun:
         if isinstance(data.get("clock"), (int, float)):
             data["clock_skew"] = data["clock"] - time.time()
         self.facts = data
+        self.facts_at = time.monotonic()
         self._heard.set()
 
     def _on_event(self, event: dict[str, Any]) -> None:
@@ -148,6 +169,34 @@ class ProbeRun:
             return self.facts
         last = (self.stderr or [f"no output (exit code {rc})" if rc is not None else "timed out"])[-1]
         raise InfraError(f"{self.name}: probe failed using python '{self.transport.node.python}': {last}")
+
+
+class ConnectRelay:
+    """Tells each other host's probe where to connect as soon as it runs and the master listens,
+    so that a host reached early does not wait for the last one of a large fan-out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._message: dict[str, Any] | None = None
+        self._waiting: list[ProbeRun] = []
+
+    def started(self, run: ProbeRun) -> None:
+        """`run`'s probe runs: tell it now if the master's address is known, else when it is."""
+        with self._lock:
+            message = self._message
+            if message is None:
+                self._waiting.append(run)
+                return
+        run.tell(message)
+
+    def announce(self, message: dict[str, Any]) -> None:
+        """Tell every host started so far, and each one started later; only the first call counts."""
+        with self._lock:
+            if self._message is not None:
+                return
+            self._message, waiting, self._waiting = message, self._waiting, []
+        for run in waiting:
+            run.tell(message)
 
 
 @dataclass
@@ -206,7 +255,8 @@ def import_options(nodes: Sequence[NodeSpec], job: JobSpec | None, workdir: str)
 def probe_round(group: Group, master: NodeSpec, base: dict[str, Any], port: int | None,
                 master_addr: str | None, port_from: int = DEFAULT_PORT, resolve: bool = True,
                 per_host: Mapping[str, dict[str, Any]] | None = None, progress: Progress | None = None) -> Round:
-    """Run the probe on every host at once; the master listens, the others connect to it.
+    """Run the probe on every host at once; the master listens until each other host has tried
+    to connect to it (or its probe ended, or PROBE_TIMEOUT passed since it was told where to).
 
     Args:
         group: Every selected node; each host is connected first where it is not yet.
@@ -221,32 +271,62 @@ def probe_round(group: Group, master: NodeSpec, base: dict[str, Any], port: int 
         progress: Counts the hosts whose probe finished (`probed 41/64` on a terminal).
 
     Returns:
-        Every host's result (facts or error), in the group's order, and the master's address as used.
+        Every host's result (facts or error), in the group's order, and the master's address as used;
+        a host that could not try has its `connect.skipped` set.
     """
     own = per_host or {}
-    runs = {name: ProbeRun(t, _options(name == master.name, {**base, **own.get(name, {})}, port, port_from))
+    runs = {name: ProbeRun(t, _options(name == master.name, {**base, **own.get(name, {})}, port, port_from,
+                                       len(group)))
             for name, t in group.transports.items()}
-    started = group.run(lambda t: runs[t.name].start())
+    outcome = Round({})
+    started = _start_all(group, master, runs, outcome, master_addr, resolve)
     results = {name: HostResult(name, error=one_line(exc), unreachable=name in started.unreached, exception=exc)
                for name, exc in started.failed.items()}
     live = {name: run for name, run in runs.items() if name not in results}
     master_run = live.pop(master.name, None)
-    listening = master_run.wait_listening(PROBE_TIMEOUT) if master_run else None
-    outcome = Round(results)
-    if listening is not None:
-        outcome.master_hostname = listening.get("hostname")
-        outcome.master_addr, outcome.master_addr_error = _master_addr(
-            master, listening, group[master.name], len(group), master_addr)
-    message = _connect_message(listening, outcome, resolve)
     for run in live.values():
-        run.send(message)
-    deadline = time.monotonic() + PROBE_TIMEOUT
-    for run in live.values():
-        run.wait_facts(max(0.0, deadline - time.monotonic()))
+        run.wait_facts(run.time_left())
+    closed_at = _stop_listening(master_run)
     if master_run is not None:
         live[master.name] = master_run
-        master_run.send({"stop": True})
+    for name, value in _finish_all(live.values(), progress).items():
+        results[name] = HostResult(name, error=one_line(value), exception=value) if isinstance(value, Exception) \
+            else HostResult(name, facts=_facts(runs[name], value, closed_at if name != master.name else math.inf))
+    outcome.results = {name: results[name] for name in group.names}
+    return outcome
 
+
+def _start_all(group: Group, master: NodeSpec, runs: Mapping[str, ProbeRun], outcome: Round,
+               master_addr: str | None, resolve: bool) -> GroupResult[None]:
+    """Start every host's probe, the master's first; tell each other host where to connect as soon
+    as it runs and the master listens (`outcome` gets the master's address and host name)."""
+    relay = ConnectRelay()
+
+    def start(transport: Transport) -> None:
+        run = runs[transport.name]
+        if transport.name != master.name:
+            run.start()
+            relay.started(run)
+            return
+        listening = None
+        try:
+            run.start()
+            listening = run.wait_listening(PROBE_TIMEOUT)
+            if listening is not None:
+                outcome.master_hostname = listening.get("hostname")
+                outcome.master_addr, outcome.master_addr_error = _master_addr(
+                    master, listening, transport, len(group), master_addr)
+        finally:
+            relay.announce(_connect_message(listening, outcome, resolve))
+
+    # The master first: its pool thread starts at once, however many hosts there are.
+    started = group.run(start, only=[master.name, *(n for n in group.names if n != master.name)])
+    relay.announce(_connect_message(None, outcome, resolve))  # the master was not reached: nothing to connect to
+    return started
+
+
+def _finish_all(runs: Iterable[ProbeRun], progress: Progress | None) -> GroupResult[dict[str, Any]]:
+    """Every probe's facts (or why none came), once each has exited."""
     def finish(run: ProbeRun) -> dict[str, Any]:
         try:
             return run.finish(PROBE_TIMEOUT)
@@ -254,20 +334,45 @@ def probe_round(group: Group, master: NodeSpec, base: dict[str, Any], port: int 
             if progress is not None:
                 progress.tick(run.name)
 
-    finished = parallel(live.values(), finish, key=lambda r: r.name)
+    finished = parallel(runs, finish, key=lambda r: r.name)
     if progress is not None:
         progress.clear()
-    for name, value in finished.items():
-        results[name] = HostResult(name, error=one_line(value), exception=value) if isinstance(value, Exception) \
-            else HostResult(name, facts=HostFacts.from_probe(name, value))
-    outcome.results = {name: results[name] for name in group.names}
-    return outcome
+    return finished
 
 
-def _options(is_master: bool, base: dict[str, Any], port: int | None, port_from: int) -> dict[str, Any]:
+def round_backstop(hosts: int) -> float:
+    """How long a probe waits on its own in a round of `hosts` (the master listening, another host
+    for where to connect) should the controller never tell it: well past the controller's own
+    wait, which grows with the fan-out. Ending the controller (stdin closes) ends them at once."""
+    return 2 * (PROBE_TIMEOUT + BACKSTOP_PER_HOST * hosts)
+
+
+def _stop_listening(master_run: ProbeRun | None) -> float:
+    """Tell the master to stop listening; return when it stopped at the latest (time.monotonic).
+    Its facts come only after it stopped: facts already in mean its backstop ended it earlier."""
+    stopped = time.monotonic()
+    if master_run is None:
+        return stopped
+    master_run.send({"stop": True})
+    return min(stopped, master_run.facts_at if master_run.facts_at is not None else math.inf)
+
+
+def _facts(run: ProbeRun, data: dict[str, Any], closed_at: float) -> HostFacts:
+    """A host's facts; a failed or missing connection reported after the master stopped
+    listening (`closed_at`) is marked as not tried, not failed."""
+    facts = HostFacts.from_probe(run.name, data)
+    connect = facts.connect
+    late = run.facts_at is None or run.facts_at > closed_at
+    if not late or (connect is not None and connect.ok):
+        return facts
+    return replace(facts, connect=replace(connect or Connect(), skipped=LATE))
+
+
+def _options(is_master: bool, base: dict[str, Any], port: int | None, port_from: int, hosts: int) -> dict[str, Any]:
+    backstop = round_backstop(hosts)
     if not is_master:
-        return {**base, "connect_later": True}
-    return {**base, "listen_seconds": LISTEN_SECONDS, **({"port_exact": port} if port else {"port_from": port_from})}
+        return {**base, "connect_later": True, "connect_wait": backstop}
+    return {**base, "listen_seconds": backstop, **({"port_exact": port} if port else {"port_from": port_from})}
 
 
 def _master_addr(master: NodeSpec, listening: dict[str, Any], transport: Transport, nnodes: int,

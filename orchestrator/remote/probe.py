@@ -12,7 +12,8 @@ Reads one JSON line of options on stdin:
         at most this long; a `listening` event is printed as soon as the socket listens
     connect_to: [addr, port]: try a TCP connection (CONNECT_TIMEOUT) and report how it went
     connect_later: read `{"connect_to": [addr, port] | null, "resolve": [...], "route_to": addr}`
-        from stdin after gathering the facts, then connect, resolve and find the route as above
+        from stdin after gathering the facts (waiting at most `connect_wait` seconds, default
+        CONTROL_WAIT), then connect, resolve and find the route as above
     import_from: {"python": PYTHON, "cwd": DIR, "env": {...}}: find torch as the job's python
         would: PYTHON (the inventory's, a wrapper script included) with DIR first on sys.path
         (where the job's workers have it: the script's own directory, the workdir for a
@@ -706,7 +707,7 @@ def connect_and_resolve(options: dict[str, Any], inbox: Inbox) -> dict[str, Any]
     """The `connect_to` and `resolve` results, from the options and the later stdin message."""
     requests = [options]
     if options.get("connect_later"):
-        requests.append(inbox.take("connect_to", CONTROL_WAIT) or {})
+        requests.append(inbox.take("connect_to", float(options.get("connect_wait") or CONTROL_WAIT)) or {})
     found: dict[str, Any] = {}
     target = next((r["connect_to"] for r in requests if r.get("connect_to")), None)
     if target:

@@ -1,25 +1,15 @@
 """The SSH transport: paramiko, one connection per host reused for every step.
 
-Where to connect comes from the inventory first, then ~/.ssh/config (Host aliases,
-HostName, User, Port, IdentityFile, ProxyJump), then OpenSSH's defaults. Host keys are
-checked against the node's known_hosts file (parsed once per process, read as ssh(1) reads
-it) before any credential is offered: an unknown key is refused under `strict` and recorded
-under `accept-new`; a changed key, or one a `@revoked` line names, is always refused; so is
-a host trusted only through `@cert-authority`, since host certificates are not checked. A
-remote shell is unavoidable over SSH, so every word of a command is quoted.
+Where to connect comes from the inventory first, then ~/.ssh/config, then OpenSSH's defaults
+(ssh_config.py). Host keys are checked against the node's known_hosts file before any
+credential is offered (known_hosts.py). A remote shell is unavoidable over SSH, so every word
+of a command is quoted.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
-import fcntl
 import functools
-import getpass
-import hashlib
-import hmac
-import importlib.util
 import ipaddress
 import logging
 import os
@@ -27,46 +17,26 @@ import posixpath
 import re
 import shlex
 import socket
-import sys
 import threading
-import types
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import BinaryIO
 
 from orchestrator.errors import InfraError, UsageError
-from orchestrator.spec.model import HostKeyPolicy, NodeSpec
+from orchestrator.spec.model import NodeSpec
 from orchestrator.transport.base import ConnectError, ConnectFailure, RemoteProcess, Transport
+from orchestrator.transport.known_hosts import HostKeyChecker
+from orchestrator.transport.ssh_config import (
+    DEFAULT_IDENTITIES,
+    Endpoint,
+    Route,
+    connect_timeout,
+    error_reason,
+    load_ssh_config,
+    paramiko,
+    resolve_route,
+)
 
-
-class _Deferred(types.ModuleType):
-    """Stands in for a module until one of its attributes is used, then imports it."""
-
-    def __getattr__(self, attr: str) -> object:
-        if sys.modules.get(self.__name__) is self:
-            del sys.modules[self.__name__]
-        return getattr(importlib.import_module(self.__name__), attr)
-
-
-def _defer_invoke_import() -> None:
-    """paramiko imports invoke only to run ssh_config's `Match exec`; importing it costs about
-    as much CPU as the rest of paramiko, on every run, so it waits until a `Match exec` needs it."""
-    if "invoke" not in sys.modules and importlib.util.find_spec("invoke") is not None:
-        sys.modules["invoke"] = _Deferred("invoke")
-
-
-_defer_invoke_import()
-
-import paramiko  # noqa: E402 - after _defer_invoke_import, which must run first
-
-CONFIG_ENV = "DISTRUN_SSH_CONFIG"
-TIMEOUT_ENV = "DISTRUN_SSH_TIMEOUT"
-DEFAULT_CONFIG = "~/.ssh/config"
-DEFAULT_TIMEOUT = 10.0
-DEFAULT_PORT = 22
-DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 KEEPALIVE_EVERY = 5
 # Keepalives are only sent; with this, unacknowledged ones end a connection whose link is cut.
 DEAD_LINK_AFTER_MS = 30_000
@@ -75,49 +45,10 @@ DEAD_LINK_AFTER_MS = 30_000
 # 244 connections open for 15 s cost the controller a second of CPU; closing does not wait on it.
 IDLE_POLL = 1.0
 NO_EXIT_STATUS = 255  # what ssh(1) exits with when the remote side gave no exit status
-_JUMP = re.compile(r"^(?:ssh://)?(?:(?P<user>[^@]+)@)?(?:\[(?P<ip6>[^\]]+)\]|(?P<host>[^:]+))(?::(?P<port>\d+))?$")
 _SSH_ERRORS = (OSError, EOFError, paramiko.SSHException)
-_known_hosts_lock = threading.Lock()
 
 # paramiko logs socket errors it also raises; without a handler Python prints them to stderr.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """One SSH server to log in to, after the inventory and ~/.ssh/config are combined."""
-
-    hostname: str
-    port: int
-    user: str
-    identity_files: tuple[str, ...]
-    use_default_keys: bool = True
-    # Files named by ssh_config are skipped when missing, as ssh(1) does; the inventory's must exist.
-    identities_from_config: bool = False
-
-    @property
-    def address(self) -> str:
-        return f"{self.hostname}:{self.port}"
-
-    @property
-    def known_hosts_name(self) -> str:
-        """The name known_hosts files record this server under."""
-        return self.hostname if self.port == DEFAULT_PORT else f"[{self.hostname}]:{self.port}"
-
-
-@dataclass(frozen=True)
-class Route:
-    """The servers to pass through to reach a node: jump hosts first, the node last."""
-
-    hops: tuple[Endpoint, ...]
-
-    @property
-    def target(self) -> Endpoint:
-        return self.hops[-1]
-
-    @property
-    def jumps(self) -> tuple[Endpoint, ...]:
-        return self.hops[:-1]
 
 
 def command_line(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None) -> str:
@@ -153,382 +84,6 @@ def _quote_dir(path: str) -> str:
         return "~" + (f"/{shlex.quote(path[2:])}" if path[2:] else "")
     return shlex.quote(path)
 
-
-def connect_timeout() -> float:
-    """Seconds to wait for a host to answer: $DISTRUN_SSH_TIMEOUT, else 10.
-
-    Raises:
-        UsageError: $DISTRUN_SSH_TIMEOUT is not a positive number.
-    """
-    raw = os.environ.get(TIMEOUT_ENV)
-    if not raw:
-        return DEFAULT_TIMEOUT
-    try:
-        value = float(raw)
-    except ValueError:
-        value = 0.0
-    if value <= 0:
-        raise UsageError(f"{TIMEOUT_ENV}={raw}: must be a positive number of seconds")
-    return value
-
-
-def load_ssh_config() -> paramiko.SSHConfig:
-    """The user's ssh_config ($DISTRUN_SSH_CONFIG, else ~/.ssh/config); empty when missing.
-
-    Raises:
-        UsageError: the file cannot be parsed.
-    """
-    path = Path(os.path.expanduser(os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG))
-    try:
-        stat = path.stat()
-    except OSError:
-        return paramiko.SSHConfig()
-    return _parse_ssh_config(str(path), stat.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=4)
-def _parse_ssh_config(path: str, _mtime_ns: int) -> paramiko.SSHConfig:
-    try:
-        return paramiko.SSHConfig.from_path(path)
-    except (OSError, paramiko.ConfigParseError) as exc:
-        raise UsageError(f"ssh config {path}: {exc}") from exc
-
-
-def resolve_route(node: NodeSpec, config: paramiko.SSHConfig) -> Route:
-    """Combine the node's inventory entry with ssh_config: inventory values win.
-
-    Jump hosts take user, port and identity from their spec, then ssh_config; a jump host
-    with no identity of its own is offered the node's.
-
-    Raises:
-        UsageError: a ProxyJump value cannot be parsed.
-    """
-    entry = config.lookup(node.host)
-    named = (node.identity_file,) if node.identity_file else ()
-    configured = () if named else tuple(entry.get("identityfile", ()))
-    target = Endpoint(
-        hostname=entry.get("hostname", node.host),
-        port=node.port or int(entry.get("port", DEFAULT_PORT)),
-        user=node.user or entry.get("user") or getpass.getuser(),
-        identity_files=named or configured,
-        use_default_keys=not (named or configured),
-        identities_from_config=bool(configured),
-    )
-    jump_spec = node.proxy_jump or entry.get("proxyjump")
-    if not jump_spec or jump_spec.lower() == "none":
-        return Route((target,))
-    jumps = tuple(_jump_endpoint(part.strip(), config, target) for part in jump_spec.split(","))
-    return Route((*jumps, target))
-
-
-def _jump_endpoint(spec: str, config: paramiko.SSHConfig, target: Endpoint) -> Endpoint:
-    match = _JUMP.match(spec)
-    if match is None:
-        raise UsageError(f"proxy_jump {spec!r}: expected [user@]host[:port]")
-    host = match["ip6"] or match["host"]
-    entry = config.lookup(host)
-    own = tuple(entry.get("identityfile", ()))
-    return Endpoint(
-        hostname=entry.get("hostname", host),
-        port=int(match["port"] or entry.get("port", DEFAULT_PORT)),
-        user=match["user"] or entry.get("user") or getpass.getuser(),
-        identity_files=own or target.identity_files,
-        use_default_keys=not (own or target.identity_files),
-        identities_from_config=bool(own) or target.identities_from_config,
-    )
-
-
-def key_description(key: paramiko.PKey) -> str:
-    """`ED25519 SHA256:...`, as ssh(1) shows a host key."""
-    kind = key.get_name().removeprefix("ssh-").split("-")[0].upper()
-    return f"{kind} {key.fingerprint}"
-
-
-class Marker(str, Enum):
-    """What a known_hosts line says about its key: a host key, a host-certificate CA, or revoked."""
-
-    HOST_KEY = ""
-    CERT_AUTHORITY = "@cert-authority"
-    REVOKED = "@revoked"
-
-
-@dataclass(frozen=True)
-class KnownKey:
-    """One line of a known_hosts file that could be read.
-
-    `patterns` is the host field split at commas: names, `[name]:port`, wildcard patterns
-    (`*`, `?`, `!` to negate) or hashed names (`|1|salt|hash`), as OpenSSH writes and reads them.
-    """
-
-    patterns: tuple[str, ...]
-    key: paramiko.PKey
-    marker: Marker
-    line: int
-
-    @property
-    def literal(self) -> bool:
-        """Every pattern is a plain name, so the line can be found by name without matching."""
-        return not any(p.startswith("|") or any(c in p for c in "*?!") for p in self.patterns)
-
-    def matches(self, name: str) -> bool:
-        """Whether the host field covers `name` (lower case), by OpenSSH's rules: a negated
-        pattern that matches excludes the host whatever the others say."""
-        found = False
-        for pattern in self.patterns:
-            negated = pattern.startswith("!")
-            if _pattern_matches(pattern[1:] if negated else pattern, name):
-                if negated:
-                    return False
-                found = True
-        return found
-
-
-def _pattern_matches(pattern: str, name: str) -> bool:
-    if pattern.startswith("|1|"):
-        return _hashed_matches(pattern, name)
-    return _wildcard(pattern.lower()).fullmatch(name) is not None
-
-
-@functools.lru_cache(maxsize=1024)
-def _wildcard(pattern: str) -> re.Pattern[str]:
-    """OpenSSH's patterns know only `*` and `?`; brackets (`[host]:2222`) are literal."""
-    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern))
-
-
-def _hashed_matches(field: str, name: str) -> bool:
-    """`|1|base64(salt)|base64(HMAC-SHA1(salt, name))`, as `HashKnownHosts yes` writes names."""
-    try:
-        salt, digest = (base64.b64decode(part, validate=True) for part in field[3:].split("|", 1))
-    except (binascii.Error, ValueError):
-        return False
-    return hmac.compare_digest(hmac.new(salt, name.encode(), hashlib.sha1).digest(), digest)
-
-
-class KnownHosts:
-    """A known_hosts file, parsed once: lines naming hosts plainly are found by name, the
-    others (wildcards, hashed names) are matched one by one, as ssh(1) does.
-
-    Lines that cannot be read (too few fields, bad base64, a key type paramiko lacks, an
-    unknown `@marker`) are skipped, as ssh(1) skips them.
-    """
-
-    def __init__(self, entries: Sequence[KnownKey] = (), lines: int = 0) -> None:
-        self.lines = lines  # how many lines the file has: the next one appended is lines + 1
-        self._by_name: dict[str, list[KnownKey]] = {}
-        self._matched: list[KnownKey] = []
-        # Scans of the matched lines by host name, valid while no matched line is added.
-        self._scans: dict[str, tuple[int, list[KnownKey]]] = {}
-        for entry in entries:
-            self.add(entry)
-
-    @classmethod
-    def parse(cls, text: str) -> KnownHosts:
-        """Read known_hosts text (OpenSSH's format, `@cert-authority` and `@revoked` included)."""
-        lines = text.splitlines()
-        entries = [entry for number, line in enumerate(lines, 1) if (entry := _known_key(line, number)) is not None]
-        return cls(entries, len(lines))
-
-    def add(self, entry: KnownKey) -> None:
-        if not entry.literal:
-            self._matched.append(entry)
-            return
-        for name in {pattern.lower() for pattern in entry.patterns}:
-            self._by_name.setdefault(name, []).append(entry)
-
-    def lookup(self, name: str) -> list[KnownKey]:
-        """Every line that covers the host `name` (as known_hosts names it), in file order."""
-        name = name.lower()
-        seen, scanned = self._scans.get(name, (-1, []))
-        if seen != len(self._matched):
-            seen = len(self._matched)
-            scanned = [entry for entry in self._matched[:seen] if entry.matches(name)]
-            self._scans[name] = (seen, scanned)
-        return sorted([*self._by_name.get(name, ()), *scanned], key=lambda entry: entry.line)
-
-
-def _known_key(line: str, number: int) -> KnownKey | None:
-    fields = line.split()
-    if not fields or fields[0].startswith("#"):
-        return None
-    marker = Marker.HOST_KEY
-    if fields[0].startswith("@"):
-        try:
-            marker = Marker(fields[0])
-        except ValueError:
-            return None
-        fields = fields[1:]
-    if len(fields) < 3:
-        return None
-    names, key_type, blob = fields[:3]
-    try:
-        key = paramiko.PKey.from_type_string(key_type, base64.b64decode(blob, validate=True))
-    except Exception:  # paramiko's key parsers raise whatever a bad blob trips: ValueError, OverflowError, ...
-        return None
-    return KnownKey(tuple(names.split(",")), key, marker, number)
-
-
-@dataclass
-class _Parsed:
-    """A known_hosts file as parsed, and the file's identity then (None: it did not exist)."""
-
-    stamp: tuple[int, ...] | None
-    hosts: KnownHosts
-
-
-# Parsed known_hosts files, by path: each is parsed once per process and again only when it changes.
-_parsed: dict[Path, _Parsed] = {}
-
-
-def _stamp(stat: os.stat_result) -> tuple[int, ...]:
-    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-
-
-class HostKeyChecker:
-    """Checks servers' keys against one known_hosts file under one policy.
-
-    The file is parsed once per process and looked up by host name; it is read again only
-    when it changed on disk. Only recording a new key (`accept-new`) takes a lock.
-
-    Args:
-        path: The known_hosts file (`~` is expanded); a missing file knows no host.
-        policy: `strict` refuses unknown keys; `accept-new` appends them to the file.
-    """
-
-    def __init__(self, path: str, policy: HostKeyPolicy) -> None:
-        self.path = Path(os.path.expanduser(path))
-        self.shown_path = path
-        self.policy = policy
-
-    def known(self, label: str) -> KnownHosts:
-        """The file's lines as they are on disk now (parsed again only if it changed).
-
-        Args:
-            label: The host being connected to, for the error.
-
-        Raises:
-            ConnectError: the file exists but cannot be read.
-        """
-        try:
-            stamp: tuple[int, ...] | None = _stamp(self.path.stat())
-        except FileNotFoundError:
-            stamp = None
-        cached = _parsed.get(self.path)
-        if cached is not None and cached.stamp == stamp:
-            return cached.hosts
-        with _known_hosts_lock:  # the first threads to get here would otherwise all parse it
-            return self._reparse(label)
-
-    def _reparse(self, label: str, handle: BinaryIO | None = None) -> KnownHosts:
-        """Parse the file (or the open `handle` on it) unless the cached parse is still current.
-
-        Raises:
-            ConnectError: the file exists but cannot be read, so no host key can be checked.
-        """
-        try:
-            with contextlib.nullcontext(handle) if handle else open(self.path, "rb") as src:
-                stamp: tuple[int, ...] | None = _stamp(os.fstat(src.fileno()))  # before reading: a later change shows
-                cached = _parsed.get(self.path)
-                if cached is not None and cached.stamp == stamp:
-                    return cached.hosts
-                src.seek(0)
-                text = src.read().decode()
-        except FileNotFoundError:
-            stamp, text = None, ""
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConnectError(f"{label}: cannot check its host key: cannot read {self.shown_path}: {_reason(exc)}",
-                               ConnectFailure.UNKNOWN_HOST_KEY) from exc
-        _parsed[self.path] = _Parsed(stamp, KnownHosts.parse(text))
-        return _parsed[self.path].hosts
-
-    def known_types(self, label: str, endpoint: Endpoint) -> list[str]:
-        """The key types recorded for the server, to ask it for one of those first.
-
-        Raises:
-            ConnectError: the file exists but cannot be read.
-        """
-        entries = self.known(label).lookup(endpoint.known_hosts_name)
-        return list(dict.fromkeys(e.key.get_name() for e in entries if e.marker is Marker.HOST_KEY))
-
-    def check(self, label: str, endpoint: Endpoint, key: paramiko.PKey) -> None:
-        """Accept the server's key, record it (accept-new), or refuse it.
-
-        Raises:
-            ConnectError: the key is unknown under `strict`, differs from the recorded one,
-                is marked `@revoked`, or the file trusts only a certificate authority for the host.
-        """
-        if self._trusts(label, endpoint, key, self.known(label).lookup(endpoint.known_hosts_name)):
-            return
-        if self.policy is not HostKeyPolicy.ACCEPT_NEW:
-            raise ConnectError(
-                f"{label}: unknown host key {key_description(key)}; to trust it: "
-                f"{self._keyscan(endpoint)}, or set host_key_policy: accept-new",
-                ConnectFailure.UNKNOWN_HOST_KEY,
-            )
-        self._record(label, endpoint, key)
-
-    def _trusts(self, label: str, endpoint: Endpoint, key: paramiko.PKey, entries: list[KnownKey]) -> bool:
-        """True when a recorded key is the server's; False when the file knows nothing of the host.
-
-        Raises:
-            ConnectError: the key is revoked, another key is recorded, or only a CA is.
-        """
-        name = endpoint.known_hosts_name
-        presented = key.asbytes()
-        revoked = next((e for e in entries if e.marker is Marker.REVOKED and e.key.asbytes() == presented), None)
-        if revoked is not None:
-            raise ConnectError(
-                f"{label}: HOST KEY REVOKED: {self.shown_path} line {revoked.line} marks {key_description(key)} "
-                f"@revoked for {name}; refusing to connect (the host must be given a new key)",
-                ConnectFailure.HOST_KEY_REVOKED,
-            )
-        recorded = [e for e in entries if e.marker is Marker.HOST_KEY]
-        if any(e.key.asbytes() == presented for e in recorded):
-            return True
-        if recorded:
-            listed = ", ".join(dict.fromkeys(key_description(e.key) for e in recorded))
-            raise ConnectError(
-                f"{label}: HOST KEY CHANGED: {self.shown_path} has {listed} for {name}, "
-                f"the host presented {key_description(key)}; refusing to connect (someone may be intercepting; "
-                f"if the host was reinstalled: ssh-keygen -R {shlex.quote(name)} -f {self.shown_path})",
-                ConnectFailure.HOST_KEY_CHANGED,
-            )
-        authority = next((e for e in entries if e.marker is Marker.CERT_AUTHORITY), None)
-        if authority is not None:
-            raise ConnectError(
-                f"{label}: {self.shown_path} line {authority.line} trusts {name} through @cert-authority, "
-                "and distrun does not check host certificates; refusing to connect (to trust the host's own "
-                f"key {key_description(key)} instead: {self._keyscan(endpoint)})",
-                ConnectFailure.UNKNOWN_HOST_KEY,
-            )
-        return False
-
-    def _keyscan(self, endpoint: Endpoint) -> str:
-        return f"ssh-keyscan -p {endpoint.port} {endpoint.hostname} >> {self.shown_path}"
-
-    def _record(self, label: str, endpoint: Endpoint, key: paramiko.PKey) -> None:
-        """Append the key, unless another thread or process recorded this host meanwhile.
-
-        Raises:
-            ConnectError: what was recorded meanwhile is not this key.
-        """
-        name = endpoint.known_hosts_name
-        with _known_hosts_lock:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            with open(self.path, "a+b") as out:
-                fcntl.flock(out, fcntl.LOCK_EX)
-                known = self._reparse(label, out)
-                if self._trusts(label, endpoint, key, known.lookup(name)):
-                    return
-                end = out.seek(0, os.SEEK_END)
-                # A last line without its newline would otherwise run into ours.
-                if end and os.pread(out.fileno(), 1, end - 1) != b"\n":
-                    out.write(b"\n")
-                out.write(f"{name} {key.get_name()} {key.get_base64()}\n".encode())
-                out.flush()
-                # Our own line joins the parse, so the file need not be read again for it.
-                known.lines += 1
-                known.add(KnownKey((name,), key, Marker.HOST_KEY, known.lines))
-                _parsed[self.path].stamp = _stamp(os.fstat(out.fileno()))
 
 
 class SSHProcess(RemoteProcess):
@@ -634,7 +189,7 @@ class SSHTransport(Transport):
             raise ConnectError(f"{label}: unreachable: cannot resolve host name: {exc.strerror}",
                                ConnectFailure.UNREACHABLE) from exc
         except OSError as exc:
-            raise ConnectError(f"{label}: unreachable: {_reason(exc)}", ConnectFailure.UNREACHABLE) from exc
+            raise ConnectError(f"{label}: unreachable: {error_reason(exc)}", ConnectFailure.UNREACHABLE) from exc
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, DEAD_LINK_AFTER_MS)
         return sock
@@ -650,7 +205,7 @@ class SSHTransport(Transport):
                                ConnectFailure.UNREACHABLE) from exc
         except _SSH_ERRORS as exc:
             raise ConnectError(f"{label}: connection timed out after {timeout:g} s (through the jump host: "
-                               f"{_reason(exc)})", ConnectFailure.TIMEOUT) from exc
+                               f"{error_reason(exc)})", ConnectFailure.TIMEOUT) from exc
 
     def _client(self) -> paramiko.Transport:
         self.connect()
@@ -673,7 +228,7 @@ class SSHTransport(Transport):
             channel = client.open_session(timeout=connect_timeout())
             channel.exec_command(line)
         except _SSH_ERRORS as exc:
-            raise InfraError(f"{self.label}: cannot start {argv[0]}: {_reason(exc)}") from exc
+            raise InfraError(f"{self.label}: cannot start {argv[0]}: {error_reason(exc)}") from exc
         return SSHProcess(channel)
 
     def put(self, local: Path, remote: str, mode: int | None = None) -> None:
@@ -690,7 +245,7 @@ class SSHTransport(Transport):
             if mode is not None:
                 sftp.chmod(path, mode)
         except _SSH_ERRORS as exc:
-            raise InfraError(f"{self.label}: cannot copy {local} to {remote}: {_reason(exc)}") from exc
+            raise InfraError(f"{self.label}: cannot copy {local} to {remote}: {error_reason(exc)}") from exc
 
     def _sftp_client(self) -> paramiko.SFTPClient:
         client = self._client()
@@ -771,7 +326,7 @@ def _handshake(link: paramiko.Transport, label: str, timeout: float) -> None:
                            ConnectFailure.TIMEOUT)
     if not link.is_active():
         cause = link.get_exception() or paramiko.SSHException("connection closed")
-        raise ConnectError(f"{label}: unreachable: ssh handshake failed: {_reason(cause)}",
+        raise ConnectError(f"{label}: unreachable: ssh handshake failed: {error_reason(cause)}",
                            ConnectFailure.UNREACHABLE) from cause
 
 
@@ -784,7 +339,7 @@ def _authenticate(link: paramiko.Transport, endpoint: Endpoint, label: str) -> N
         except paramiko.AuthenticationException:
             continue
         except _SSH_ERRORS as exc:
-            raise ConnectError(f"{label}: authentication failed as {endpoint.user}: {_reason(exc)}",
+            raise ConnectError(f"{label}: authentication failed as {endpoint.user}: {error_reason(exc)}",
                                ConnectFailure.AUTH) from exc
         if link.is_authenticated():
             return
@@ -829,7 +384,7 @@ def _key_file(path: str, label: str) -> paramiko.PKey:
         raise ConnectError(f"{label}: identity file {path} is passphrase-protected (load it into ssh-agent)",
                            ConnectFailure.AUTH) from exc
     except (OSError, paramiko.SSHException, ValueError) as exc:
-        raise ConnectError(f"{label}: cannot read identity file {path}: {_reason(exc)}",
+        raise ConnectError(f"{label}: cannot read identity file {path}: {error_reason(exc)}",
                            ConnectFailure.AUTH) from exc
 
 
@@ -864,13 +419,4 @@ def _peer_ip(route: Route, first: paramiko.Transport) -> str:
         return name
 
 
-def _reason(exc: BaseException) -> str:
-    """The short why of an exception: `connection refused`, not `[Errno 111] Connection refused`."""
-    text = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-    return text[:1].lower() + text[1:] if text else type(exc).__name__
-
-
-__all__ = [
-    "Endpoint", "HostKeyChecker", "KnownHosts", "KnownKey", "Marker", "Route", "SSHProcess", "SSHTransport",
-    "command_line", "resolve_route",
-]
+__all__ = ["SSHProcess", "SSHTransport", "command_line"]

@@ -1,0 +1,234 @@
+"""Telemetry alerts: the rules, and an `Aggregator` that keeps the latest sample per host and GPU
+and the job's latest metrics record and turns what it sees into alerts, each fired once per
+episode of its condition."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.logs.sink import job_wide
+
+STARTUP_GRACE = 10.0  # extra time a host gets for its first sample (python start, imports)
+SUMMARY_ALERTS = 10
+THROTTLE_ALERT = frozenset({"sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake"})
+
+
+@dataclass(frozen=True)
+class AlertRules:
+    """When an alert fires; every duration is in seconds."""
+
+    idle_util_pct: float = 5.0
+    idle_after_s: float = 60.0
+    mem_pct: float = 95.0
+    throttle_reasons: frozenset[str] = THROTTLE_ALERT
+    throttle_after_s: float = 10.0  # power capping flickers; only a lasting one is worth a line
+    silent_min_s: float = 5.0
+    silent_intervals: float = 3.0
+
+    def silent_after(self, interval: float) -> float:
+        """How long without a sample before a host counts as silent."""
+        return max(self.silent_min_s, self.silent_intervals * interval)
+
+
+@dataclass(frozen=True)
+class Alert:
+    node: str
+    rule: str  # idle | memory | throttle | ecc | xid | silent | straggler
+    message: str
+    t: float = field(default_factory=time.time)
+
+    def line(self) -> str:
+        """As a log line of the node: `ALERT gpu0 idle for 60 s (...)`."""
+        return f"ALERT {self.message}"
+
+    def record(self) -> str:
+        """As kept in the job record: `14:02:11 node1: gpu0 idle for 60 s (...)`."""
+        return f"{time.strftime('%H:%M:%S', time.localtime(self.t))} {self.node}: {self.message}"
+
+
+@dataclass
+class Episode:
+    """One alert condition on one host or GPU: fires once while it lasts."""
+
+    since: float | None = None
+    fired: bool = False
+
+    def update(self, active: bool, now: float, after: float) -> bool:
+        """True exactly once per episode: when the condition has held for `after` seconds."""
+        if not active:
+            self.since, self.fired = None, False
+            return False
+        if self.since is None:
+            self.since = now
+        if not self.fired and now - self.since >= after:
+            self.fired = True
+            return True
+        return False
+
+
+@dataclass
+class HostState:
+    """The latest samples of one host."""
+
+    node: str
+    host: dict[str, Any] | None = None
+    gpus: dict[int, dict[str, Any]] = field(default_factory=dict)
+    seen: float | None = None
+
+
+def mem_pct(sample: dict[str, Any]) -> float | None:
+    used, total = sample.get("mem_used_mb"), sample.get("mem_total_mb")
+    return 100.0 * used / total if used is not None and total else None
+
+
+class Aggregator:
+    """The latest sample per host and GPU, the latest metrics record, and the alerts they raise.
+
+    Args:
+        nodes: the job's hosts, in display order.
+        interval: seconds between a host's samples; None turns the silent-host check off.
+        rules: alert thresholds.
+        clock: time source for episodes and silence (tests pass their own).
+    """
+
+    def __init__(self, nodes: Iterable[str], interval: float | None, rules: AlertRules | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.hosts = {node: HostState(node) for node in nodes}
+        self.interval = interval
+        self.rules = rules or AlertRules()
+        self.clock = clock
+        self.started = clock()
+        self.metrics: dict[str, Any] | None = None
+        self.alerts: list[Alert] = []
+        self.episodes: dict[tuple[str, int | None, str], Episode] = {}
+        self.counters: dict[tuple[str, int, str], int] = {}
+        self.lock = threading.Lock()
+
+    def observe(self, node: str, sample: dict[str, Any], at: float | None = None) -> list[Alert]:
+        """Take one sample from `node` (seen at `at`, default now); returns the alerts it raised."""
+        now = self.clock() if at is None else at
+        with self.lock:
+            state = self.hosts.setdefault(node, HostState(node))
+            state.seen = now
+            if sample.get("kind") != "gpu":
+                state.host = sample
+                return []
+            state.gpus[int(sample["gpu"])] = sample
+            fired = self._gpu_alerts(state, sample, now)
+            self.alerts += fired
+        return fired
+
+    def observe_metrics(self, record: dict[str, Any]) -> None:
+        """Keep the job's latest metrics record (throughput) for display; other ranks' own are not it."""
+        if not job_wide(record):
+            return
+        with self.lock:
+            self.metrics = record
+
+    def add(self, alerts: list[Alert]) -> None:
+        """Alerts raised elsewhere (stragglers, from metrics), kept with the aggregator's own."""
+        with self.lock:
+            self.alerts += alerts
+
+    def check(self, nodes: Iterable[str] | None = None, at: float | None = None) -> list[Alert]:
+        """Alerts for hosts (all, or `nodes`) whose samples stopped arriving."""
+        if self.interval is None:
+            return []
+        now = self.clock() if at is None else at
+        limit = self.rules.silent_after(self.interval)
+        fired = []
+        with self.lock:
+            for node in self.hosts if nodes is None else nodes:
+                state = self.hosts.setdefault(node, HostState(node))
+                quiet = now - (state.seen if state.seen is not None else self.started + STARTUP_GRACE)
+                if self._episode(node, None, "silent").update(quiet > limit, now, 0):
+                    heard = "since the last" if state.seen is not None else "and none yet"
+                    fired.append(Alert(node, "silent", f"no telemetry samples for {quiet:.0f} s {heard} "
+                                       f"(expected every {self.interval:g} s)"))
+            self.alerts += fired
+        return fired
+
+    def snapshot(self) -> tuple[list[HostState], dict[str, Any] | None]:
+        """Copies of the hosts' latest samples and the latest metrics record, for rendering."""
+        with self.lock:
+            hosts = [HostState(s.node, s.host, dict(s.gpus), s.seen) for s in self.hosts.values()]
+            return hosts, self.metrics
+
+    def _episode(self, node: str, gpu: int | None, rule: str) -> Episode:
+        return self.episodes.setdefault((node, gpu, rule), Episode())
+
+    def _gpu_alerts(self, state: HostState, sample: dict[str, Any], now: float) -> list[Alert]:
+        node, gpu, rules = state.node, int(sample["gpu"]), self.rules
+        name = f"gpu{gpu}"
+        fired = []
+        util = sample.get("util")
+        idle = util is not None and util < rules.idle_util_pct and _job_uses(state, gpu)
+        if self._episode(node, gpu, "idle").update(idle, now, rules.idle_after_s):
+            fired.append(Alert(node, "idle", f"{name} idle for {rules.idle_after_s:g} s "
+                               f"(utilisation {util}% < {rules.idle_util_pct:g}%)"))
+        pct = mem_pct(sample)
+        if self._episode(node, gpu, "memory").update(pct is not None and pct > rules.mem_pct, now, 0):
+            fired.append(Alert(node, "memory", f"{name} memory {pct:.0f}% full "
+                               f"({sample['mem_used_mb'] / 1024:.1f} of {sample['mem_total_mb'] / 1024:.1f} GB)"))
+        reasons = sorted(set(sample.get("throttle") or ()) & rules.throttle_reasons)
+        if self._episode(node, gpu, "throttle").update(bool(reasons), now, rules.throttle_after_s):
+            fired.append(Alert(node, "throttle", f"{name} clocks throttled ({', '.join(reasons)}) for "
+                               f"{rules.throttle_after_s:g} s: {temp_text(sample.get('temp_c'))}, "
+                               f"{power_text(sample.get('power_w'), sample.get('power_limit_w'))}"))
+        fired += self._new_errors(node, gpu, sample)
+        return fired
+
+    def _new_errors(self, node: str, gpu: int, sample: dict[str, Any]) -> list[Alert]:
+        """An alert for each rise of the ECC or XID counters since the previous sample.
+
+        The ECC count runs from when the driver loaded, so the first sample is the baseline;
+        the XID count runs from when the sampler started, so every XID in it is new.
+        """
+        fired = []
+        for key, rule, what in (("ecc_uncorrected", "ecc", "uncorrectable ECC"), ("xid", "xid", "XID")):
+            value = sample.get(key)
+            if value is None:
+                continue
+            before = self.counters.get((node, gpu, key), 0 if rule == "xid" else None)
+            self.counters[(node, gpu, key)] = value
+            if before is not None and value > before:
+                extra = f", last XID {sample.get('xid_last')}" if rule == "xid" else ""
+                fired.append(Alert(node, rule, f"gpu{gpu}: {value - before} new {what} error(s) "
+                                   f"({value} in all{extra})"))
+        return fired
+
+
+def _job_uses(state: HostState, gpu: int) -> bool:
+    """False for a GPU that holds none of the job's memory while another GPU of the host does.
+
+    A job on 2 of 8 GPUs leaves 6 idle by design; where the job's processes cannot be told
+    apart (no per-process figures, or container pids), every GPU counts.
+    """
+    held = {index: s.get("job_mem_mb") for index, s in state.gpus.items()}
+    if not any(held.values()):
+        return True
+    return bool(held.get(gpu))
+
+
+def temp_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}°C"
+
+
+def power_text(draw: float | None, limit: float | None) -> str:
+    if draw is None:
+        return "-"
+    return f"{draw:.0f}/{limit:.0f} W" if limit else f"{draw:.0f} W"
+
+
+def summary_lines(alerts: list[str]) -> list[str]:
+    """The alerts part of a job's final summary."""
+    if not alerts:
+        return []
+    lines = [f"  alerts ({len(alerts)}):"] + [f"    {a}" for a in alerts[:SUMMARY_ALERTS]]
+    if len(alerts) > SUMMARY_ALERTS:
+        lines.append(f"    ... and {len(alerts) - SUMMARY_ALERTS} more (`distrun ps --json`)")
+    return lines

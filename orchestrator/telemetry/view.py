@@ -1,0 +1,295 @@
+"""Telemetry's table (for the live view and `top`), and the live view: a `Monitor` is what the
+launcher holds: it feeds the aggregator, checks every second for hosts whose samples stopped,
+hands alerts to a callback and, on a terminal, keeps a live table under the scrolling log lines."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TextIO
+
+from rich import box
+from rich.console import Console, ConsoleOptions
+from rich.live import Live
+from rich.segment import Segment
+from rich.table import Table
+from rich.text import Text
+
+from orchestrator.stragglers import Detector
+from orchestrator.telemetry.alerts import Aggregator, Alert, AlertRules, HostState, mem_pct, power_text, temp_text
+from orchestrator.terminal import colour
+
+TICK = 1.0  # seconds between checks for silent hosts
+TABLE_CHROME = 8  # lines of a rendered table that are not rows (title, header, rules, caption)
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def _size(used: float | None, total: float | None) -> str:
+    """MB figures as `71.2/80.0 GB` (or MB when small)."""
+    if used is None or total is None:
+        return "-"
+    if total >= 1024:
+        return f"{used / 1024:.1f}/{total / 1024:.1f} GB"
+    return f"{used:.0f}/{total:.0f} MB"
+
+
+def _rate(bps: float | None) -> str:
+    if bps is None:
+        return "-"
+    for unit in ("B", "KB", "MB"):
+        if bps < 1024:
+            return f"{bps:.0f} {unit}/s"
+        bps /= 1024
+    return f"{bps:.1f} GB/s"
+
+
+def _age(state: HostState, now: float | None) -> str:
+    if state.seen is None:
+        return "no sample yet"
+    if now is None:
+        return "last " + time.strftime("%H:%M:%S", time.localtime(state.seen))
+    return f"{max(0.0, now - state.seen):.1f} s ago"
+
+
+def _host_info(state: HostState, now: float | None) -> str:
+    host = state.host or {}
+    parts = []
+    if host:
+        parts.append(f"load {host.get('load1') or 0:.2f}")
+        parts.append(f"net ↓{_rate(host.get('net_rx_bps'))} ↑{_rate(host.get('net_tx_bps'))}")
+        procs = host.get("job_procs") or 0
+        parts.append(f"job: {procs} proc{'' if procs == 1 else 's'}, cpu {_pct(host.get('job_cpu_pct'))}, "
+                     f"rss {(host.get('job_rss_mb') or 0) / 1024:.1f} GB")
+    parts.append(_age(state, now))
+    return " · ".join(parts)
+
+
+def _gpu_info(gpu: dict[str, Any], rules: AlertRules) -> Text:
+    parts = [Text(f"{gpu['sm_clock_mhz']} MHz")] if gpu.get("sm_clock_mhz") is not None else []
+    if gpu.get("job_mem_mb"):
+        parts.append(Text(f"job {gpu['job_mem_mb'] / 1024:.1f} GB"))
+    throttle = [r for r in gpu.get("throttle") or () if r != "gpu_idle"]
+    if throttle:
+        bad = rules.throttle_reasons & set(throttle)
+        parts.append(Text(f"throttle: {', '.join(throttle)}", style="red" if bad else "yellow"))
+    for key, label in (("ecc_uncorrected", "ECC"), ("xid", "XID")):
+        if gpu.get(key):
+            parts.append(Text(f"{label} {gpu[key]}", style="red"))
+    return Text(" · ").join(parts)
+
+
+def _util_cell(util: float | None, rules: AlertRules) -> Text:
+    low = util is not None and util < rules.idle_util_pct
+    return Text(_pct(util), style="yellow" if low else "")
+
+
+def _mem_cell(sample: dict[str, Any], rules: AlertRules) -> Text:
+    pct = mem_pct(sample)
+    full = pct is not None and pct > rules.mem_pct
+    return Text(_size(sample.get("mem_used_mb"), sample.get("mem_total_mb")), style="red" if full else "")
+
+
+def _gpu_row(gpu: dict[str, Any], rules: AlertRules) -> list[Any]:
+    return ["", f"gpu{gpu['gpu']}", _util_cell(gpu.get("util"), rules), _mem_cell(gpu, rules),
+            temp_text(gpu.get("temp_c")), power_text(gpu.get("power_w"), gpu.get("power_limit_w")),
+            _gpu_info(gpu, rules)]
+
+
+def _host_row(state: HostState, now: float | None, rules: AlertRules) -> list[Any]:
+    host = state.host or {}
+    return [state.node, "cpu", _pct(host.get("cpu_pct")), _mem_cell(host, rules), "", "", _host_info(state, now)]
+
+
+def _gpus_row(state: HostState, rules: AlertRules) -> list[Any]:
+    """All of a host's GPUs in one row: mean (and lowest) utilisation, fullest memory, hottest, total power."""
+    gpus = list(state.gpus.values())
+    utils = [g["util"] for g in gpus if g.get("util") is not None]
+    mems = [p for p in (mem_pct(g) for g in gpus) if p is not None]
+    temps = [g["temp_c"] for g in gpus if g.get("temp_c") is not None]
+    power = [g["power_w"] for g in gpus if g.get("power_w") is not None]
+    util = Text(f"{sum(utils) / len(utils):.0f}% (min {min(utils):.0f}%)" if utils else "-",
+                style="yellow" if utils and min(utils) < rules.idle_util_pct else "")
+    mem = Text(f"max {max(mems):.0f}%" if mems else "-", style="red" if mems and max(mems) > rules.mem_pct else "")
+    throttled = sorted({r for g in gpus for r in g.get("throttle") or () if r in rules.throttle_reasons})
+    info = Text(f"throttle: {', '.join(throttled)}", style="red") if throttled else ""
+    return ["", f"{len(gpus)} gpus", util, mem, f"max {temp_text(max(temps))}" if temps else "-",
+            f"{sum(power):.0f} W" if power else "-", info]
+
+
+def _caption(metrics: dict[str, Any] | None, alerts: list[str]) -> Text:
+    parts = []
+    if metrics:
+        rate = metrics.get("samples_per_s", metrics.get("mean_samples_per_s"))
+        if rate is not None:
+            step = f" at step {metrics['step']}" if metrics.get("step") is not None else ""
+            parts.append(Text(f"throughput {float(rate):.1f} samples/s{step}"))
+    if alerts:
+        parts.append(Text(f"{len(alerts)} alert(s), latest: {alerts[-1]}", style="red"))
+    return Text(" · ").join(parts) if parts else Text("no metrics yet")
+
+
+def render(aggregator: Aggregator, title: str, now: float | None, alerts: list[str],
+           max_rows: int | None = None) -> Table:
+    """The status table: a row per host (CPU, memory, load, network, the job's processes) and
+    a row per GPU (utilisation, memory, temperature, power), or one row for all of a host's
+    GPUs when a row each would pass `max_rows`; the latest throughput and alerts below.
+
+    Args:
+        now: the aggregator's clock now, to show each host's last sample as an age; None shows
+            the time of day of the last sample instead (a finished job).
+        alerts: alerts as kept in the job record.
+    """
+    hosts, metrics = aggregator.snapshot()
+    rules = aggregator.rules
+    table = Table(title=title, caption=_caption(metrics, alerts), box=box.SIMPLE_HEAD, title_justify="left",
+                  caption_justify="left", pad_edge=False)
+    for name in ("node", "dev", "util", "memory", "temp", "power"):
+        table.add_column(name, justify="right" if name in ("util", "temp", "power") else "left", no_wrap=True)
+    table.add_column("", overflow="fold")  # the notes give way first on a narrow terminal
+    per_gpu = max_rows is None or sum(1 + len(h.gpus) for h in hosts) <= max_rows
+    for state in hosts:
+        table.add_row(*_host_row(state, now, rules))
+        if per_gpu:
+            for index in sorted(state.gpus):
+                table.add_row(*_gpu_row(state.gpus[index], rules))
+        elif state.gpus:
+            table.add_row(*_gpus_row(state, rules))
+    return table
+
+
+# ---------------------------------------------------------------- live view
+
+
+class RawLines:
+    """Text that a rich console writes as it is, escape codes included, without parsing it."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Segment]:
+        yield Segment(self.text)
+
+
+class ConsoleWriter(io.TextIOBase):
+    """A text stream that prints whole lines through a rich console, above its live area.
+
+    LogSink writes each line and flushes every few hundred milliseconds; the lines written
+    between flushes go out as one raw print, so a chatty job costs one redraw per flush, not
+    one per line, and no parsing per line (rich's Text costs ~100 µs a line). LogSink's
+    ANSI colours pass through.
+    """
+
+    def __init__(self, console: Console) -> None:
+        super().__init__()
+        self.console = console
+        self.pending = ""
+        self.lock = threading.Lock()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            self.pending += text
+        return len(text)
+
+    def flush(self) -> None:
+        with self.lock:
+            cut = self.pending.rfind("\n") + 1
+            lines, self.pending = self.pending[:cut], self.pending[cut:]
+            if lines:
+                self.console.print(RawLines(lines), end="", crop=False, soft_wrap=True)
+
+    def isatty(self) -> bool:
+        return self.console.is_terminal
+
+
+class Monitor:
+    """What the launcher holds: feeds the aggregator, reports alerts, shows the live view.
+
+    Args:
+        nodes: the job's hosts.
+        interval: the samplers' interval; None when the job has telemetry off.
+        on_alert: called with each alert as it fires (from the thread that saw it).
+        active: whether a host still runs the job; only those can go silent.
+        title: the live view's title (the job id).
+        rules: alert thresholds (default: AlertRules()).
+        world_size: the job's ranks, for the straggler detector (None: unknown).
+    """
+
+    def __init__(self, nodes: list[str], interval: float | None, on_alert: Callable[[Alert], None],
+                 active: Callable[[str], bool], title: str, rules: AlertRules | None = None,
+                 world_size: int | None = None) -> None:
+        self.aggregator = Aggregator(nodes, interval, rules)
+        self.stragglers = Detector(world_size)
+        self.nodes = nodes
+        self.on_alert = on_alert
+        self.active = active
+        self.title = title
+        self.status = ""  # shown after the title (the watchdog's `stalled`)
+        self.live: Live | None = None
+        self.stopped = threading.Event()
+        self.ticker = threading.Thread(target=self._tick, daemon=True)
+
+    def terminal(self, terminal: TextIO | None, live: bool) -> TextIO | None:
+        """Where log lines go: through the live view when `live` and `terminal` is a TTY, else `terminal`."""
+        if not live or terminal is None or not terminal.isatty():
+            return terminal
+        console = Console(file=terminal, no_color=not colour(terminal))
+        self.live = Live(console=console, get_renderable=self.frame, refresh_per_second=2)
+        return ConsoleWriter(console)
+
+    def frame(self) -> Table:
+        """The live table now."""
+        started = self.aggregator.started
+        now = self.aggregator.clock()
+        elapsed = int(now - started)
+        height = self.live.console.height if self.live is not None else None
+        status = f" · {self.status}" if self.status else ""
+        return render(self.aggregator, f"{self.title} · {elapsed // 60}m{elapsed % 60:02d}s{status}", now,
+                      [a.record() for a in self.aggregator.alerts],
+                      None if height is None else max(height - TABLE_CHROME, 1))
+
+    def sample(self, node: str, sample: dict[str, Any]) -> None:
+        if not self.stopped.is_set():
+            self._report(self.aggregator.observe(node, sample))
+
+    def metrics(self, node: str, record: dict[str, Any]) -> None:
+        """A metrics record of any rank of `node`: rank 0's is the job's latest; every rank's
+        own step time goes to the straggler detector, whose verdicts are alerts like the others."""
+        self.aggregator.observe_metrics(record)
+        alerts = [Alert(s.node, "straggler", s.message()) for s in self.stragglers.observe(node, record)]
+        if alerts and not self.stopped.is_set():
+            self.aggregator.add(alerts)
+            self._report(alerts)
+
+    def start(self) -> None:
+        self.ticker.start()
+        if self.live is not None:
+            self.live.start()
+
+    def stop(self) -> None:
+        """Stop checking and leave the last frame of the live view on screen; safe to call twice."""
+        if self.stopped.is_set():
+            return
+        self.stopped.set()
+        if self.live is not None:
+            self.live.stop()
+
+    def _tick(self) -> None:
+        while not self.stopped.wait(TICK):
+            self._report(self.aggregator.check([n for n in self.nodes if self.active(n)]))
+
+    def _report(self, alerts: list[Alert]) -> None:
+        """Hand alerts on, unless the job's summary is already being written."""
+        for alert in alerts:
+            if not self.stopped.is_set():
+                self.on_alert(alert)
