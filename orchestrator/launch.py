@@ -623,7 +623,8 @@ class Launcher:
             self._say_progress(progress)
             pool = ThreadPoolExecutor(1, thread_name_prefix="hang-diagnosis")
             self.diagnosis = pool.submit(diagnose, self.backend, self.store.get(self.plan.job_id), self.dir,
-                                         self.plan.hang_timeout or 0, {h.node: h.host for h in self.plan.hosts})
+                                         self.plan.hang_timeout or 0, {h.node: h.host for h in self.plan.hosts},
+                                         Masker(self.plan.secrets.values()))
             pool.shutdown(wait=False)
         elif progress is not self.progress:
             self._say_progress(progress)
