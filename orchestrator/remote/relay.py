@@ -157,7 +157,7 @@ class Relay:
         self.raw_dir = os.path.join(job_dir, node, "torchrun")
         self.copy = HostCopy(os.path.join(job_dir, node), node, int(cfg.get("attempt", 1)), warn)
         self.ranks = RankMap(cfg)
-        self.tailer = Tailer(self.raw_dir, self._rank_lines)
+        self.tailer = Tailer(self.raw_dir, self._rank_lines, masker=self.masker)
 
     def argv(self, argv: list[str]) -> list[str]:
         """torchrun's argv with its log directory, which this relay reads."""
