@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -251,3 +252,24 @@ def test_a_hang_whose_stacks_name_no_rank_is_put_on_the_one_rank_the_flight_reco
     assert with_flight_rank(by_stack, nodes, addresses) == by_stack  # the stacks' rank stands
     two_behind = replace(unnamed, flight=(replace(lag, behind=(3, 4), last=(30, 30)),))
     assert with_flight_rank(two_behind, nodes, addresses) == two_behind
+
+
+@pytest.mark.parametrize("planted", ["another users directory", "a link to another users directory"])
+def test_a_fallback_directory_another_user_made_first_neither_blocks_nor_redirects_the_sockets(
+        own_tmp, monkeypatch, planted):
+    monkeypatch.setenv("HOME", str(own_tmp / ("h" * 90)))
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
+    theirs = own_tmp / "theirs"
+    theirs.mkdir(mode=0o777)
+    os.chown(theirs, 65534, 65534)
+    base = own_tmp / f"distrun-{os.getuid()}"  # where the fallback used to go, made before the job
+    if planted == "another users directory":
+        base.mkdir(mode=0o777)
+        os.chown(base, 65534, 65534)
+    else:
+        base.symlink_to(theirs)
+    made = socket_dir("~/.distrun/jobs/j-1/sock", "j-1")
+    assert made is not None and os.path.realpath(made) == made
+    info = os.lstat(made)
+    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (os.getuid(), 0o700)
+    assert not made.startswith(str(base)) and list(theirs.iterdir()) == []

@@ -9,11 +9,11 @@ the supervisor makes it here (`socket_dir`), and remote/stack.py fetches each ra
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import os
 import socket
+import stat
 import tempfile
 
 from orchestrator.remote.private import make_private_dirs
@@ -32,22 +32,34 @@ def socket_dir(wanted: str, job_id: str) -> str | None:
     """Make the job's socket directory and return it: `wanted` (`~` is this host's home), or a
     short private one under the temporary directory when `wanted` is too long for a socket path.
 
+    The short one is made by `tempfile.mkdtemp` (a fresh random name, created 0700 with O_EXCL
+    semantics: no other user can have made it, blocked it or pointed it elsewhere).
+
     Returns:
         The directory, or None when neither could be made ours (the ranks then get no variable).
     """
     first = os.path.expanduser(wanted)
-    digest = hashlib.sha1(f"{job_id}\0{wanted}".encode()).hexdigest()[:12]
-    short = os.path.join(tempfile.gettempdir(), f"distrun-{os.getuid()}", digest)
-    for directory in (first, short):
-        if len(directory) + LONGEST_NAME > MAX_SOCKET_PATH:
-            continue
+    if len(first) + LONGEST_NAME <= MAX_SOCKET_PATH:
         try:
-            make_private_dirs(directory)
-            if os.stat(os.path.dirname(directory)).st_uid == os.stat(directory).st_uid == os.getuid():
-                return directory
+            make_private_dirs(first)
+            if _ours(first) and _ours(os.path.dirname(first)):
+                return first
         except OSError:
-            continue
-    return None
+            pass
+    short = os.path.join(tempfile.gettempdir(), f"distrun-{job_id[:8]}-XXXXXXXX")
+    if len(short) + LONGEST_NAME > MAX_SOCKET_PATH:
+        return None
+    try:
+        return tempfile.mkdtemp(prefix=f"distrun-{job_id[:8]}-")
+    except OSError:
+        return None
+
+
+def _ours(path: str) -> bool:
+    """Whether `path` itself (not what a link points to) is a directory of this user that no
+    other user can write."""
+    info = os.lstat(path)
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
