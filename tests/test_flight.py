@@ -33,7 +33,7 @@ from orchestrator.flight import Lag, lags
 from orchestrator.remote.flightrec import MAX_SOCKET_PATH, fetch, socket_dir, socket_path
 from orchestrator.store import JobRecord, JobState, Store
 from orchestrator.watchdog import diagnose, with_flight_rank
-from tests.helpers import ready_processes
+from tests.helpers import ready_processes, record_this_process_as_the_jobs_root
 
 DATA = Path(__file__).parent / "data" / "flight"
 
@@ -210,13 +210,16 @@ with worker_main():
 
 
 @pytest.fixture
-def hung_pair(tmp_path: Path, own_tmp: Path) -> Iterator[tuple[Store, JobRecord]]:
+def hung_pair(tmp_path: Path, own_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Store, JobRecord]]:
     """Two gloo ranks recorded as a running local job: rank 1 sleeps before the 4th all_reduce, which
-    rank 0 waits in; both serve their Flight Recorder in DISTRUN_WORKER_SOCKETS."""
+    rank 0 waits in; both serve their Flight Recorder in DISTRUN_WORKER_SOCKETS. This test process
+    stands for their supervisor: it is recorded as their root."""
     store = Store(tmp_path / "home")
     rec = JobRecord(id="fr-1", name="fr", spec_path="x.yaml", inventory="<built-in>", hosts=["localhost"],
                     backend="local", state=JobState.RUNNING)
     store.save(rec)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    record_this_process_as_the_jobs_root(tmp_path, rec.id, "localhost")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

@@ -7,14 +7,29 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
+import socketserver
 import stat
-from collections.abc import Sequence
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import pytest
+
 from orchestrator.group import GroupResult
+from orchestrator.remote import cleanup, provenance
+from orchestrator.remote import stack as remote_stack
+from orchestrator.remote.flightrec import fetch
 from orchestrator.remote.redact import Masker
+from orchestrator.remote.supervisor import job_processes
 from orchestrator.store import JobRecord, JobState, Store
 from orchestrator.watchdog import diagnose
+from tests.helpers import ready_processes, record_this_process_as_the_jobs_root
 
 SECRET = "hunter2-SECRET-value-xyz"
 
@@ -78,3 +93,120 @@ def test_kept_stacks_and_flight_dumps_are_private_under_umask_000(tmp_path: Path
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder.name
         for path in folder.iterdir():
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
+
+
+# ---------------------------------------------------------------- processes proven, not claimed
+
+IMPOSTOR_UID = 65534  # nobody: an unprivileged second user on this machine
+
+
+def as_impostor(argv: list[str]) -> list[str]:
+    """argv run as another, unprivileged user."""
+    return ["setpriv", f"--reuid={IMPOSTOR_UID}", f"--regid={IMPOSTOR_UID}", "--clear-groups", *argv]
+
+
+@pytest.fixture
+def job_beside_an_impostor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[subprocess.Popen[str]]]:
+    """A rank of job imp-1 (a child of this process, recorded as its root, as the supervisor records
+    itself) and, beside it, another user's process carrying the job's markers and RANK=7."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    record_this_process_as_the_jobs_root(tmp_path, "imp-1", "n0")
+    markers = {**os.environ, "DISTRUN_JOB_ID": "imp-1", "DISTRUN_NODE": "n0"}
+    sleeper = [sys.executable, "-c", "print('ready', flush=True); import time; time.sleep(60)"]
+    with ready_processes([(sleeper, {**markers, "RANK": "0", "LOCAL_RANK": "0"}),
+                          (as_impostor(sleeper), {**markers, "RANK": "7", "LOCAL_RANK": "1"})]) as procs:
+        environ = Path(f"/proc/{procs[1].pid}/environ").read_bytes().split(b"\0")
+        assert b"DISTRUN_JOB_ID=imp-1" in environ and b"RANK=7" in environ  # the markers, claimed
+        yield procs
+
+
+def test_another_users_process_with_the_jobs_markers_is_not_a_rank_nor_counted(job_beside_an_impostor) -> None:
+    rank = job_beside_an_impostor[0]
+    assert [r["pid"] for r in remote_stack.dump_ranks("imp-1", "n0", native=False)["ranks"]] == [rank.pid]
+    assert job_processes("imp-1", os.getpid(), "n0") == [rank.pid]
+
+
+def test_stop_never_signals_another_users_process_with_the_jobs_markers(job_beside_an_impostor, capsys) -> None:
+    rank, impostor = job_beside_an_impostor
+    cleanup.main(["imp-1", "n0", "1"])
+    assert json.loads(capsys.readouterr().out) == {"found": 1, "killed": 0}
+    assert rank.wait(timeout=5) == -signal.SIGTERM
+    assert impostor.poll() is None
+
+
+def test_a_process_of_the_jobs_user_outside_the_recorded_tree_is_not_proven() -> None:
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert provenance.proven(child.pid, provenance.own_roots())
+        assert not provenance.proven(os.getpid(), [provenance.root_of(child.pid)])
+        assert not provenance.proven(child.pid, [provenance.Root(os.getpid(), 1)])  # a reused pid
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_record_of_roots_another_user_could_write_or_a_link_is_not_believed(tmp_path: Path) -> None:
+    path = tmp_path / "n0.roots.json"
+    provenance.record(str(path), provenance.own_roots())
+    assert provenance.recorded(str(path)) == provenance.own_roots()
+    path.chmod(0o622)
+    assert provenance.recorded(str(path)) == []
+    path.chmod(0o600)
+    (tmp_path / "link.json").symlink_to(path)
+    assert provenance.recorded(str(tmp_path / "link.json")) == []
+
+
+class Answering(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def serve(path: Path, body: bytes) -> Answering:
+    """An HTTP server on a Unix socket (in this process) that answers every request with `body`."""
+
+    class Handler(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            self.rfile.readline()
+            self.wfile.write(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body))
+            for at in range(0, len(body), 1 << 20):
+                self.wfile.write(body[at:at + (1 << 20)])
+
+    server = Answering(str(path), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="fr"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_flight_socket_that_is_a_link_is_never_followed(short_dir: Path) -> None:
+    service = serve(short_dir / "service.sock", b'{"root-only": true}')
+    try:
+        (short_dir / "rank9.sock").symlink_to(short_dir / "service.sock")
+        assert fetch(str(short_dir / "service.sock")) == {"flight": {"root-only": True}}
+        assert "link" in str(fetch(str(short_dir / "rank9.sock"))["flight_error"])
+    finally:
+        service.shutdown()
+
+
+def test_a_flight_answer_from_a_process_that_is_not_the_rank_is_not_believed(short_dir: Path) -> None:
+    server = serve(short_dir / "rank0.sock", b'{"entries": []}')
+    try:
+        got = fetch(str(short_dir / "rank0.sock"), peer=lambda pid: pid == os.getpid() + 10**6)
+        assert got == {"flight_error": f"the socket is served by process {os.getpid()}, which is not the job's"}
+    finally:
+        server.shutdown()
+
+
+def test_a_flight_answer_of_200_mb_is_cut_off_at_the_cap_within_the_fetch_timeout(short_dir: Path) -> None:
+    server = serve(short_dir / "rank0.sock", b"[" + b" " * (200 << 20) + b"]")
+    try:
+        started = time.monotonic()
+        got = fetch(str(short_dir / "rank0.sock"))
+        assert got == {"flight_error": "ValueError: the answer is longer than 64 MiB"}
+        assert time.monotonic() - started < 5
+    finally:
+        server.shutdown()
