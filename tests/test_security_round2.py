@@ -26,10 +26,11 @@ from orchestrator.remote import cleanup, provenance
 from orchestrator.remote import stack as remote_stack
 from orchestrator.remote.flightrec import fetch
 from orchestrator.remote.redact import Masker
+from orchestrator.remote.safedirs import UnsafeDirError, make_safe_dir
 from orchestrator.remote.supervisor import job_processes
 from orchestrator.store import JobRecord, JobState, Store
 from orchestrator.watchdog import diagnose
-from tests.helpers import ready_processes, record_this_process_as_the_jobs_root
+from tests.helpers import distrun, ready_processes, record_this_process_as_the_jobs_root
 
 SECRET = "hunter2-SECRET-value-xyz"
 
@@ -210,3 +211,58 @@ def test_a_flight_answer_of_200_mb_is_cut_off_at_the_cap_within_the_fetch_timeou
         assert time.monotonic() - started < 5
     finally:
         server.shutdown()
+
+
+# ---------------------------------------------------------------- checkpoint_dir
+
+CKPT_SCRIPT = "import os\nprint('ckpt at', os.environ['DISTRUN_CHECKPOINT_DIR'])\n"
+
+
+def ckpt_job(tmp_path: Path, checkpoint_dir: str) -> Path:
+    (tmp_path / "ck.py").write_text(CKPT_SCRIPT)
+    job = tmp_path / "ck.yaml"
+    job.write_text(f"name: ck\nscript: {tmp_path / 'ck.py'}\nnproc_per_node: 1\ncheckpoint_dir: {checkpoint_dir}\n")
+    return job
+
+
+@pytest.mark.parametrize("made_by", ["another user", "root, writable by all"])
+def test_a_checkpoint_dir_another_user_owns_or_can_write_is_refused_in_one_line_before_anything_starts(
+        tmp_path: Path, made_by: str) -> None:
+    theirs = tmp_path / "shared"
+    theirs.mkdir()
+    theirs.chmod(0o777 if made_by == "root, writable by all" else 0o755)
+    if made_by == "another user":
+        os.chown(theirs, IMPOSTOR_UID, IMPOSTOR_UID)
+    home = tmp_path / "home"
+    result = distrun("launch", str(ckpt_job(tmp_path, str(theirs / "ckpt"))), "--backend", "local", "--no-live",
+                     home=home)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"distrun: error: localhost: checkpoint_dir {theirs / 'ckpt'}: {theirs} ")
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not (theirs / "ckpt").exists()
+    assert json.loads(distrun("ps", "--json", "--all", home=home).stdout) == []
+
+
+def test_a_checkpoint_dir_in_home_is_made_0700_and_the_ranks_get_it_with_tilde_expanded(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    old = os.umask(0)
+    try:
+        result = distrun("launch", str(ckpt_job(tmp_path, "~/ck/pts")), "--backend", "local", "--no-live",
+                         home=home, env={"HOME": str(tmp_path)})
+    finally:
+        os.umask(old)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert f"ckpt at {tmp_path / 'ck' / 'pts'}" in result.stdout
+    for made in (tmp_path / "ck", tmp_path / "ck" / "pts"):
+        assert stat.S_IMODE(made.stat().st_mode) == 0o700
+
+
+def test_the_supervisor_refuses_an_unsafe_checkpoint_dir_too_and_accepts_a_sticky_roots_one(tmp_path: Path) -> None:
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    assert make_safe_dir("ck", str(sticky)) == str(sticky / "ck")
+    os.chown(sticky, IMPOSTOR_UID, IMPOSTOR_UID)  # sticky, but another user's: they can replace what it holds
+    with pytest.raises(UnsafeDirError, match=f"checkpoint_dir ck2: {sticky} belongs to uid {IMPOSTOR_UID}"):
+        make_safe_dir("ck2", str(sticky))
+    assert not (sticky / "ck2").exists()

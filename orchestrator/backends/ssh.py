@@ -150,12 +150,16 @@ class SshBackend(Backend):
         launch_preflight(plan, {name: t.node for name, t in self.group.transports.items()}, self.facts)
 
     def stage(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
-        """With `sync: true`, bring every host's workdir up to date with this directory."""
+        """With `sync: true`, bring every host's workdir up to date with this directory; then refuse
+        a checkpoint_dir another user could write on any host (orchestrator/checkpoints.py)."""
+        from orchestrator.checkpoints import check_checkpoint_dir
+
         if plan.sync:
             from orchestrator.sync import sync_workdirs
 
             for node, count in sync_workdirs(plan, self.group, Path.cwd()).items():
                 print(f"[{node}] distrun: workdir synced ({count} file(s) sent)")
+        check_checkpoint_dir(plan, self.group)
 
     def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan:
         """Record the job (plan.json, facts.json, the record); the hosts start in `start`."""

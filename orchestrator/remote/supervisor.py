@@ -38,6 +38,7 @@ from orchestrator.remote.leader import Leader
 from orchestrator.remote.private import make_private_dirs
 from orchestrator.remote.provenance import Root, become_subreaper, own_roots, proven, record, record_path, root_of
 from orchestrator.remote.relay import Relay
+from orchestrator.remote.safedirs import expand_var, make_safe_dir
 from orchestrator.remote.stream import StreamWriter
 
 HEARTBEAT_EVERY = 1.0
@@ -150,17 +151,14 @@ def end_job(job_id: str, node: str, leader: Leader | None, grace: float, roots: 
 
 
 def make_dirs(paths: list[str], cwd: str | None) -> None:
-    """Create each directory the job needs (its checkpoint_dir), relative to its workdir.
+    """Create each directory the job needs (its checkpoint_dir), relative to its workdir, where no
+    other user can write (remote/safedirs.py).
 
     Raises:
-        OSError: one could not be created (the job does not start).
+        OSError: one is unsafe or could not be created (the job does not start).
     """
     for path in paths:
-        full = os.path.join(os.path.expanduser(cwd or "."), os.path.expanduser(path))
-        try:
-            os.makedirs(full, exist_ok=True)
-        except OSError as exc:
-            raise OSError(f"cannot create {full}: {exc.strerror or exc}") from exc
+        make_safe_dir(path, cwd)
 
 
 class Supervisor:
@@ -201,6 +199,7 @@ class Supervisor:
         env.update(self.cfg.get("env", {}))
         env["DISTRUN_JOB_ID"] = self.job_id
         env["DISTRUN_NODE"] = self.node
+        expand_var(env)
         self.resolve_sockets(env)
         cwd = self.cfg.get("cwd")
         make_dirs(self.cfg.get("make_dirs", []), cwd)
