@@ -1,8 +1,7 @@
 """Another user on a host poses as a rank (issue 30): 2 namespace hosts x 2 ranks, gloo, CPU.
 
-The impostor is a second, unprivileged user of the test hosts (made with useradd when missing;
-left in place, harmless: no password, no shell login, no files of the job's) running, beside a
-root job, a process with the job's markers (DISTRUN_JOB_ID, DISTRUN_NODE) and RANK=7, as anyone
+The impostor is a second, unprivileged user of the test hosts (procs.second_user) running, beside
+a root job, a process with the job's markers (DISTRUN_JOB_ID, DISTRUN_NODE) and RANK=7, as anyone
 who reads `ps` can. distrun must neither list it as a rank nor signal it.
 """
 
@@ -10,37 +9,18 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import signal
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.cluster.procs import pose_as_rank_argv, second_user
 from tests.cluster.test_hang_cluster import HANG_WORKER
 from tests.cluster.test_launch_cluster import job_procs, start, wait_for_line, write_job
 from tests.helpers import distrun, wait_for
 
-IMPOSTOR = "distrun-impostor"
 JOB = "imp-1"
-
-
-def impostor_uid() -> int:
-    """The second user's uid, the user created when missing."""
-    try:
-        return pwd.getpwnam(IMPOSTOR).pw_uid
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", IMPOSTOR],
-                       check=True, capture_output=True)
-        return pwd.getpwnam(IMPOSTOR).pw_uid
-
-
-def owner(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}").st_uid
-    except OSError:
-        return None
 
 
 @pytest.fixture
@@ -49,18 +29,16 @@ def impostor_beside_the_job(make_cluster, tmp_path: Path) -> Iterator[tuple[obje
     cluster = make_cluster(2)
     inv = cluster.write_inventory(tmp_path / "inv.yaml")
     home = tmp_path / "home"
-    uid = impostor_uid()
+    uid = second_user()
     job = write_job(tmp_path, "healthy", ["--steps", "100000", "--step-time", "1"], script=HANG_WORKER)
     proc = start(job, inv, home, JOB, "--no-live")
     impostor = None
     try:
         wait_for_line(home, JOB, "step 2")
-        posed = cluster.host_run(1, ["sh", "-c", (
-            f"setsid -f setpriv --reuid={uid} --regid={uid} --clear-groups env DISTRUN_JOB_ID={JOB} "
-            "DISTRUN_NODE=node1 RANK=7 LOCAL_RANK=0 sleep 300 </dev/null >/dev/null 2>&1")])
+        posed = cluster.host_run(1, pose_as_rank_argv(uid, JOB, "node1", 7))
         assert posed.returncode == 0, posed.stderr
-        assert wait_for(lambda: any(owner(p.pid) == uid for p in job_procs(cluster, JOB)[1]), 10)
-        impostor = next(p.pid for p in job_procs(cluster, JOB)[1] if owner(p.pid) == uid)
+        assert wait_for(lambda: any(p.uid() == uid for p in job_procs(cluster, JOB)[1]), 10)
+        impostor = next(p.pid for p in job_procs(cluster, JOB)[1] if p.uid() == uid)
         yield cluster, home, impostor
     finally:
         distrun("stop", JOB, home=home, timeout=60)
