@@ -33,7 +33,7 @@ from orchestrator.logs.sink import job_wide
 from orchestrator.remote.sampler import SHIPPED_NVML
 from orchestrator.store import JobDir, JobRecord
 from orchestrator.stragglers import Detector
-from orchestrator.terminal import colour
+from orchestrator.terminal import colour, safe_text
 
 TICK = 1.0  # seconds between checks for silent hosts, and between redraws of `top`
 STARTUP_GRACE = 10.0  # extra time a host gets for its first sample (python start, imports)
@@ -440,7 +440,7 @@ class ConsoleWriter(io.TextIOBase):
             cut = self.pending.rfind("\n") + 1
             lines, self.pending = self.pending[:cut], self.pending[cut:]
             if lines:
-                self.console.print(RawLines(lines), end="", crop=False, soft_wrap=True)
+                self.console.print(RawLines(safe_text(lines)), end="", crop=False, soft_wrap=True)
 
     def isatty(self) -> bool:
         return self.console.is_terminal
