@@ -135,7 +135,9 @@ class Aggregator:
         self.lock = threading.Lock()
 
     def observe(self, node: str, sample: dict[str, Any], at: float | None = None) -> list[Alert]:
-        """Take one sample from `node` (seen at `at`, default now); returns the alerts it raised."""
+        """Take one sample from `node` (seen at `at`, default now), its text made safe for a
+        terminal (a host's strings reach `top`'s table, which rich draws); returns the alerts it raised."""
+        sample = _safe_values(sample)
         now = self.clock() if at is None else at
         with self.lock:
             state = self.hosts.setdefault(node, HostState(node))
@@ -577,6 +579,17 @@ class JsonlFollower:
         if self.skip_partial and lines:
             lines, self.skip_partial = lines[1:], False
         return [r for r in (_json(line) for line in lines) if r is not None]
+
+
+def _safe_values(value: Any) -> Any:
+    """`value` with every string in it made safe for a terminal (`terminal.safe_text`)."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, list):
+        return [_safe_values(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _safe_values(item) for key, item in value.items()}
+    return value
 
 
 def _json(line: bytes) -> dict[str, Any] | None:

@@ -140,8 +140,8 @@ TERMINAL_NAMES = {"stdout", "stderr", "out", "err", "terminal", "stream"}
 def test_every_terminal_write_goes_through_the_one_writer() -> None:
     """By construction: no module but orchestrator/terminal.py writes to a terminal itself. remote/
     runs on the hosts, where its stdout is the channel to the controller, not a terminal. rich
-    draws `top` and the live view (telemetry.py): the live view's lines reach it through
-    terminal.safe_text; top's table is the one exception left (SECURITY.md)."""
+    draws `top` and the live view (telemetry.py): their lines and the hosts' samples reach it
+    through terminal.safe_text (tests/test_telemetry.py)."""
     modules = [p for p in (REPO / "orchestrator").rglob("*.py")
                if p.name != "terminal.py" and "remote" not in p.relative_to(REPO / "orchestrator").parts]
     assert [w for p in modules for w in _terminal_writes(p)] == []
