@@ -32,7 +32,6 @@ from orchestrator.cli_options import (
 from orchestrator.cli_options import guard as terminal_guard
 from orchestrator.display import fold_hosts
 from orchestrator.errors import DistrunError, ExitCode, UsageError
-from orchestrator.remote.redact import escape_controls
 from orchestrator.spec.config import Config, load_config
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.select import HostSelection
@@ -183,15 +182,15 @@ def _detach(request: LaunchRequest, as_json: bool) -> int:
     deadline = time.monotonic() + DETACH_WAIT
     while time.monotonic() < deadline:
         if _recorded(store, job_id):
-            click.echo(json.dumps(store.get(job_id).to_dict(), indent=2) if as_json else job_id)
+            terminal.show(json.dumps(store.get(job_id).to_dict(), indent=2) if as_json else job_id)
             return 0
         if child.poll() is not None:
-            sys.stderr.write(job_dir.controller_log.read_text(encoding="utf-8", errors="replace"))
+            terminal.show(job_dir.controller_log.read_text(encoding="utf-8", errors="replace"), err=True, end="")
             if not _recorded(store, job_id):
                 shutil.rmtree(job_dir.root, ignore_errors=True)
             return child.returncode
         time.sleep(0.1)
-    click.echo(json.dumps({"id": job_id, "state": "starting"}) if as_json else job_id)
+    terminal.show(json.dumps({"id": job_id, "state": "starting"}) if as_json else job_id)
     return 0
 
 
@@ -272,15 +271,15 @@ def ps(as_json: bool, show_all: bool, state: str | None, since: str | None) -> N
     records = [r for r in records if (states is None or r.state in states) and (after is None or r.started >= after)]
     records = records if show_all else records[:PS_LIMIT]
     if as_json:
-        click.echo(json.dumps([r.to_dict() for r in records], indent=2))
+        terminal.show(json.dumps([r.to_dict() for r in records], indent=2))
         return
     if not records:
-        click.echo("no jobs" + (" match" if states or after else " yet (start one with "
+        terminal.show("no jobs" + (" match" if states or after else " yet (start one with "
                                 "`distrun launch jobs/resnet50.yaml`)"))
         return
     colour = terminal.colour(sys.stdout)
     for line in _ps_lines(records, colour):
-        click.echo(line, color=colour)  # click would strip the colour off a pipe that --color always asked for
+        terminal.show(line)
 
 
 def _ps_lines(records: list[JobRecord], colour: bool) -> list[str]:
@@ -379,7 +378,7 @@ def stop(job_ref: str | None, selection: HostSelection, as_json: bool) -> None:
     else:
         raise UsageError("stop: which job? Give an id, a prefix or `last`, or hosts with --nodes, --label or --all")
     if not records:
-        click.echo("no running job on those hosts", err=True)
+        terminal.show("no running job on those hosts", err=True)
     codes = [_stop_one(store, rec, as_json) for rec in records]
     sys.exit(max(codes, default=0))
 
@@ -422,7 +421,7 @@ def _stop_one(store: Store, rec: JobRecord, as_json: bool) -> int:
     with contextlib.redirect_stdout(said):
         code = for_record(store, rec).stop_job(rec)
     after = store.get(rec.id)
-    click.echo(json.dumps({"id": rec.id, "state": after.state.value, "exit_code": code,
+    terminal.show(json.dumps({"id": rec.id, "state": after.state.value, "exit_code": code,
                            "messages": said.getvalue().splitlines()}))
     return code
 
@@ -458,7 +457,7 @@ def stack(job_ref: str, node: str | None, rank: int | None, native: bool, as_jso
         gathered.ranks = [r for r in gathered.ranks if r.rank == rank]
         if not gathered.ranks and not gathered.failed:
             raise UsageError(f"--rank {rank}: no such rank of job {rec.id} is running")
-    click.echo(json.dumps(stacks.to_json(gathered), indent=2) if as_json else stacks.render(gathered))
+    terminal.show(json.dumps(stacks.to_json(gathered), indent=2) if as_json else stacks.render(gathered))
     sys.exit(int(ExitCode.INFRA) if gathered.failed else int(ExitCode.OK))
 
 
@@ -492,7 +491,7 @@ def top(job_ref: str, once: bool, as_json: bool) -> None:
         return rec
 
     if as_json:
-        click.echo(json.dumps(top_sample(store.job_dir(job_id), current()), indent=2))
+        terminal.show(json.dumps(top_sample(store.job_dir(job_id), current()), indent=2))
         return
     mode = terminal.color_mode()
     console = Console(force_terminal=True if mode is terminal.ColorMode.ALWAYS else None,
@@ -583,7 +582,7 @@ def report(job_refs: tuple[str, ...], output: str) -> None:
     from orchestrator.report.page import write_report
 
     path = write_report(load_jobs(Store(), job_refs), Path(output))
-    click.echo(f"report written to {path}")
+    terminal.show(f"report written to {path}")
 
 
 def _host_counts(value: str | None) -> list[int] | None:
@@ -652,12 +651,12 @@ def prune(older_than: str | None, keep: int | None, dry_run: bool, as_json: bool
     age = parse_duration(older_than or "7d", "--older-than") if older_than or keep is None else None
     result = prune_jobs(Store(), age, keep, dry_run)
     if as_json:
-        click.echo(json.dumps(result.to_dict(), indent=2))
+        terminal.show(json.dumps(result.to_dict(), indent=2))
     else:
         verb = "would remove" if dry_run else "removed"
-        click.echo(f"{verb} {len(result.removed)} job(s)" + "".join(f"\n  {job_id}" for job_id in result.removed))
+        terminal.show(f"{verb} {len(result.removed)} job(s)" + "".join(f"\n  {job_id}" for job_id in result.removed))
         for job_id, why in result.kept.items():
-            click.echo(f"kept {job_id}: {why}", err=True)
+            terminal.show(f"kept {job_id}: {why}", err=True)
     sys.exit(int(ExitCode.INFRA) if result.kept else 0)
 
 
@@ -678,9 +677,9 @@ def list_backends() -> None:
     for name in backends.names():
         cls = backends.get(name)
         default = " (default)" if name == backends.DEFAULT else ""
-        click.echo(f"{name}{default}: {cls.DESCRIPTION}")
+        terminal.show(f"{name}{default}: {cls.DESCRIPTION}")
         for line in describe(cls.OPTIONS) or ["no options"]:
-            click.echo(f"  {line}")
+            terminal.show(f"  {line}")
 
 
 @cli.command(short_help="Print the shell completion script (bash, zsh or fish).")
@@ -700,7 +699,7 @@ def completion(shell: str) -> None:
     cls = get_completion_class(shell)
     if cls is None:
         raise UsageError(f"completion: no completion for {shell}")
-    click.echo(cls(cli, {}, "distrun", COMPLETE_VAR).source())
+    terminal.show(cls(cli, {}, "distrun", COMPLETE_VAR).source())
 
 
 COMPLETE_VAR = "_DISTRUN_COMPLETE"
@@ -724,7 +723,7 @@ def main() -> None:
         if debug:
             traceback.print_exc()
         # An error may quote a host (its stderr, a banner): shown as text, never as terminal controls.
-        sys.stderr.write(f"distrun: error: {escape_controls(str(exc))}\n")
+        terminal.show(f"distrun: error: {exc}", err=True)
         sys.exit(int(exc.exit_code))
     except KeyboardInterrupt:
         sys.exit(int(ExitCode.INTERRUPTED))

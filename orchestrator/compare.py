@@ -8,7 +8,6 @@ efficiency against the host count.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -21,6 +20,7 @@ from orchestrator.report.page import write_report
 from orchestrator.spec import load_job
 from orchestrator.spec.select import Guard, HostSelection
 from orchestrator.store import JobRecord, JobState, Store, new_job_id
+from orchestrator.terminal import show
 
 JOB_SUFFIXES = (".yaml", ".yml")
 INTERRUPTED = (int(ExitCode.INTERRUPTED), int(ExitCode.TERMINATED))
@@ -121,7 +121,7 @@ def exit_code(records: list[JobRecord], interrupted: int | None) -> int:
     return int(ExitCode.OK if ok else ExitCode.FAILED)
 
 
-def run_bench(request: BenchRequest, say: Callable[[str], None] = lambda text: print(text, file=sys.stderr)) -> int:
+def run_bench(request: BenchRequest, say: Callable[[str], None] = lambda text: show(text, err=True)) -> int:
     """Run the set in order, write the report, and return the exit code.
 
     Raises:

@@ -43,7 +43,7 @@ from orchestrator.interrupts import on_signals
 from orchestrator.remote.redact import escape_controls, escape_json
 from orchestrator.spec.model import NodeSpec
 from orchestrator.spec.select import Guard, HostSelection, select_hosts
-from orchestrator.terminal import Progress
+from orchestrator.terminal import Progress, show
 from orchestrator.transport import RemoteProcess, Transport
 from orchestrator.transport.base import ConnectError, reach_hint
 
@@ -122,7 +122,7 @@ def execute(request: ExecRequest, out: TextIO = sys.stdout, err: TextIO = sys.st
     nodes = select_hosts(resolve_inventory_path(request.inventory), request.selection, request.guard, "exec")
     results = run_on_all(nodes, request.argv, request.timeout)
     if request.as_json:
-        out.write(escape_json(json.dumps([r.to_json() for r in results], indent=2, ensure_ascii=False)) + "\n")
+        show(escape_json(json.dumps([r.to_json() for r in results], indent=2, ensure_ascii=False)), stream=out)
     else:
         report(results, out, err)
     return int(exit_code(results))
@@ -211,14 +211,13 @@ class _Running:
 
 def report(results: Sequence[HostResult], out: TextIO, err: TextIO) -> None:
     """Print gathered blocks to `out` and, when some host failed, the summary line to `err`."""
-    out.write(render_blocks(gather({r.node: _shown(r) for r in results})))
-    out.flush()
+    show(render_blocks(gather({r.node: _shown(r) for r in results})), stream=out, end="", flush=True)
     summary = failure_summary({r.node: r.failure for r in results if r.failure}, len(results))
     if summary:
-        err.write(f"distrun: {summary}\n")
+        show(f"distrun: {summary}", stream=err)
     hint = reach_hint(r.exception for r in results if r.exception is not None)
     if hint:
-        err.write(f"distrun: fix: {hint}\n")
+        show(f"distrun: fix: {hint}", stream=err)
 
 
 def _shown(result: HostResult) -> HostOutput:

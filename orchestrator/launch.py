@@ -38,12 +38,13 @@ from orchestrator.logs import LogSink
 from orchestrator.logs.screen import Screen
 from orchestrator.logs.sink import job_wide
 from orchestrator.plan import HostPlan, LaunchPlan
-from orchestrator.remote.redact import Masker, escape_controls
+from orchestrator.remote.redact import Masker
 from orchestrator.remote.stream import Batch, FrameReader
 from orchestrator.restarts import Course, Verdict, refill
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.overrides import is_script, job_to_yaml
 from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id
+from orchestrator.terminal import show
 from orchestrator.transport import RemoteProcess
 from orchestrator.watchdog import Progress, Watchdog, diagnose
 
@@ -83,7 +84,7 @@ def launch(request: LaunchRequest) -> int:
     with cls(ctx.store, options) as backend:
         plan = backend.prepare(ctx)
         if request.dry_run:
-            print(dry_run_text(job, request, backend.dry_run(plan)))
+            show(dry_run_text(job, request, backend.dry_run(plan)))
             return int(ExitCode.OK)
         if not request.skip_preflight:
             backend.preflight(ctx, plan)
@@ -194,9 +195,7 @@ def _plan_next(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: C
 
 
 def _tell(ctx: LaunchContext, text: str) -> None:
-    out = ctx.terminal or sys.stderr
-    out.write(escape_controls(text) + "\n")
-    out.flush()
+    show(text, stream=ctx.terminal or sys.stderr, flush=True)
 
 
 def _end_between(ctx: LaunchContext, course: Course, plan: LaunchPlan, state: JobState, code: int,
@@ -336,7 +335,7 @@ class HostRun:
         try:
             self.sink.note(self.node, message)
         except Exception:
-            sys.stderr.write(f"[{self.node}] distrun: {message}\n")
+            show(f"[{self.node}] distrun: {message}", err=True)
 
     def _watch(self, text: str) -> None:
         """Pick torchrun's own root-cause block and restarts out of its lines (the host's own)."""
@@ -623,7 +622,8 @@ class Launcher:
             self._say_progress(progress)
             pool = ThreadPoolExecutor(1, thread_name_prefix="hang-diagnosis")
             self.diagnosis = pool.submit(diagnose, self.backend, self.store.get(self.plan.job_id), self.dir,
-                                         self.plan.hang_timeout or 0, {h.node: h.host for h in self.plan.hosts})
+                                         self.plan.hang_timeout or 0, {h.node: h.host for h in self.plan.hosts},
+                                         Masker(self.plan.secrets.values()))
             pool.shutdown(wait=False)
         elif progress is not self.progress:
             self._say_progress(progress)
@@ -691,9 +691,7 @@ class Launcher:
 
     def _say(self, text: str) -> None:
         """The summary on the terminal (stderr when detached); its host lines escaped."""
-        out = self.ctx.terminal or sys.stderr
-        out.write(escape_controls(text) + "\n")
-        out.flush()
+        show(text, stream=self.ctx.terminal or sys.stderr, flush=True)
 
     def _finish_interrupted(self) -> int:
         name = signal.Signals(self.interrupted or signal.SIGINT).name

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import remote
 from orchestrator.errors import InfraError, UsageError, one_line
+from orchestrator.remote.redact import Masker
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Backend
@@ -202,8 +203,30 @@ def parse_host(node: str, stdout: str) -> list[RankStack]:
     return stacks
 
 
+def masked_answer(stdout: str, masker: Masker) -> str:
+    """A host's answer with every secret masked in each string of its JSON line (a secret a frame
+    name or a Flight Recorder dump carries; JSON escapes would hide it from a mask of the raw text)."""
+    if not masker:
+        return stdout
+    try:
+        data = json.loads(stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return masker.text(stdout)
+    return json.dumps(_masked(data, masker))
+
+
+def _masked(value: Any, masker: Masker) -> Any:
+    if isinstance(value, str):
+        return masker.text(value)
+    if isinstance(value, list):
+        return [_masked(item, masker) for item in value]
+    if isinstance(value, dict):
+        return {masker.text(str(k)): _masked(v, masker) for k, v in value.items()}
+    return value
+
+
 def gather(backend: Backend, record: JobRecord, nodes: Sequence[str] | None = None, native: bool = False,
-           timeout: float = GATHER_TIMEOUT, flight: bool = False) -> Gathered:
+           timeout: float = GATHER_TIMEOUT, flight: bool = False, masker: Masker | None = None) -> Gathered:
     """Dump every rank of a job on its hosts (or on `nodes`), all hosts at once.
 
     Args:
@@ -213,6 +236,7 @@ def gather(backend: Backend, record: JobRecord, nodes: Sequence[str] | None = No
         native: Include native (C/C++) frames (py-spy --native).
         timeout: Seconds a host may take.
         flight: Also fetch each rank's Flight Recorder dump (ranks that serve one: orchestrator/flight.py).
+        masker: The job's secrets, masked in everything the hosts answered.
 
     Returns:
         Every rank's stack in rank order, the hosts that gave none with why, and the dumps.
@@ -231,7 +255,8 @@ def gather(backend: Backend, record: JobRecord, nodes: Sequence[str] | None = No
     ranks: list[RankStack] = []
     dumps = Flight()
     failed = {node: one_line(exc) for node, exc in results.failed.items()}
-    for node, stdout in results.succeeded.items():
+    for node, answer in results.succeeded.items():
+        stdout = masked_answer(answer, masker or Masker(()))
         dumps.add_host(node, stdout)
         try:
             ranks += parse_host(node, stdout)

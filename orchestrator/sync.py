@@ -30,7 +30,6 @@ import os
 import re
 import stat
 import subprocess
-import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from orchestrator.display import size_text
 from orchestrator.errors import InfraError, UsageError
 from orchestrator.group import Group
 from orchestrator.plan import LaunchPlan
+from orchestrator.terminal import show
 from orchestrator.transport import RemoteProcess, Transport, run_remote
 
 IGNORE_FILE = ".distrunignore"
@@ -377,7 +377,7 @@ def sync_workdirs(plan: LaunchPlan, group: Group, root: Path) -> dict[str, int]:
     selection = select_files(root)
     check_size(selection, root, plan.sync_max_size, plan.spec_path)
     if selection.secrets:
-        print(skipped_line(selection.secrets), file=sys.stderr)
+        show(skipped_line(selection.secrets), err=True)
     wanted = selection.files
     hosts = {h.node: h.workdir for h in plan.hosts}
     return group.run(lambda t: sync_host(t, root, hosts[t.name], wanted)).check("workdir sync failed")

@@ -1,4 +1,12 @@
-"""What distrun shows on a terminal and nowhere else: colour, progress counts, a yes/no question.
+"""What distrun shows on a terminal and nowhere else: the one writer, colour, progress counts, a
+yes/no question.
+
+Every write of distrun to a terminal goes through `show` (tests/test_terminal_escape.py holds
+every other module to it): text from a host may carry escape sequences that retitle the window,
+move the cursor or clear the screen, and `show` writes every control character as `\\xNN`
+(remote/redact.py's `escape_controls`) but newline, tab and the SGR colour sequences
+(`ESC [ digits m`) of distrun's own styling. `Progress` and `ask_yes_no` write their own fixed
+sequences here.
 
 Colour follows one rule for every command: `--color always|never` wins, then the config file's
 `color:`, then `NO_COLOR` (set to anything non-empty: no colour), then whether the stream is a
@@ -9,10 +17,15 @@ erased before anything else is printed.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 from enum import Enum
 from typing import TextIO
+
+from orchestrator.remote.redact import escape_controls
+
+_SGR = re.compile("(\x1b\\[[0-9;]*m)")
 
 
 class ColorMode(str, Enum):
@@ -41,6 +54,27 @@ def colour(stream: TextIO | None) -> bool:
     if os.environ.get("NO_COLOR"):
         return False
     return stream is not None and stream.isatty()
+
+
+def safe_text(text: str) -> str:
+    """`text` as it may reach a terminal: control characters escaped but newline, tab and SGR colours."""
+    if "\x1b" not in text:
+        return escape_controls(text)
+    parts = _SGR.split(text)
+    # split() with a group: the SGR sequences are at the odd places.
+    return "".join(part if i % 2 else escape_controls(part) for i, part in enumerate(parts))
+
+
+def show(text: str = "", *, err: bool = False, stream: TextIO | None = None, end: str = "\n",
+         flush: bool = False) -> None:
+    """Write `text` (and `end`) to stdout, stderr (`err`) or `stream`, made safe (`safe_text`).
+
+    The one way distrun writes to a terminal, so that no text from a host acts on it.
+    """
+    out = stream if stream is not None else sys.stderr if err else sys.stdout
+    out.write(safe_text(text) + end)
+    if flush:
+        out.flush()
 
 
 def is_terminal(stream: TextIO | None) -> bool:
@@ -97,7 +131,7 @@ def ask_yes_no(question: str, stdin: TextIO | None = None, out: TextIO | None = 
     """Ask on the terminal; only `y` or `yes` is a yes (Enter, EOF and anything else are a no)."""
     stdin = sys.stdin if stdin is None else stdin
     out = sys.stderr if out is None else out
-    out.write(f"{question} [y/N] ")
+    out.write(f"{safe_text(question)} [y/N] ")
     out.flush()
     answer = stdin.readline()
     return answer.strip().lower() in ("y", "yes")

@@ -26,6 +26,8 @@ from orchestrator import flight as flights
 from orchestrator import stack as stacks
 from orchestrator.errors import DistrunError, one_line
 from orchestrator.failures import Failure, FailureKind
+from orchestrator.remote.private import make_private_dirs, write_private
+from orchestrator.remote.redact import Masker
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Backend
@@ -70,7 +72,7 @@ class Watchdog:
 
 
 def diagnose(backend: Backend, record: JobRecord, job_dir: JobDir, timeout: float,
-             addresses: dict[str, str]) -> Failure:
+             addresses: dict[str, str], masker: Masker | None = None) -> Failure:
     """Dump every rank's stack (and Flight Recorder) into the job directory and name the rank that
     is not where the others are.
 
@@ -80,6 +82,7 @@ def diagnose(backend: Backend, record: JobRecord, job_dir: JobDir, timeout: floa
         job_dir: Its directory; the stacks go to its stacks/ folder, the Flight Recorder dumps to flight/.
         timeout: The hang_timeout that expired (for the reason's words).
         addresses: Each node's address, for the failure.
+        masker: The job's secrets: masked in the stacks and dumps before anything keeps or shows them.
 
     Returns:
         The failure of kind `hang`. Its host and rank are the odd rank's; when every rank waits in
@@ -88,7 +91,7 @@ def diagnose(backend: Backend, record: JobRecord, job_dir: JobDir, timeout: floa
     """
     reason = f"hang: no progress from any rank for {timeout:g} s"
     try:
-        gathered = stacks.gather(backend, record, flight=True)
+        gathered = stacks.gather(backend, record, flight=True, masker=masker)
     except DistrunError as exc:
         return Failure(record.hosts[0], FailureKind.HANG, reason=f"{reason}; no stacks: {one_line(exc)}",
                        address=addresses.get(record.hosts[0], ""))
@@ -157,13 +160,14 @@ def flight_findings(flight: stacks.Flight, folder: Path) -> tuple[list[flights.L
 
 
 def keep_flight(flight: stacks.Flight, lags: Sequence[flights.Lag], folder: Path) -> None:
-    """Write every rank's dump (rank<R>.json) and what they say (flight.json: lags, errors, seconds)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write every rank's dump (rank<R>.json) and what they say (flight.json: lags, errors, seconds),
+    private (0700/0600) as every file of the job."""
+    make_private_dirs(folder)
     for rank, dump in flight.dumps.items():
-        (folder / f"rank{rank}.json").write_text(json.dumps(dump) + "\n", encoding="utf-8")
+        write_private(folder / f"rank{rank}.json", json.dumps(dump) + "\n")
     summary = {"lags": [lag.to_dict() for lag in lags], "errors": {str(r): why for r, why in flight.errors.items()},
                "seconds": round(flight.seconds, 3)}
-    (folder / "flight.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    write_private(folder / "flight.json", json.dumps(summary, indent=2) + "\n")
 
 
 def odd_lines(odd: stacks.StackGroup, rest: Sequence[stacks.StackGroup], majority: stacks.StackGroup) -> list[str]:
@@ -177,10 +181,11 @@ def odd_lines(odd: stacks.StackGroup, rest: Sequence[stacks.StackGroup], majorit
 
 
 def keep(gathered: stacks.Gathered, folder: Path) -> None:
-    """Write every rank's stack (rank<R>.txt), the folded view (folded.txt) and the JSON (stacks.json)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Write every rank's stack (rank<R>.txt), the folded view (folded.txt) and the JSON (stacks.json),
+    private (0700/0600) as every file of the job."""
+    make_private_dirs(folder)
     for rank in gathered.ranks:
         text = "\n".join([f"rank {rank.rank} on {rank.node} (pid {rank.pid})", *stacks.stack_lines(rank)])
-        (folder / f"rank{rank.rank}.txt").write_text(text + "\n", encoding="utf-8")
-    (folder / "folded.txt").write_text(stacks.render(gathered) + "\n", encoding="utf-8")
-    (folder / "stacks.json").write_text(json.dumps(stacks.to_json(gathered), indent=2) + "\n", encoding="utf-8")
+        write_private(folder / f"rank{rank.rank}.txt", text + "\n")
+    write_private(folder / "folded.txt", stacks.render(gathered) + "\n")
+    write_private(folder / "stacks.json", json.dumps(stacks.to_json(gathered), indent=2) + "\n")

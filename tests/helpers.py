@@ -11,6 +11,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from orchestrator.remote.private import make_private_dirs
+from orchestrator.remote.provenance import own_roots, record, record_path
+
 REPO = Path(__file__).resolve().parent.parent
 
 # The test hosts share this machine's home, so their host-side job copies (~/.distrun/jobs/<id>)
@@ -77,6 +80,14 @@ def job_lines(job_dir: Path, bare: bool = False, **query: object) -> str:
     from orchestrator.logs.query import Query, Style, read_lines
 
     return "".join(read_lines(job_dir, Query(**query), Style(bare=bare)))  # type: ignore[arg-type]
+
+
+def record_this_process_as_the_jobs_root(home: Path, job_id: str, node: str) -> None:
+    """Record this test process as the root of a job's processes on `node`, where the supervisor
+    would (its children, started as the job's ranks, are then provably the job's)."""
+    job_dir = home / ".distrun" / "jobs" / job_id
+    make_private_dirs(job_dir)
+    record(record_path(str(job_dir), node), own_roots())
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -31,7 +32,7 @@ from orchestrator.flight import Lag, lags
 from orchestrator.remote.flightrec import MAX_SOCKET_PATH, fetch, socket_dir, socket_path
 from orchestrator.store import JobRecord, JobState, Store
 from orchestrator.watchdog import diagnose, with_flight_rank
-from tests.helpers import ready_processes, wait_for
+from tests.helpers import ready_processes, record_this_process_as_the_jobs_root, wait_for
 
 DATA = Path(__file__).parent / "data" / "flight"
 
@@ -214,13 +215,16 @@ def entered(path: str, seq: int) -> bool:
 
 
 @pytest.fixture
-def hung_pair(tmp_path: Path, own_tmp: Path) -> Iterator[tuple[Store, JobRecord]]:
+def hung_pair(tmp_path: Path, own_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Store, JobRecord]]:
     """Two gloo ranks recorded as a running local job: rank 1 sleeps before the 4th all_reduce, which
-    rank 0 waits in; both serve their Flight Recorder in DISTRUN_WORKER_SOCKETS."""
+    rank 0 waits in; both serve their Flight Recorder in DISTRUN_WORKER_SOCKETS. This test process
+    stands for their supervisor: it is recorded as their root."""
     store = Store(tmp_path / "home")
     rec = JobRecord(id="fr-1", name="fr", spec_path="x.yaml", inventory="<built-in>", hosts=["localhost"],
                     backend="local", state=JobState.RUNNING)
     store.save(rec)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    record_this_process_as_the_jobs_root(tmp_path, rec.id, "localhost")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -256,3 +260,24 @@ def test_a_hang_whose_stacks_name_no_rank_is_put_on_the_one_rank_the_flight_reco
     assert with_flight_rank(by_stack, nodes, addresses) == by_stack  # the stacks' rank stands
     two_behind = replace(unnamed, flight=(replace(lag, behind=(3, 4), last=(30, 30)),))
     assert with_flight_rank(two_behind, nodes, addresses) == two_behind
+
+
+@pytest.mark.parametrize("planted", ["another users directory", "a link to another users directory"])
+def test_a_fallback_directory_another_user_made_first_neither_blocks_nor_redirects_the_sockets(
+        own_tmp, monkeypatch, planted):
+    monkeypatch.setenv("HOME", str(own_tmp / ("h" * 90)))
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))
+    theirs = own_tmp / "theirs"
+    theirs.mkdir(mode=0o777)
+    os.chown(theirs, 65534, 65534)
+    base = own_tmp / f"distrun-{os.getuid()}"  # where the fallback used to go, made before the job
+    if planted == "another users directory":
+        base.mkdir(mode=0o777)
+        os.chown(base, 65534, 65534)
+    else:
+        base.symlink_to(theirs)
+    made = socket_dir("~/.distrun/jobs/j-1/sock", "j-1")
+    assert made is not None and os.path.realpath(made) == made
+    info = os.lstat(made)
+    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (os.getuid(), 0o700)
+    assert not made.startswith(str(base)) and list(theirs.iterdir()) == []

@@ -32,7 +32,7 @@ from orchestrator.stack import (
 )
 from orchestrator.store import JobRecord, JobState, Store
 from orchestrator.watchdog import Progress, Watchdog, diagnose
-from tests.helpers import distrun, ready_processes
+from tests.helpers import distrun, ready_processes, record_this_process_as_the_jobs_root
 
 RANK_SCRIPT = """\
 import sys, time
@@ -113,15 +113,18 @@ def test_a_hang_failure_keeps_its_stack_through_the_record():
 
 
 @pytest.fixture
-def ranks(tmp_path: Path) -> Iterator[tuple[Store, JobRecord]]:
+def ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Store, JobRecord]]:
     """Four processes recorded as the ranks of a running local job; rank 3 is elsewhere than 0-2. The job
-    has a socket directory for the Flight Recorder (as with hang_timeout) but the ranks serve none."""
+    has a socket directory for the Flight Recorder (as with hang_timeout) but the ranks serve none.
+    This test process stands for their supervisor: it is recorded as their root."""
     script = tmp_path / "train.py"
     script.write_text(RANK_SCRIPT)
     store = Store(tmp_path / "home")
     rec = JobRecord(id="stk-1", name="stk", spec_path="x.yaml", inventory="<built-in>", hosts=["localhost"],
                     backend="local", state=JobState.RUNNING)
     store.save(rec)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    record_this_process_as_the_jobs_root(tmp_path, rec.id, "localhost")
     commands = [([sys.executable, str(script), "odd" if rank == 3 else "even"],
                  {**os.environ, "DISTRUN_JOB_ID": rec.id, "DISTRUN_NODE": "localhost", "RANK": str(rank),
                   "LOCAL_RANK": str(rank), "DISTRUN_WORKER_SOCKETS": str(tmp_path / "sock")}) for rank in range(4)]

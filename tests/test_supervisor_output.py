@@ -261,3 +261,16 @@ def test_torchrun_gets_the_log_dir_whether_it_runs_with_dash_p_or_through_the_c_
         argv = [*remote.module_argv("/usr/bin/python3", "torch.distributed.run", dash_p), "--nnodes", "2", "train.py"]
         assert with_log_dir(argv, "/d") == [*argv[:-3], "--log-dir", "/d", "--nnodes", "2", "train.py"]
     assert with_log_dir(["bash", "run.sh"], "/d") == ["bash", "run.sh"]
+
+
+def test_a_secret_inside_a_line_longer_than_line_max_is_masked_across_the_cut(tmp_path: Path) -> None:
+    """One write of 1.25 MiB of A (less 4 bytes: the secret straddles a read), the secret, then 10 MiB of
+    B: the line is cut past LINE_MAX, and neither part of the secret is left in the stream or the host copy."""
+    worker = script(tmp_path, "sys.stdout.write('A' * ((5 << 18) - 4) + os.environ['TOKEN'] + 'B' * (10 << 20)"
+                              " + '\\n')\n")
+    seen = read_all(start(config(tmp_path, worker, nproc=1)), chunk=1 << 20)
+    copy = (tmp_path / "host" / "jobs" / "sup-1" / "n0" / "ranks" / "4.out").read_text()
+    for text in (seen.text(4), copy):
+        assert len([b for b in seen.batches if b.rank == 4 and b.partial]) > 1
+        assert text.replace("\n", "") == "A" * ((5 << 18) - 4) + "***" + "B" * (10 << 20)
+        assert SECRET[:5] not in text and SECRET[5:] not in text

@@ -393,3 +393,15 @@ def test_shipped_bindings_are_used_where_the_host_has_no_pynvml(monkeypatch: pyt
     monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` fails on this host
     assert sampler.import_nvml() is module
     assert callable(module.nvmlInit)
+
+
+def test_a_hosts_strings_reach_tops_table_escaped(clock: Clock) -> None:
+    """A compromised host's sample carrying an OSC title in a throttle reason: top's frame shows it
+    as text (rich would write the escape as it is)."""
+    agg = aggregator(clock)
+    agg.observe("node0", gpu(throttle=["hw_slowdown\x1b]0;pwned\x07\x1b[2J"]))
+    console = Console(file=io.StringIO(), force_terminal=True, width=200)
+    console.print(telemetry.render(agg, "job", clock(), []))
+    shown = console.file.getvalue()
+    assert "hw_slowdown\\x1b]0;pwned\\x07\\x1b[2J" in shown
+    assert "\x07" not in shown and "\x1b]" not in shown and "\x1b[2J" not in shown

@@ -7,10 +7,14 @@ clear-screen and an 8-bit CSI, as a hostile or broken host would print them.
 
 from __future__ import annotations
 
+import ast
 import json
+import os
+import sys
 from pathlib import Path
 
-from tests.helpers import distrun
+from orchestrator.store import JobRecord, JobState, Store, process_start
+from tests.helpers import REPO, distrun, ready_processes, record_this_process_as_the_jobs_root
 
 TITLE = "\x1b]0;pwned\x07"
 CLEAR = "\x1b[2J\x1b[H"
@@ -70,3 +74,74 @@ def test_an_error_that_quotes_a_host_shows_its_escape_sequences_as_text(tmp_path
     result = distrun("launch", str(job), "-i", str(inventory), home=tmp_path / "home")
     assert result.returncode == 3, result.stdout + result.stderr
     assert SHOWN in result.stderr and controls(result.stderr) == set()
+
+
+RANK_IN_A_HOSTILE_FRAME = """\
+import sys, time
+
+def wait():
+    print("ready", flush=True)
+    time.sleep(120)
+
+wait.__code__ = wait.__code__.replace(co_name="wait" + sys.argv[1], co_qualname="wait" + sys.argv[1])
+wait()
+"""
+
+
+def test_stack_shows_a_frame_name_carrying_an_osc_title_as_text(tmp_path: Path, monkeypatch) -> None:
+    """A rank whose frame name carries `ESC ] 0; ... BEL` (py-spy reports it as it is): `distrun
+    stack` prints it escaped (issue 30, finding 2)."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_IN_A_HOSTILE_FRAME)
+    home = tmp_path / "home"
+    store = Store(home)
+    store.save(JobRecord(id="esc-1", name="esc", spec_path="x.yaml", inventory="<built-in>", hosts=["localhost"],
+                         backend="local", state=JobState.RUNNING, controller_pid=os.getpid(),
+                         controller_start=process_start(os.getpid())))  # this test stands for its controller
+    record_this_process_as_the_jobs_root(tmp_path, "esc-1", "localhost")
+    env = {**os.environ, "DISTRUN_JOB_ID": "esc-1", "DISTRUN_NODE": "localhost", "RANK": "0", "LOCAL_RANK": "0"}
+    with ready_processes([([sys.executable, str(script), TITLE], env)]):
+        shown = distrun("stack", "esc-1", home=home, env={"HOME": str(tmp_path)})
+    assert shown.returncode == 0, shown.stderr
+    assert "wait\\x1b]0;pwned\\x07 (rank.py:5)" in shown.stdout
+    assert controls(shown.stdout) == set()
+
+
+def _open_files(tree: ast.AST) -> set[str]:
+    """Names bound by `with open(...) as NAME` (files, not terminals)."""
+    return {item.optional_vars.id for node in ast.walk(tree) if isinstance(node, ast.With) for item in node.items
+            if isinstance(item.context_expr, ast.Call) and getattr(item.context_expr.func, "id", "") == "open"
+            and isinstance(item.optional_vars, ast.Name)}
+
+
+def _terminal_writes(path: Path) -> list[str]:
+    """Calls in `path` that write to a terminal without terminal.show: print, click.echo, and
+    `.write` on stdout, stderr or a stream named out, err, terminal or stream."""
+    tree = ast.parse(path.read_text())
+    files = _open_files(tree)
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        target = func.value if isinstance(func, ast.Attribute) else None
+        name = getattr(target, "id", getattr(target, "attr", ""))
+        if ((isinstance(func, ast.Name) and func.id == "print")
+                or (isinstance(func, ast.Attribute) and func.attr in ("echo", "secho") and name == "click")
+                or (isinstance(func, ast.Attribute) and func.attr == "write" and name in TERMINAL_NAMES
+                    and name not in files)):
+            found.append(f"{path}:{node.lineno}")
+    return found
+
+
+TERMINAL_NAMES = {"stdout", "stderr", "out", "err", "terminal", "stream"}
+
+
+def test_every_terminal_write_goes_through_the_one_writer() -> None:
+    """By construction: no module but orchestrator/terminal.py writes to a terminal itself. remote/
+    runs on the hosts, where its stdout is the channel to the controller, not a terminal. rich
+    draws `top` and the live view (telemetry.py): their lines and the hosts' samples reach it
+    through terminal.safe_text (tests/test_telemetry.py)."""
+    modules = [p for p in (REPO / "orchestrator").rglob("*.py")
+               if p.name != "terminal.py" and "remote" not in p.relative_to(REPO / "orchestrator").parts]
+    assert [w for p in modules for w in _terminal_writes(p)] == []

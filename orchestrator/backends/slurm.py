@@ -50,6 +50,7 @@ from orchestrator.plan import LaunchPlan, build_plan
 from orchestrator.remote.private import make_private_dirs, write_private
 from orchestrator.spec import JobSpec, NodeSpec, resolve_inventory_path, select_nodes
 from orchestrator.store import JobDir, JobRecord, JobState, controller_alive
+from orchestrator.terminal import show
 
 SLURM_TIMEOUT = 30.0
 POLL = 0.5  # between two `scontrol show job` while pending or running
@@ -496,9 +497,7 @@ class SlurmBackend(Backend):
     def say(self, text: str) -> None:
         """A line for the terminal (stderr when detached) and the job's lines (as a note of `slurm`)."""
         ctx, _ = self.launching
-        out = ctx.terminal or sys.stderr
-        out.write(f"[slurm] {text}\n")
-        out.flush()
+        show(f"[slurm] {text}", stream=ctx.terminal or sys.stderr, flush=True)
         append_note(ctx.store.job_dir(ctx.job_id), "slurm", text)
 
     def _await_allocation(self, ctx: LaunchContext) -> SlurmJob | None:
@@ -686,7 +685,7 @@ class SlurmBackend(Backend):
     def stop_job(self, record: JobRecord) -> int:
         """scancel the job; its controller, when alive, records the end, else this does."""
         if record.state.finished:
-            print(f"job {record.id} already ended ({record.state.value})")
+            show(f"job {record.id} already ended ({record.state.value})")
             return int(ExitCode.OK)
         if record.backend_ref is None:
             raise UsageError(f"job {record.id} has no Slurm job id yet (it is being submitted); try again")
@@ -699,7 +698,7 @@ class SlurmBackend(Backend):
         if not alive:
             self.store.settle_lost(record.id, JobState.STOPPED, ended=time.time(),
                                    detail=f"Slurm job {record.backend_ref} cancelled by `distrun stop`")
-        print(f"job {record.id} stopped (Slurm job {record.backend_ref} cancelled)")
+        show(f"job {record.id} stopped (Slurm job {record.backend_ref} cancelled)")
         return int(ExitCode.OK)
 
     def _stopped(self, record: JobRecord, controller: bool) -> bool:

@@ -12,7 +12,6 @@ import json
 import os
 import random
 import signal
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -40,7 +39,7 @@ from orchestrator.spec import (
 )
 from orchestrator.spec.model import DEFAULT_STOP_GRACE
 from orchestrator.store import JobRecord, JobState, signal_controller
-from orchestrator.terminal import Progress
+from orchestrator.terminal import Progress, show
 from orchestrator.transport import REMOTE_TIMEOUT, CommandResult, Transport, run_remote
 
 STOP_WAIT = 30.0
@@ -150,12 +149,16 @@ class SshBackend(Backend):
         launch_preflight(plan, {name: t.node for name, t in self.group.transports.items()}, self.facts)
 
     def stage(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
-        """With `sync: true`, bring every host's workdir up to date with this directory."""
+        """With `sync: true`, bring every host's workdir up to date with this directory; then refuse
+        a checkpoint_dir another user could write on any host (orchestrator/checkpoints.py)."""
+        from orchestrator.checkpoints import check_checkpoint_dir
+
         if plan.sync:
             from orchestrator.sync import sync_workdirs
 
             for node, count in sync_workdirs(plan, self.group, Path.cwd()).items():
-                print(f"[{node}] distrun: workdir synced ({count} file(s) sent)")
+                show(f"[{node}] distrun: workdir synced ({count} file(s) sent)")
+        check_checkpoint_dir(plan, self.group)
 
     def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan:
         """Record the job (plan.json, facts.json, the record); the hosts start in `start`."""
@@ -222,14 +225,14 @@ class SshBackend(Backend):
     def stop_job(self, record: JobRecord) -> int:
         """Stop through the live controller; when it is gone, end the job's processes on its hosts."""
         if record.state.finished and record.state is not JobState.LOST:
-            print(f"job {record.id} already ended ({record.state.value})")
+            show(f"job {record.id} already ended ({record.state.value})")
             return int(ExitCode.OK)
         if signal_controller(record, signal.SIGTERM):
             deadline = time.monotonic() + STOP_WAIT
             while time.monotonic() < deadline and not self.store.get(record.id).state.finished:
                 time.sleep(0.2)
             if self.store.get(record.id).state.finished:
-                print(f"job {record.id} stopped")
+                show(f"job {record.id} stopped")
                 return int(ExitCode.OK)
         return self.stop_on_hosts(record)
 
@@ -237,9 +240,9 @@ class SshBackend(Backend):
         """End a job's processes on each of its hosts, found by the job id."""
         results = on_record_hosts(record, lambda t: _cleanup(t, record.id))
         if results.failed:
-            print(GroupError(results).render(), file=sys.stderr)
+            show(GroupError(results).render(), err=True)
         self.store.settle_lost(record.id, JobState.STOPPED, ended=time.time())
-        print(f"job {record.id} stopped on {len(results.succeeded)} of {len(results)} host(s)")
+        show(f"job {record.id} stopped on {len(results.succeeded)} of {len(results)} host(s)")
         return int(ExitCode.INFRA) if results.failed else int(ExitCode.OK)
 
     def recover(self, record: JobRecord) -> dict[str, int]:

@@ -86,11 +86,11 @@ def run_doctor(request: DoctorRequest, out: TextIO = sys.stdout) -> int:
     if request.as_json:
         data = report.to_dict() | {"min_busbw_gbps": busbw_threshold(report.backend, request.min_busbw)} \
             if report else None
-        out.write(json.dumps(to_json(results, checks, ctx, seconds, code, data), indent=2) + "\n")
+        terminal.show(json.dumps(to_json(results, checks, ctx, seconds, code, data), indent=2), stream=out)
     else:
-        out.write(render_table(checks, ctx, seconds, terminal.colour(out)) + "\n")
+        terminal.show(render_table(checks, ctx, seconds, terminal.colour(out)), stream=out)
         if report is not None and report.results:
-            out.write("\n" + render_bandwidth(report) + "\n")
+            terminal.show("\n" + render_bandwidth(report), stream=out)
     return code
 
 

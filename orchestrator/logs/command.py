@@ -30,6 +30,7 @@ from orchestrator.logs.query import (
 from orchestrator.remote.linestore import Located
 from orchestrator.remote.redact import escape_controls
 from orchestrator.store import JobDir, JobRecord, JobState, Store
+from orchestrator.terminal import show
 
 FOLLOW_POLL = 0.2
 
@@ -76,9 +77,9 @@ def show_logs(request: LogsRequest, out: TextIO | None = None) -> int:
         if request.follow:
             return follow(store, record, query, style, request.collapse, out)
         for chunk in read_lines(job_dir.root, query, style, request.collapse):
-            out.write(chunk)
+            show(chunk, stream=out, end="")
         if not query.narrowed and query.tail is None:
-            out.write(summary_text(job_dir))
+            show(summary_text(job_dir), stream=out, end="")
         out.flush()
     except BrokenPipeError:
         # The reader left (`| head`): nothing more to say, and nothing to flush at exit.
@@ -150,12 +151,12 @@ def follow(store: Store, record: JobRecord, query: Query, style: Style, collapse
         first = "".join(renderer.render(log, log.new_entries()))
         if query.tail is not None:
             first = "".join(deque(split_lines(first), maxlen=query.tail))
-        out.write(first)
+        show(first, stream=out, end="")
         out.flush()
         ended = _wait_for_end(store, record.id, log, renderer, out)
-        out.write("".join(renderer.finish()))
+        show("".join(renderer.finish()), stream=out, end="")
         if not query.narrowed:
-            out.write(summary_text(job_dir))
+            show(summary_text(job_dir), stream=out, end="")
         out.flush()
     finally:
         log.close()
@@ -169,7 +170,7 @@ def _wait_for_end(store: Store, job_id: str, log: JobLog, renderer: Renderer, ou
         refresh_lost(store, [current])
         chunks = "".join(renderer.render(log, log.new_entries())) + "".join(renderer.due(time.time()))
         if chunks:
-            out.write(chunks)
+            show(chunks, stream=out, end="")
             out.flush()
         if current.state.finished:
             return current
@@ -199,4 +200,4 @@ def recover(store: Store, record: JobRecord, say: Callable[[str], None] | None =
 
 
 def _to_stderr(text: str) -> None:
-    sys.stderr.write(text + "\n")
+    show(text, err=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from orchestrator.logs.format import COLOURS, group_label, label, paint, prefixed, shown
+from orchestrator.terminal import show
 
 QUEUE_BYTES = 16 << 20  # text waiting for the terminal before lines are left out
 TICK = 0.1
@@ -101,9 +102,7 @@ class TerminalWriter:
                     return
                 continue
             try:
-                self.terminal.write(taken[0])
-                if not self.items:
-                    self.terminal.flush()
+                show(taken[0], stream=self.terminal, end="", flush=not self.items)
             except (OSError, ValueError):
                 with self.cond:
                     self.broken = True

@@ -1,5 +1,6 @@
-"""Ends one job's processes on a host, found by job id and node name; used by `distrun stop`
-when the job's controller is gone. argv: JOB_ID NODE [GRACE_SECONDS]."""
+"""Ends one job's processes on a host, found by job id and node name and proven the job's by the
+roots its supervisor recorded (remote/provenance.py); used by `distrun stop` when the job's
+controller is gone. argv: JOB_ID NODE [GRACE_SECONDS]."""
 
 from __future__ import annotations
 
@@ -7,12 +8,16 @@ import json
 import os
 import sys
 
+from orchestrator.remote.provenance import record_path, recorded
 from orchestrator.remote.supervisor import end_job, job_processes
+
+HOST_JOBS = "~/.distrun/jobs"
 
 
 def main(argv: list[str]) -> None:
     job_id, node = argv[0], argv[1]
     grace = float(argv[2]) if len(argv) > 2 else 5.0
-    found = len(job_processes(job_id, os.getpid(), node))
-    killed = end_job(job_id, node, None, grace)
+    roots = recorded(record_path(os.path.expanduser(os.path.join(HOST_JOBS, job_id)), node))
+    found = len(job_processes(job_id, os.getpid(), node, roots))
+    killed = end_job(job_id, node, None, grace, roots)
     sys.stdout.write(json.dumps({"found": found, "killed": killed}) + "\n")

@@ -9,12 +9,15 @@ the supervisor makes it here (`socket_dir`), and remote/stack.py fetches each ra
 
 from __future__ import annotations
 
-import hashlib
 import http.client
 import json
 import os
 import socket
+import stat
+import struct
 import tempfile
+import time
+from collections.abc import Callable
 
 from orchestrator.remote.private import make_private_dirs
 
@@ -22,6 +25,8 @@ from orchestrator.remote.private import make_private_dirs
 MAX_SOCKET_PATH = 107
 LONGEST_NAME = len("/rank99999.sock")
 FETCH_TIMEOUT = 5.0
+MAX_ANSWER = 64 << 20  # a rank's dump is a few MiB at most; a larger answer is not a rank's
+CHUNK = 1 << 16
 
 
 def socket_path(directory: str, rank: int | str) -> str:
@@ -32,48 +37,93 @@ def socket_dir(wanted: str, job_id: str) -> str | None:
     """Make the job's socket directory and return it: `wanted` (`~` is this host's home), or a
     short private one under the temporary directory when `wanted` is too long for a socket path.
 
+    The short one is made by `tempfile.mkdtemp` (a fresh random name, created 0700 with O_EXCL
+    semantics: no other user can have made it, blocked it or pointed it elsewhere).
+
     Returns:
         The directory, or None when neither could be made ours (the ranks then get no variable).
     """
     first = os.path.expanduser(wanted)
-    digest = hashlib.sha1(f"{job_id}\0{wanted}".encode()).hexdigest()[:12]
-    short = os.path.join(tempfile.gettempdir(), f"distrun-{os.getuid()}", digest)
-    for directory in (first, short):
-        if len(directory) + LONGEST_NAME > MAX_SOCKET_PATH:
-            continue
+    if len(first) + LONGEST_NAME <= MAX_SOCKET_PATH:
         try:
-            make_private_dirs(directory)
-            if os.stat(os.path.dirname(directory)).st_uid == os.stat(directory).st_uid == os.getuid():
-                return directory
+            make_private_dirs(first)
+            if _ours(first) and _ours(os.path.dirname(first)):
+                return first
         except OSError:
-            continue
-    return None
+            pass
+    short = os.path.join(tempfile.gettempdir(), f"distrun-{job_id[:8]}-XXXXXXXX")
+    if len(short) + LONGEST_NAME > MAX_SOCKET_PATH:
+        return None
+    try:
+        return tempfile.mkdtemp(prefix=f"distrun-{job_id[:8]}-")
+    except OSError:
+        return None
+
+
+def _ours(path: str) -> bool:
+    """Whether `path` itself (not what a link points to) is a directory of this user that no
+    other user can write."""
+    info = os.lstat(path)
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o022
 
 
 class UnixHTTPConnection(http.client.HTTPConnection):
-    """HTTP over a Unix socket (torch's worker server listens on one)."""
+    """HTTP over a Unix socket (torch's worker server listens on one); `peer` is the pid of the
+    process serving it once connected (SO_PEERCRED), None where the kernel does not say."""
 
     def __init__(self, path: str, timeout: float) -> None:
         super().__init__("localhost", timeout=timeout)
         self.path = path
+        self.peer: tuple[int, int] | None = None
 
     def connect(self) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(self.timeout)
         self.sock.connect(self.path)
+        creds = getattr(socket, "SO_PEERCRED", None)
+        if creds is not None:
+            pid, uid, _ = struct.unpack("3i", self.sock.getsockopt(socket.SOL_SOCKET, creds, struct.calcsize("3i")))
+            self.peer = (pid, uid)
 
 
-def fetch(path: str, timeout: float = FETCH_TIMEOUT) -> dict[str, object]:
-    """A rank's Flight Recorder dump (torch's `fr_trace_json` handler) as {"flight": its JSON}, or
-    {"flight_error": why}."""
-    if not os.path.exists(path):
-        return {"flight_error": "no socket served"}
-    connection = UnixHTTPConnection(path, timeout)
+def _socket_of_ours(path: str) -> str | None:
+    """Why `path` is not a socket of this user's (a link, another user's, something else), or None."""
     try:
+        info = os.lstat(path)
+    except OSError:
+        return "no socket served"
+    if not stat.S_ISSOCK(info.st_mode):
+        return "not a socket (a link or a file is never followed)"
+    if info.st_uid != os.getuid():
+        return "the socket is another user's"
+    return None
+
+
+def fetch(path: str, timeout: float = FETCH_TIMEOUT, peer: Callable[[int], bool] | None = None,
+          limit: int = MAX_ANSWER) -> dict[str, object]:
+    """A rank's Flight Recorder dump (torch's `fr_trace_json` handler) as {"flight": its JSON}, or
+    {"flight_error": why}.
+
+    Args:
+        path: The rank's socket: a socket of this user's, never a link.
+        timeout: Seconds the whole fetch may take.
+        peer: Whether the pid serving the socket may be believed (None: any of this user's).
+        limit: The most bytes an answer may have.
+    """
+    why = _socket_of_ours(path)
+    if why is not None:
+        return {"flight_error": why}
+    connection = UnixHTTPConnection(path, timeout)
+    deadline = time.monotonic() + timeout
+    try:
+        connection.connect()
+        why = _unbelieved(connection.peer, peer)
+        if why is not None:
+            return {"flight_error": why}
         connection.request("POST", "/handler/fr_trace_json")
         response = connection.getresponse()
-        body = response.read()
-    except (OSError, http.client.HTTPException) as exc:
+        body = _read_capped(response, limit, deadline)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
         return {"flight_error": f"{type(exc).__name__}: {exc}"}
     finally:
         connection.close()
@@ -83,3 +133,31 @@ def fetch(path: str, timeout: float = FETCH_TIMEOUT) -> dict[str, object]:
         return {"flight": json.loads(body)}
     except ValueError:
         return {"flight_error": "the answer is not JSON"}
+
+
+def _unbelieved(served_by: tuple[int, int] | None, peer: Callable[[int], bool] | None) -> str | None:
+    """Why the process serving the socket is not believed, or None."""
+    if served_by is None:
+        return "the kernel does not say which process serves the socket"
+    pid, uid = served_by
+    if uid != os.getuid() or (peer is not None and not peer(pid)):
+        return f"the socket is served by process {pid}, which is not the job's"
+    return None
+
+
+def _read_capped(response: http.client.HTTPResponse, limit: int, deadline: float) -> bytes:
+    """The answer's body, at most `limit` bytes, read before `deadline`.
+
+    Raises:
+        ValueError: it is longer, or slower.
+    """
+    parts: list[bytes] = []
+    size = 0
+    while chunk := response.read1(CHUNK):
+        size += len(chunk)
+        if size > limit:
+            raise ValueError(f"the answer is longer than {limit >> 20} MiB")
+        if time.monotonic() > deadline:
+            raise ValueError("the answer took too long")
+        parts.append(chunk)
+    return b"".join(parts)

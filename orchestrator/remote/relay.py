@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO
 
 from orchestrator.remote.linestore import Entry, LineStore
+from orchestrator.remote.provenance import own_roots, proven
 from orchestrator.remote.redact import Masker
 from orchestrator.remote.stream import STDERR, STDOUT, Batch, StreamWriter
 from orchestrator.remote.tail import Tailer
@@ -48,7 +49,8 @@ def with_log_dir(argv: list[str], log_dir: str) -> list[str]:
 
 def worker_rank(job_id: str, node: str, restart: int, local_rank: int) -> int | None:
     """The global rank torchrun gave a worker of this job and node (its RANK), or None when no
-    such worker runs now."""
+    such worker runs now; only this supervisor's descendants are believed (remote/provenance.py)."""
+    roots = own_roots()
     wanted = {f"DISTRUN_JOB_ID={job_id}".encode(), f"DISTRUN_NODE={node}".encode(),
               f"LOCAL_RANK={local_rank}".encode(), f"TORCHELASTIC_RESTART_COUNT={restart}".encode()}
     for entry in os.listdir("/proc"):
@@ -59,7 +61,7 @@ def worker_rank(job_id: str, node: str, restart: int, local_rank: int) -> int | 
                 env = fh.read().split(b"\0")
         except OSError:
             continue
-        if wanted.issubset(env):
+        if wanted.issubset(env) and proven(int(entry), roots):
             rank = next((v for v in env if v.startswith(b"RANK=")), b"")
             if rank[5:].isdigit():
                 return int(rank[5:])
@@ -157,7 +159,7 @@ class Relay:
         self.raw_dir = os.path.join(job_dir, node, "torchrun")
         self.copy = HostCopy(os.path.join(job_dir, node), node, int(cfg.get("attempt", 1)), warn)
         self.ranks = RankMap(cfg)
-        self.tailer = Tailer(self.raw_dir, self._rank_lines)
+        self.tailer = Tailer(self.raw_dir, self._rank_lines, masker=self.masker)
 
     def argv(self, argv: list[str]) -> list[str]:
         """torchrun's argv with its log directory, which this relay reads."""

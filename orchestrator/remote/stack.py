@@ -2,12 +2,15 @@
 and by the launcher's hang watchdog. argv: JOB_ID NODE [--native] [--flight].
 
 Ranks are the job's processes (DISTRUN_JOB_ID and DISTRUN_NODE in their environment, as the
-supervisor starts them) that torchrun gave a RANK. py-spy is looked for beside the host's python
-first (the venv that runs the job, where `pip install py-spy` puts it), then on PATH. Every rank
-is dumped at once, so a host's dump takes as long as its slowest rank's, not their sum.
+supervisor starts them, and provably the job's: this user's, descending from the supervisor or
+torchrun recorded in the host's job directory, remote/provenance.py) that torchrun gave a RANK.
+py-spy is looked for beside the host's python first (the venv that runs the job, where `pip
+install py-spy` puts it), then on PATH. Every rank is dumped at once, so a host's dump takes as
+long as its slowest rank's, not their sum.
 
 With --flight, each rank's Flight Recorder dump is fetched first from its socket in
-DISTRUN_WORKER_SOCKETS (remote/flightrec.py), where the rank opted in; py-spy stops a rank while
+DISTRUN_WORKER_SOCKETS (remote/flightrec.py), where the rank opted in, and believed only when the
+process serving the socket is that rank (or another of the job's processes); py-spy stops a rank while
 it dumps it, and a stopped rank cannot answer.
 
 Prints one JSON line: {"pyspy": path or null, "ranks": [{"rank", "local_rank", "pid",
@@ -25,8 +28,11 @@ import threading
 import time
 
 from orchestrator.remote.flightrec import fetch, socket_path
+from orchestrator.remote.provenance import Root, proven, record_path, recorded
 from orchestrator.remote.pyspy import find_pyspy
 from orchestrator.remote.supervisor import job_processes
+
+HOST_JOBS = "~/.distrun/jobs"
 
 DUMP_TIMEOUT = 20.0
 
@@ -62,12 +68,14 @@ def dump(pyspy: str, pid: int, native: bool) -> dict[str, object]:
         return {"error": "py-spy printed no JSON"}
 
 
-def flight(env: dict[str, str]) -> dict[str, object]:
-    """The rank's Flight Recorder dump (or why there is none) and how long fetching it took."""
+def flight(env: dict[str, str], pid: int, roots: list[Root]) -> dict[str, object]:
+    """The rank's Flight Recorder dump (or why there is none) and how long fetching it took; only a
+    socket served by the rank `pid` itself (or another of the job's processes) is believed."""
     if "DISTRUN_WORKER_SOCKETS" not in env:
         return {"flight_error": "no DISTRUN_WORKER_SOCKETS in its environment"}
     started = time.monotonic()
-    got = fetch(socket_path(env["DISTRUN_WORKER_SOCKETS"], env["RANK"]))
+    got = fetch(socket_path(env["DISTRUN_WORKER_SOCKETS"], env["RANK"]),
+                peer=lambda served_by: served_by == pid or proven(served_by, roots))
     return {**got, "flight_seconds": round(time.monotonic() - started, 3)}
 
 
@@ -76,7 +84,8 @@ def dump_ranks(job_id: str, node: str, native: bool, with_flight: bool = False) 
     pyspy = find_pyspy()
     ranks = []
     envs: dict[int, dict[str, str]] = {}
-    for pid in job_processes(job_id, os.getpid(), node):
+    roots = recorded(record_path(os.path.expanduser(os.path.join(HOST_JOBS, job_id)), node))
+    for pid in job_processes(job_id, os.getpid(), node, roots):
         env = rank_env(pid)
         if env:
             envs[pid] = env
@@ -85,7 +94,7 @@ def dump_ranks(job_id: str, node: str, native: bool, with_flight: bool = False) 
     def one(entry: dict[str, object]) -> None:
         pid = int(str(entry["pid"]))
         if with_flight:
-            entry.update(flight(envs[pid]))
+            entry.update(flight(envs[pid], pid, roots))
         if pyspy is not None:
             entry.update(dump(pyspy, pid, native))
 

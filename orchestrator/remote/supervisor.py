@@ -15,8 +15,10 @@ barrier for the other hosts); null when torchrun had already exited or no stop c
 The job's processes are found two ways: torchrun's process group, and every process whose
 environment carries `DISTRUN_JOB_ID=<id>` and `DISTRUN_NODE=<node>` (torchrun starts each
 worker in a session of its own, so the group alone would miss workers once torchrun itself
-is gone). Another job on the same host has another id and is never touched; the node name
-keeps apart hosts that share one process table (containers, namespaces).
+is gone) and that is provably the job's (remote/provenance.py: this user's, descending from
+the supervisor or its torchrun; markers alone are claimed by anyone who reads `ps`). Another
+job on the same host has another id and is never touched; the node name keeps apart hosts
+that share one process table (containers, namespaces).
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ from typing import Any, BinaryIO
 from orchestrator.remote.flightrec import socket_dir
 from orchestrator.remote.leader import Leader
 from orchestrator.remote.private import make_private_dirs
+from orchestrator.remote.provenance import Root, become_subreaper, own_roots, proven, record, record_path, root_of
 from orchestrator.remote.relay import Relay
+from orchestrator.remote.safedirs import expand_var, make_safe_dir
 from orchestrator.remote.stream import StreamWriter
 
 HEARTBEAT_EVERY = 1.0
@@ -45,23 +49,25 @@ def _markers(job_id: str, node: str | None) -> tuple[bytes, bytes]:
     return marker, f"DISTRUN_NODE={node}".encode() if node else marker
 
 
-def _is_job_process(pid: int | str, markers: tuple[bytes, bytes]) -> bool:
+def _is_job_process(pid: int | str, markers: tuple[bytes, bytes], roots: list[Root]) -> bool:
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             env = fh.read().split(b"\0")
     except OSError:
         return False
-    return markers[0] in env and markers[1] in env
+    return markers[0] in env and markers[1] in env and proven(int(pid), roots)
 
 
-def job_processes(job_id: str, exclude: int, node: str | None = None) -> list[int]:
-    """Pids of every process whose environment has DISTRUN_JOB_ID=job_id (and DISTRUN_NODE=node)."""
+def job_processes(job_id: str, exclude: int, node: str | None = None, roots: list[Root] | None = None) -> list[int]:
+    """Pids of every process whose environment has DISTRUN_JOB_ID=job_id (and DISTRUN_NODE=node)
+    and that is provably the job's: descends from `roots` (None: from this process)."""
     markers = _markers(job_id, node)
+    wanted = own_roots() if roots is None else roots
     return [int(entry) for entry in os.listdir("/proc")
-            if entry.isdigit() and int(entry) != exclude and _is_job_process(entry, markers)]
+            if entry.isdigit() and int(entry) != exclude and _is_job_process(entry, markers, wanted)]
 
 
-def signal_job_process(pid: int, sig: int, job_id: str, node: str | None) -> None:
+def signal_job_process(pid: int, sig: int, job_id: str, node: str | None, roots: list[Root] | None = None) -> None:
     """Signal `pid` only while it is a process of the job.
 
     A pid found by a scan of /proc may exit and be reused before the signal is sent: the pid
@@ -79,7 +85,7 @@ def signal_job_process(pid: int, sig: int, job_id: str, node: str | None) -> Non
     except OSError:
         return
     try:
-        if _is_job_process(pid, _markers(job_id, node)):
+        if _is_job_process(pid, _markers(job_id, node), own_roots() if roots is None else roots):
             send(fd, sig)
     except OSError:
         pass
@@ -108,14 +114,15 @@ def _alive(pid: int) -> bool:
     return state not in (b"Z", b"X")
 
 
-def _signal_all(job_id: str, node: str, leader: Leader | None, pids: list[int], sig: int) -> None:
+def _signal_all(job_id: str, node: str, leader: Leader | None, pids: list[int], sig: int,
+                roots: list[Root] | None) -> None:
     if leader is not None:
         leader.signal_group(sig)
     for pid in pids:
-        signal_job_process(pid, sig, job_id, node)
+        signal_job_process(pid, sig, job_id, node, roots)
 
 
-def end_job(job_id: str, node: str, leader: Leader | None, grace: float) -> int:
+def end_job(job_id: str, node: str, leader: Leader | None, grace: float, roots: list[Root] | None = None) -> int:
     """SIGTERM the job's processes, SIGKILL what is left after `grace` seconds.
 
     Args:
@@ -124,36 +131,34 @@ def end_job(job_id: str, node: str, leader: Leader | None, grace: float) -> int:
         leader: torchrun, when this process started it: its group is signalled too, and it
             is reaped as it exits.
         grace: Seconds between SIGTERM and SIGKILL.
+        roots: What the job's processes descend from (None: this process, the supervisor).
 
     Returns:
         How many processes were still alive after the grace period.
     """
     me = os.getpid()
-    _signal_all(job_id, node, leader, job_processes(job_id, me, node), signal.SIGTERM)
+    _signal_all(job_id, node, leader, job_processes(job_id, me, node, roots), signal.SIGTERM, roots)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         if leader is not None:
             leader.poll()
-        if not [p for p in job_processes(job_id, me, node) if _alive(p)]:
+        if not [p for p in job_processes(job_id, me, node, roots) if _alive(p)]:
             return 0
         time.sleep(0.05)
-    left = [p for p in job_processes(job_id, me, node) if _alive(p)]
-    _signal_all(job_id, node, leader, left, signal.SIGKILL)
+    left = [p for p in job_processes(job_id, me, node, roots) if _alive(p)]
+    _signal_all(job_id, node, leader, left, signal.SIGKILL, roots)
     return len(left)
 
 
 def make_dirs(paths: list[str], cwd: str | None) -> None:
-    """Create each directory the job needs (its checkpoint_dir), relative to its workdir.
+    """Create each directory the job needs (its checkpoint_dir), relative to its workdir, where no
+    other user can write (remote/safedirs.py).
 
     Raises:
-        OSError: one could not be created (the job does not start).
+        OSError: one is unsafe or could not be created (the job does not start).
     """
     for path in paths:
-        full = os.path.join(os.path.expanduser(cwd or "."), os.path.expanduser(path))
-        try:
-            os.makedirs(full, exist_ok=True)
-        except OSError as exc:
-            raise OSError(f"cannot create {full}: {exc.strerror or exc}") from exc
+        make_safe_dir(path, cwd)
 
 
 class Supervisor:
@@ -194,6 +199,7 @@ class Supervisor:
         env.update(self.cfg.get("env", {}))
         env["DISTRUN_JOB_ID"] = self.job_id
         env["DISTRUN_NODE"] = self.node
+        expand_var(env)
         self.resolve_sockets(env)
         cwd = self.cfg.get("cwd")
         make_dirs(self.cfg.get("make_dirs", []), cwd)
@@ -207,7 +213,15 @@ class Supervisor:
             start_new_session=True,
         )
         self.leader = Leader(self.child)
+        self.record_roots()
         self.out.event("started", pid=self.child.pid, supervisor=os.getpid(), host=os.uname().nodename)
+
+    def record_roots(self) -> None:
+        """Record this supervisor and its torchrun (pid and start time) for the programs that find
+        the job's processes later (remote/provenance.py); a full disk leaves them none to find."""
+        roots = [r for r in (root_of(os.getpid()), root_of(self.child.pid)) if r is not None]  # type: ignore[union-attr]
+        with contextlib.suppress(OSError):
+            record(record_path(self.dir, self.node), roots)
 
     def resolve_sockets(self, env: dict[str, str]) -> None:
         """DISTRUN_WORKER_SOCKETS made on this host (remote/flightrec.py), or dropped with a note."""
@@ -264,6 +278,7 @@ class Supervisor:
         """Start torchrun, follow it to its end, and end whatever of the job is left, whatever
         failed on the way (a `finally`): a job never outlives its supervisor's run."""
         self._catch_signals()
+        become_subreaper()
         error: str | None = None
         sampler: threading.Thread | None = None
         try:

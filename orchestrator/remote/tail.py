@@ -6,7 +6,9 @@ writes to its own file, so no two ranks' half lines can meet, and nothing reads 
 line by line inside torchrun. The supervisor's `Tailer` reads what was added to every file a
 few hundred times a second while lines flow (a few dozen when quiet) and hands on whole lines
 only; a line still without its newline waits for it, at most PARTIAL_WAIT seconds, and is then
-handed on marked partial (as is what is left when the job ends).
+handed on marked partial (as is what is left when the job ends). A line longer than LINE_MAX
+is handed on in parts, masked across each cut: the part is masked whole, and its last bytes (one
+fewer than the longest secret) wait for the next part, so no secret is ever split in two.
 
 Order: within one read of a rank's two files, the file written last goes last (its mtime), so
 a line printed just before a traceback comes before it; across reads, lines keep the order in
@@ -20,6 +22,8 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from orchestrator.remote.redact import Masker
 
 PARTIAL_WAIT = 0.5
 READ_MAX = 256 << 10
@@ -63,12 +67,16 @@ class Tailer:
         log_dir: torchrun's `--log-dir`.
         emit: Called with each batch of whole lines (or one partial line) of a file.
         clock: Monotonic seconds (tests pass their own).
+        masker: The job's secrets, masked across the cuts of a line longer than LINE_MAX.
     """
 
-    def __init__(self, log_dir: str, emit: Emit, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, log_dir: str, emit: Emit, clock: Callable[[], float] = time.monotonic,
+                 masker: Masker | None = None) -> None:
         self.log_dir = log_dir
         self.emit = emit
         self.clock = clock
+        self.masker = masker or Masker(())
+        self.overlap = max((len(s) for s in self.masker.raw), default=1) - 1
         self.files: dict[str, RankFile] = {}
         self.next_scan = 0.0
 
@@ -133,7 +141,15 @@ class Tailer:
             rank_file.since = now
         rank_file.pending = rest
         if len(rest) > LINE_MAX:
-            self._partial(rank_file)
+            self._long_part(rank_file)
+
+    def _long_part(self, rank_file: RankFile) -> None:
+        """Hand on a part of a line too long to wait for its end, masked; keep its last bytes (where
+        a secret may begin that the next part ends) for the next part."""
+        masked = self.masker.bytes(rank_file.pending)
+        cut = len(masked) - self.overlap
+        rank_file.pending = masked[cut:]
+        self.emit(rank_file.restart, rank_file.local_rank, rank_file.stream, masked[:cut] + b"\n", 1, True)
 
     def _partial(self, rank_file: RankFile) -> None:
         self.emit(rank_file.restart, rank_file.local_rank, rank_file.stream, rank_file.pending + b"\n", 1, True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.logs.sink import job_wide
+from orchestrator.terminal import safe_text
 
 STARTUP_GRACE = 10.0  # extra time a host gets for its first sample (python start, imports)
 SUMMARY_ALERTS = 10
@@ -109,7 +110,9 @@ class Aggregator:
         self.lock = threading.Lock()
 
     def observe(self, node: str, sample: dict[str, Any], at: float | None = None) -> list[Alert]:
-        """Take one sample from `node` (seen at `at`, default now); returns the alerts it raised."""
+        """Take one sample from `node` (seen at `at`, default now), its text made safe for a
+        terminal (a host's strings reach `top`'s table, which rich draws); returns the alerts it raised."""
+        sample = _safe_values(sample)
         now = self.clock() if at is None else at
         with self.lock:
             state = self.hosts.setdefault(node, HostState(node))
@@ -232,3 +235,14 @@ def summary_lines(alerts: list[str]) -> list[str]:
     if len(alerts) > SUMMARY_ALERTS:
         lines.append(f"    ... and {len(alerts) - SUMMARY_ALERTS} more (`distrun ps --json`)")
     return lines
+
+
+def _safe_values(value: Any) -> Any:
+    """`value` with every string in it made safe for a terminal (`terminal.safe_text`)."""
+    if isinstance(value, str):
+        return safe_text(value)
+    if isinstance(value, list):
+        return [_safe_values(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _safe_values(item) for key, item in value.items()}
+    return value

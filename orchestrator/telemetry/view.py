@@ -19,7 +19,7 @@ from rich.text import Text
 
 from orchestrator.stragglers import Detector
 from orchestrator.telemetry.alerts import Aggregator, Alert, AlertRules, HostState, mem_pct, power_text, temp_text
-from orchestrator.terminal import colour
+from orchestrator.terminal import colour, safe_text
 
 TICK = 1.0  # seconds between checks for silent hosts
 TABLE_CHROME = 8  # lines of a rendered table that are not rows (title, header, rules, caption)
@@ -206,7 +206,7 @@ class ConsoleWriter(io.TextIOBase):
             cut = self.pending.rfind("\n") + 1
             lines, self.pending = self.pending[:cut], self.pending[cut:]
             if lines:
-                self.console.print(RawLines(lines), end="", crop=False, soft_wrap=True)
+                self.console.print(RawLines(safe_text(lines)), end="", crop=False, soft_wrap=True)
 
     def isatty(self) -> bool:
         return self.console.is_terminal

@@ -27,6 +27,20 @@ class Proc:
     ppid: int
     cmdline: tuple[str, ...]
 
+    def uid(self) -> int | None:
+        """The process's owner; None once it is gone."""
+        try:
+            return (PROC / str(self.pid)).stat().st_uid
+        except OSError:
+            return None
+
+    def alive(self) -> bool:
+        """Whether it still runs (neither gone nor a zombie)."""
+        try:
+            return (PROC / str(self.pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except (OSError, IndexError):
+            return False
+
     def environ(self) -> dict[str, str]:
         """The process's environment as it started; empty once the process is gone."""
         try:
@@ -114,3 +128,28 @@ def kill_and_wait(pids: Iterable[int], timeout: float = 5.0) -> None:
         if not pending or time.monotonic() > deadline:
             return
         time.sleep(0.01)
+
+
+SECOND_USER = "distrun-impostor"
+
+
+def second_user() -> int:
+    """The uid of an unprivileged second user of the test hosts (all share /etc/passwd), made with
+    useradd when missing: a system account with no home, no password and no login shell, left in
+    place (harmless) for the next run."""
+    import pwd
+    import subprocess
+
+    try:
+        return pwd.getpwnam(SECOND_USER).pw_uid
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SECOND_USER],
+                       check=True, capture_output=True)
+        return pwd.getpwnam(SECOND_USER).pw_uid
+
+
+def pose_as_rank_argv(uid: int, job_id: str, node: str, rank: int) -> list[str]:
+    """argv (for a host's shell) that starts, as `uid`, a detached process carrying a job's markers
+    (DISTRUN_JOB_ID, DISTRUN_NODE, RANK), as any user who reads `ps` can."""
+    return ["sh", "-c", f"setsid -f setpriv --reuid={uid} --regid={uid} --clear-groups env DISTRUN_JOB_ID={job_id} "
+            f"DISTRUN_NODE={node} RANK={rank} LOCAL_RANK=0 sleep 600 </dev/null >/dev/null 2>&1"]

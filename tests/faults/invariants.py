@@ -10,7 +10,7 @@ import re
 import signal
 
 from tests.faults.matrix import GRACE, HEARTBEAT, Cell, Outcome, Phase
-from tests.faults.scene import HOSTS, Observed
+from tests.faults.scene import HOSTS, IMPOSTOR_RANK, Observed
 
 TERMINAL_LINE = re.compile(r"^\[(node\d) r(\d+)\] (tick \d+ \d+)$")
 TICK = re.compile(r"^tick (\d+) (\d+)$")
@@ -61,7 +61,24 @@ def controller_back(cell: Cell, seen: Observed) -> list[str]:
 
 def cause_named(cell: Cell, seen: Observed) -> list[str]:
     """c) The record names the right host, rank and reason (its failure data, not its text); a
-    refused launch names the host in its one-line error."""
+    refused launch names the host in its one-line error; a process that is not provably the job's
+    is never signalled, attached to or believed."""
+    return [*impostor_ignored(seen), *_cause_named(cell, seen)]
+
+
+def impostor_ignored(seen: Observed) -> list[str]:
+    """c) Another user's process carrying the job's markers and RANK=7 (scene.Scene.pose_as_rank)
+    is alive after the cell and no failure names rank 7."""
+    problems = []
+    if seen.impostor_alive is False:
+        problems.append("c) another user's process with the job's markers was ended")
+    named = [f for f in (seen.record or {}).get("failures", []) if f.get("rank") == IMPOSTOR_RANK]
+    if named:
+        problems.append(f"c) a failure names rank {IMPOSTOR_RANK}, another user's process: {named[0]}")
+    return problems
+
+
+def _cause_named(cell: Cell, seen: Observed) -> list[str]:
     cause = cell.cause
     if cell.outcome in UNRECORDED:
         if cause is not None and not (cause.host in seen.terminal and cause.said_in(seen.terminal)):

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from tests.cluster.harness import Cluster, Proc
+from tests.cluster.procs import pose_as_rank_argv, second_user
 from tests.faults.matrix import (
     FAULTY_HOST,
     FREEZE,
@@ -42,6 +43,8 @@ POLL = 0.1
 PHASE_WAIT = 120.0
 HOSTS = ("node0", "node1", "node2")
 NODE2 = HOSTS.index(FAULTY_HOST)
+IMPOSTOR_HOST = 1  # node1: a host no fault reboots
+IMPOSTOR_RANK = 7
 
 
 
@@ -50,9 +53,10 @@ NODE2 = HOSTS.index(FAULTY_HOST)
 
 def job_processes(cluster: Cluster, i: int, job_id: str) -> list[Proc]:
     """Every process of the job on host i: its supervisor (the job id in its argv) and everything
-    started with the job's id in its environment (the gate, torchrun, the ranks)."""
-    return [p for p in cluster.processes(i)
-            if p.environ_has(job_id, key="DISTRUN_JOB_ID") or any(job_id in arg for arg in p.cmdline)]
+    started with the job's id in its environment (the gate, torchrun, the ranks), the job's user's
+    (the impostor carries the same markers as another user)."""
+    return [p for p in cluster.processes(i) if p.uid() == os.getuid()
+            and (p.environ_has(job_id, key="DISTRUN_JOB_ID") or any(job_id in arg for arg in p.cmdline))]
 
 
 def probes(cluster: Cluster, i: int) -> list[Proc]:
@@ -291,6 +295,7 @@ class Observed:
     bystander_before: dict[int, set[int]] = field(default_factory=dict)
     bystander_after: dict[int, set[int]] = field(default_factory=dict)
     bystander_lines: tuple[int, int] = (0, 0)
+    impostor_alive: bool | None = None  # None: no impostor was placed (its host was rebooted)
 
 
 class Scene:
@@ -308,6 +313,7 @@ class Scene:
         self.gate = Gate(root)
         self.cut: int | None = None
         self.undo: list[Callable[[], None]] = []
+        self.impostor: Proc | None = None
         self.controller: Controller | None = None
         self.fault_at = 0.0
 
@@ -316,6 +322,7 @@ class Scene:
         whatever the fault left undone is undone."""
         try:
             with small_disk(self):
+                self.impostor = self.pose_as_rank()
                 self.reach()
                 self.inject()
                 return self.watch()
@@ -323,6 +330,16 @@ class Scene:
             self.close()
 
     # -- setting up ---------------------------------------------------------------
+
+    def pose_as_rank(self) -> Proc:
+        """Another user's process on node1 with the job's markers and RANK=7 (no rank of the job has
+        it), there before the job starts and killed when the cell ends."""
+        uid = second_user()
+        self.cluster.host_run(IMPOSTOR_HOST, pose_as_rank_argv(uid, self.job_id, HOSTS[IMPOSTOR_HOST], IMPOSTOR_RANK))
+        impostor = _one(self.cluster, IMPOSTOR_HOST, lambda p: p.uid() == uid and p.environ_has(self.job_id),
+                        "the impostor")
+        self.undo.append(lambda: os.kill(impostor.pid, signal.SIGKILL))
+        return impostor
 
     def inventory(self) -> Path:
         nodes = [{"name": HOSTS[i], "host": self.cluster.addr(i)} for i in range(3)]
@@ -405,6 +422,7 @@ class Scene:
         seen.terminal = self.controller.terminal()
         seen.record = self.controller.record()
         seen.files = self.files()
+        seen.impostor_alive = None if self.impostor is None else self.impostor.alive()
         if self.bystander is not None:
             seen.bystander_before = self.before
             seen.bystander_after = self.bystander.pids()
