@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -75,6 +76,44 @@ def test_rank_3_stuck_outside_the_collective_is_named_with_its_function_within_t
     print(f"MEASURED hang start to root cause: {ended - began:.1f} s (hang_timeout {HANG_TIMEOUT} s); "
           f"stack dump of 6 ranks on 3 hosts: {json.loads((stacks / 'stacks.json').read_text())['seconds']} s; "
           f"Flight Recorder fetch, slowest rank: {fetched['seconds']} s")
+
+
+def python_without_pyspy(root: Path) -> Path:
+    """This venv's python seen from a directory without py-spy beside it (nor is it on the hosts' PATH)."""
+    venv = Path(sys.prefix)
+    (root / "bin").mkdir(parents=True)
+    (root / "pyvenv.cfg").write_text((venv / "pyvenv.cfg").read_text())
+    (root / "lib").symlink_to(venv / "lib")
+    (root / "bin" / "python").symlink_to(Path(sys.executable).resolve())
+    return root / "bin" / "python"
+
+
+def test_a_hang_on_hosts_without_py_spy_names_no_host_and_says_how_to_find_the_stuck_rank(cluster3, tmp_path):
+    inv = cluster3.write_inventory(tmp_path / "inv.yaml", python=str(python_without_pyspy(tmp_path / "nopyspy")))
+    home = tmp_path / "home"
+    job = write_job(tmp_path, "hang", ["--hang-rank", "3", "--hang-step", "30", "--steps", "100000",
+                                       "--no-flight-recorder"], extra=f"hang_timeout: {HANG_TIMEOUT}\n",
+                    script=HANG_WORKER)
+    proc = start(job, inv, home, "hang-2", "--no-live")
+    try:
+        proc.wait(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = output(home, "hang-2")
+    assert proc.returncode == 1, out[-3000:]
+    summary = out[out.index("Root Cause"):]
+    assert "host: unknown (distrun cannot tell which host is at fault)" in summary, summary
+    assert "unknown: every rank silent, no stacks" in summary
+    assert "node0: no stacks: node0: py-spy is not installed beside the host's python nor on its PATH" in summary
+    assert "to find the stuck rank: install py-spy on the hosts" in summary
+    assert "or opt in to the Flight Recorder" in summary
+    root_block = summary.split("Other hosts")[0]
+    assert not re.search(r"^  (host: node|rank: )", root_block, re.M), root_block
+    root = record(home, "hang-2")["failures"][0]
+    assert (root["kind"], root["host"], root["rank"], root["address"]) == ("hang", "", None, "")
+    assert "Other hosts: node[0-2]: stopped by distrun" in summary
+    assert all(not procs for procs in job_procs(cluster3, "hang-2").values())
 
 
 def test_stack_folds_the_six_ranks_of_a_healthy_job_into_one_group_and_ps_shows_it_running(cluster3, inv, tmp_path):

@@ -192,6 +192,10 @@ def test_cutting_one_hosts_link_stops_the_others_within_20_s_and_it_cleans_itsel
     assert gone_after <= 20, f"others still running {gone_after:.1f} s after the cut"
     assert proc.returncode == 1
     assert "host: node2" in out and "host lost" in out
+    # node2's own last lines from before the cut (its ranks' ticks), not distrun's note written after it.
+    block = out[out.index("last ", out.index("Root Cause")):out.index("Other hosts")]
+    assert block.startswith("last ") and " lines of node2:" in block.splitlines()[0], block
+    assert "tick" in block and "distrun:" not in block, block
     # The cut host's supervisor ends the job itself once the heartbeat has been silent.
     assert wait_for(lambda: not job_procs(cluster3, "cut-1")[2], 20)
 
