@@ -8,10 +8,11 @@ change is a plain return from main instead of `quick_exit(0)`). Launchers: `dist
 launch -i the cluster's inventory) and `pdsh` (`pdsh -S -R ssh` running torchrun with
 `--node-rank %n` on each host: -S makes pdsh return the largest exit code of the hosts).
 A run counts as an abort as in teardown_bench.py. Runs go to bench/results/teardown-runs.jsonl
-with launcher `distrun` or `pdsh-S` and where `hosts2`; `teardown_bench.py report --label L` makes the
-table. Run as root, under the machine's heavy lock:
+with launcher `distrun` or `pdsh-S` and where `hosts2`; `--report` prints the table (95% Wilson
+intervals, Fisher's exact test of distrun against pdsh -S). Run as root, under the machine's heavy lock:
 
     flock /tmp/distrun-heavy.lock .venv/bin/python bench/teardown_thirdparty.py --label thirdparty --rounds 20
+    .venv/bin/python bench/teardown_thirdparty.py --label thirdparty --report
 """
 
 from __future__ import annotations
@@ -24,11 +25,23 @@ import shlex
 import shutil
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
 from common import REPO
-from teardown_bench import FINAL, PYTHON, RUNS_FILE, Run, classify, files_text, run_command
+from teardown_bench import (
+    FINAL,
+    PYTHON,
+    RUNS_FILE,
+    Run,
+    classify,
+    files_text,
+    fisher_two_sided,
+    load,
+    run_command,
+    wilson,
+)
 
 from tests.cluster.harness import Cluster
 
@@ -106,13 +119,37 @@ class ThirdParty:
                    tail="" if outcome == "ok" else "\n".join(interesting[-12:])[-2000:])
 
 
+def table(rows: list[dict[str, object]]) -> list[str]:
+    """Per job: each launcher's runs, aborts, other failures, abort rate and Fisher's p against pdsh -S."""
+    out = ["| job | launcher | runs | aborts | other failures | abort rate (95% CI) | Fisher p vs pdsh -S |",
+           "|---|---|---|---|---|---|---|"]
+    for job in JOBS:
+        counts = {launcher: Counter(str(r["outcome"]) for r in rows if r["job"] == job and r["launcher"] == launcher)
+                  for launcher in LAUNCHERS}
+        base = counts["pdsh-S"]
+        for launcher, count in counts.items():
+            n, k = sum(count.values()), count["abort"]
+            low, high = wilson(k, n)
+            bn, bk = sum(base.values()), base["abort"]
+            p = "" if launcher == "pdsh-S" else f"{fisher_two_sided(k, n - k, bk, bn - bk):.3f}"
+            rate = f"{k / n:.1%} ({low:.1%}-{high:.1%})" if n else "-"
+            out.append(f"| {job} | {launcher} | {n} | {k} | {n - k - count['ok']} | {rate} | {p} |")
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", default="thirdparty")
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--minutes", type=float, default=30.0, help="start no round after this")
     parser.add_argument("--first-round", type=int, default=0)
+    parser.add_argument("--report", action="store_true", help="print the label's table and run nothing")
     args = parser.parse_args()
+    if args.report:
+        rows = load(args.label)
+        print(f"Runs {min(str(r['started']) for r in rows)} to {max(str(r['started']) for r in rows)}")
+        print("\n".join(table(rows)))
+        return 0
     pairs = [(job, launcher) for job in JOBS for launcher in LAUNCHERS]
     deadline = time.monotonic() + args.minutes * 60
     with tempfile.TemporaryDirectory(prefix="teardown-3p-") as tmp, Cluster(HOSTS, private_dirs=True) as cluster:
