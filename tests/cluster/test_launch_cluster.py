@@ -172,6 +172,9 @@ def test_a_rank_aborting_after_its_last_step_fails_and_the_summary_says_the_work
     root = record(home, "abort-1")["failures"][0]
     assert (root["host"], root["rank"], root["signal"]) == ("node2", 2, "SIGABRT")
     assert root["after_final"] is True and root["barrier_hosts"] == ["node0", "node1"]
+    # Every other rank waited in torchrun's exit barrier, and rank 2 printed no traceback: a crash at exit.
+    assert "the work finished on every rank; rank 2 crashed at interpreter exit (SIGABRT)" in summary.splitlines()[1]
+    assert root["when"] == "at exit"
 
 
 def test_cutting_one_hosts_link_stops_the_others_within_20_s_and_it_cleans_itself(cluster3, inv, tmp_path):
