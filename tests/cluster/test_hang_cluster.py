@@ -58,7 +58,7 @@ def test_rank_3_stuck_outside_the_collective_is_named_with_its_function_within_t
     assert "host: node1" in summary and "rank: 3" in summary
     assert "rank 3 on node1 is not where the others wait" in summary
     assert "load_batch (hang_worker.py:24)" in summary
-    assert re.search(r"ranks 0-2,4-5 wait in: all_reduce .*← steps \(hang_worker\.py:57\)", summary), summary
+    assert re.search(r"ranks 0-2,4-5 wait in: all_reduce .*← steps \(hang_worker\.py:58\)", summary), summary
     # The Flight Recorder (hang_worker serves it): every rank entered collective #30 (steps 0-29) and
     # ranks 0-2,4-5 wait in #31, which rank 3 has not entered.
     assert ("flight recorder: rank 3 has not entered collective #31 gloo:all_reduce that ranks 0-2,4-5 wait in "
@@ -129,7 +129,7 @@ def test_stack_folds_the_six_ranks_of_a_healthy_job_into_one_group_and_ps_shows_
         assert done.returncode == 0, done.stderr
         groups = json.loads(done.stdout)["groups"]
         assert [(g["ranks"], g["hosts"]) for g in groups] == [(list(range(6)), ["node0", "node1", "node2"])]
-        assert groups[0]["where"] == "steps (hang_worker.py:62)"
+        assert groups[0]["where"] == "steps (hang_worker.py:63)"
         text = distrun("stack", "ok-1", "--node", "node1", home=home, timeout=60).stdout.splitlines()
         assert text[1] == "ranks 2-3 (on node1)"
         assert record(home, "ok-1")["state"] == "running"

@@ -1,7 +1,6 @@
 """A torchrun worker for the hang tests: steps of one all_reduce each; one rank can stop outside
 the collective (in load_batch) while the others wait in it, or only rank 0 can report, through
-DISTRUN_METRICS lines alone. It serves its Flight Recorder as jobs/README.md says a script opts in
-(unless --no-flight-recorder)."""
+DISTRUN_METRICS lines alone. It serves its Flight Recorder as jobs/README.md says (not: --no-flight-recorder)."""
 
 from __future__ import annotations
 
