@@ -31,6 +31,8 @@ COLLATERAL = re.compile(
 # Signals a process gets when someone ends it on purpose (a teardown), not when it crashes.
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGPIPE"})
 STOPPED_BY_DISTRUN = "stopped by distrun"
+# `Failure.when` of a rank that crashed after its work was done, every other rank having exited 0.
+AT_EXIT = "at exit"
 
 
 class FailureKind(str, Enum):
@@ -48,7 +50,7 @@ class Failure:
     """One host's failure.
 
     Attributes:
-        host: The node name.
+        host: The node name; "" when nothing observed points at one host (the summary says "unknown").
         kind: How it failed.
         rank: The global rank that failed first on the host, when known.
         exit_code: The exit code (kind `exit`).
@@ -64,6 +66,8 @@ class Failure:
             barrier, every worker there already exited: their ranks had finished.
         stack: For a hang: the odd rank's stack, then where the other ranks wait (lines to show).
         flight: For a hang: what the ranks' Flight Recorder dumps say, per process group.
+        when: `AT_EXIT` when every other rank had exited 0 and this rank's signal came after its
+            last line, with no traceback of its own: the work finished, the process crashed at exit.
     """
 
     host: str
@@ -79,6 +83,7 @@ class Failure:
     barrier_hosts: tuple[str, ...] = ()
     stack: tuple[str, ...] = ()
     flight: tuple[Lag, ...] = ()
+    when: str = ""
 
     @classmethod
     def from_returncode(cls, host: str, returncode: int, **fields: Any) -> Failure:
@@ -106,12 +111,15 @@ class Failure:
         return f"{self.where()}{rank}: {self.describe()}"
 
     def where(self) -> str:
-        """The host as named, with its address when that says more: `node1 (10.0.0.11)`, `localhost`."""
+        """The host as named, with its address when that says more: `node1 (10.0.0.11)`, `localhost`;
+        "unknown" when no host is known to be at fault."""
+        if not self.host:
+            return "unknown"
         return f"{self.host} ({self.address})" if self.address and self.address != self.host else self.host
 
     def render(self) -> str:
         """The indented block a launch summary shows under its root-cause title."""
-        lines = [f"  host: {self.where()}"]
+        lines = [f"  host: {self.where() if self.host else 'unknown (distrun cannot tell which host is at fault)'}"]
         if self.rank is not None:
             lines.append(f"  rank: {self.rank}")
         label = "exit" if self.kind in (FailureKind.EXIT, FailureKind.SIGNAL) else "reason"
@@ -127,6 +135,8 @@ class Failure:
             whose = f"rank {self.rank}" if self.rank is not None else self.host
             lines.append(f"  last {len(self.last_lines)} lines of {whose}:")
             lines += [f"    {line}" for line in self.last_lines]
+        elif self.kind is FailureKind.LOST:
+            lines.append(f"  last lines of {self.host}: none arrived before it was lost")
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
@@ -135,7 +145,7 @@ class Failure:
                 "signal": self.signal, "reason": self.reason, "address": self.address,
                 "last_lines": list(self.last_lines), "time": self.time, "after_final": self.after_final,
                 "barrier_hosts": list(self.barrier_hosts), "stack": list(self.stack),
-                "flight": [lag.to_dict() for lag in self.flight]}
+                "flight": [lag.to_dict() for lag in self.flight], "when": self.when}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Failure:
@@ -144,7 +154,7 @@ class Failure:
         Raises:
             ValueError: `kind` is not a known kind, or `host` is missing.
         """
-        if not data.get("host"):
+        if data.get("host") is None:
             raise ValueError("a failure needs a host")
         return cls(
             host=str(data["host"]), kind=FailureKind(data.get("kind")), rank=data.get("rank"),
@@ -152,7 +162,7 @@ class Failure:
             address=str(data.get("address") or ""), last_lines=tuple(data.get("last_lines") or ()),
             time=float(data.get("time") or 0.0), after_final=bool(data.get("after_final")),
             barrier_hosts=tuple(data.get("barrier_hosts") or ()), stack=tuple(data.get("stack") or ()),
-            flight=tuple(Lag.from_dict(lag) for lag in data.get("flight") or ()),
+            flight=tuple(Lag.from_dict(lag) for lag in data.get("flight") or ()), when=str(data.get("when") or ""),
         )
 
 
@@ -236,7 +246,11 @@ def other_hosts_line(ends: Mapping[str, str]) -> str:
 
 def failed_summary(job_id: str, root: Failure, others: Mapping[str, str]) -> str:
     """The summary of a failed job: the root cause's block, then how every other host ended."""
-    lines = [f"job {job_id} FAILED", ROOT_CAUSE_TITLE, root.render()]
+    lines = [f"job {job_id} FAILED"]
+    if root.when == AT_EXIT:
+        lines.append(f"the work finished on every rank; rank {root.rank} crashed at interpreter exit "
+                     f"({root.signal or root.describe()})")
+    lines += [ROOT_CAUSE_TITLE, root.render()]
     other = other_hosts_line(others)
     if other:
         lines.append(other)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator import backends, telemetry
+from orchestrator.at_exit import neighbours_finished, when_failed
 from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, terminal_for
 from orchestrator.display import fold_hosts
 from orchestrator.errors import DistrunError, ExitCode, InfraError
@@ -36,7 +37,7 @@ from orchestrator.group import GroupError
 from orchestrator.interrupts import on_signals
 from orchestrator.logs import LogSink
 from orchestrator.logs.screen import Screen
-from orchestrator.logs.sink import job_wide
+from orchestrator.logs.sink import TAIL_LINES, job_wide
 from orchestrator.plan import HostPlan, LaunchPlan
 from orchestrator.remote.redact import Masker
 from orchestrator.remote.stream import Batch, FrameReader
@@ -426,8 +427,10 @@ class HostRun:
         return "connection to the host closed"
 
     def lost(self, reason: str, kind: FailureKind = FailureKind.LOST) -> Failure:
-        """A failure of this host that it did not report itself."""
-        return Failure(self.node, kind, reason=reason, address=self.plan.host, last_lines=self.last_lines(None))
+        """A failure of this host that it did not report itself. A lost host's last lines are its
+        own (its ranks' and torchrun's), never distrun's notes about it."""
+        lines = self.sink.own_lines(self.node, SUMMARY_LINES) if kind is FailureKind.LOST else self.last_lines(None)
+        return Failure(self.node, kind, reason=reason, address=self.plan.host, last_lines=lines)
 
     def end(self) -> str:
         """How the host ended, for the summary's `Other hosts` line."""
@@ -675,7 +678,7 @@ class Launcher:
         self.monitor.stop()
         # The summary quotes the job's last lines: a secret the job printed is masked here too.
         mask = Masker(self.plan.secrets.values())
-        self.course.end(None)
+        self.course.end(None, state=state.value)
         detail = mask.text("\n".join([detail, *extra, *telemetry.summary_lines(self.record.alerts),
                                       *self.sink.shortfalls(), *self.course.lines()]))
         restarts = max((h.restarts for h in self.hosts), default=0)
@@ -703,12 +706,13 @@ class Launcher:
     def _finish_failed(self, failures: list[Failure]) -> int:
         """Stop every host, then record and show the root cause and how each other host ended."""
         root = root_cause(failures)
-        self._stop_all(f"{root.host} failed")
-        if root.host in {h.node for h in self.hosts}:
+        self._stop_all(f"{root.host} failed" if root.host else "the job failed")
+        if root.host in {h.node for h in self.hosts} and root.kind is not FailureKind.LOST:
             # Lines that arrived while the others were stopped belong to the root cause's story too.
             root = replace(root, last_lines=self.host(root.host).last_lines(root.rank) or root.last_lines)
         root = replace(root, after_final=self._final_before(root.time), barrier_hosts=tuple(
             h.node for h in self.hosts if h.node != root.host and h.stop_sent and h.workers_at_stop == 0))
+        root = replace(root, when=when_failed(root, self._others_finished(root)))
         own = {f.host: f for f in failures}
         others = {h.node: own[h.node].describe() if h.node in own else h.end()
                   for h in self.hosts if h.node != root.host}
@@ -742,6 +746,16 @@ class Launcher:
         self._say(mask.text(f"{summary}\n{restarting}"))
         return int(ExitCode.FAILED)
 
+
+    def _others_finished(self, root: Failure) -> bool:
+        """Whether every rank but the root cause's had exited 0: every other host exited 0 or waited in
+        torchrun's exit barrier, and torchrun on the root's host saw no other rank fail or still run."""
+        if root.host not in {h.node for h in self.hosts}:
+            return False
+        done = all(h.node in root.barrier_hosts or (h.exited.is_set() and h.exit_rc == 0 and not h.ended_itself)
+                   for h in self.hosts if h.node != root.host)
+        own = self.host(root.host)
+        return done and neighbours_finished(own.plan.nproc, self.sink.own_lines(own.node, TAIL_LINES))
 
     def _final_before(self, when: float) -> bool:
         """Whether the job's final metrics line had arrived by `when` (seconds since the epoch)."""

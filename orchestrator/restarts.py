@@ -56,6 +56,7 @@ class Attempt:
         failure: Its root cause; None when it succeeded or is running.
         quarantined: The host it set aside for the rest of the job, if any.
         port: Its rendezvous port (each attempt gets a fresh one); 0 when unknown.
+        state: The job's state when it ended: "succeeded", "failed" or "stopped"; "" while it runs.
     """
 
     number: int
@@ -65,12 +66,13 @@ class Attempt:
     failure: Failure | None = None
     quarantined: str | None = None
     port: int = 0
+    state: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready data (the record's `attempts`); `from_dict` reads it back."""
         return {"number": self.number, "hosts": list(self.hosts), "started": self.started, "ended": self.ended,
                 "failure": self.failure.to_dict() if self.failure else None, "quarantined": self.quarantined,
-                "port": self.port}
+                "port": self.port, "state": self.state}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Attempt:
@@ -78,12 +80,12 @@ class Attempt:
         return cls(number=int(data["number"]), hosts=tuple(data.get("hosts") or ()),
                    started=float(data.get("started") or 0.0), ended=data.get("ended"),
                    failure=Failure.from_dict(failure) if failure else None, quarantined=data.get("quarantined"),
-                   port=int(data.get("port") or 0))
+                   port=int(data.get("port") or 0), state=str(data.get("state") or ""))
 
     def line(self) -> str:
         """`attempt 1 on node[0-1], 14:02:01-14:02:20: node1 lost: nothing heard for 6 s; node1 quarantined`."""
         end = time.strftime("%H:%M:%S", time.localtime(self.ended)) if self.ended else "running"
-        what = self.failure.brief() if self.failure else ("succeeded" if self.ended else "running")
+        what = self.failure.brief() if self.failure else ((self.state or "succeeded") if self.ended else "running")
         aside = f"; {self.quarantined} quarantined" if self.quarantined else ""
         return (f"attempt {self.number} on {fold_hosts(self.hosts)}, "
                 f"{time.strftime('%H:%M:%S', time.localtime(self.started))}-{end}: {what}{aside}")
@@ -195,11 +197,14 @@ class Course:
     def begin(self, hosts: Sequence[str], port: int = 0) -> None:
         self.attempts.append(Attempt(len(self.attempts) + 1, tuple(hosts), port=port))
 
-    def end(self, failure: Failure | None, quarantined: str | None = None) -> None:
-        """The current attempt ended (a second call keeps the first end)."""
+    def end(self, failure: Failure | None, quarantined: str | None = None, state: str = "") -> None:
+        """The current attempt ended, the job then in `state` (default: failed with a failure, else
+        succeeded); a second call keeps the first end."""
         current = self.attempts[-1]
         if current.ended is None:
-            self.attempts[-1] = replace(current, ended=time.time(), failure=failure, quarantined=quarantined)
+            state = state or ("failed" if failure else "succeeded")
+            self.attempts[-1] = replace(current, ended=time.time(), failure=failure, quarantined=quarantined,
+                                        state=state)
 
     def verdict(self, failure: Failure) -> Verdict | None:
         """What follows the current attempt's failure; None when the job allows no restart."""

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from orchestrator.store import JobDir, JobRecord
 
 STALLED_FRACTION = 1 / 3
+NO_EVIDENCE = "every rank silent, no stacks"
+HOW_TO_FIND = ("to find the stuck rank: install py-spy on the hosts (pip install py-spy; distrun then dumps every "
+               "rank's stack, and `distrun stack JOB` shows them), or opt in to the Flight Recorder (jobs/README.md)")
 
 
 class Progress(str, Enum):
@@ -87,23 +90,24 @@ def diagnose(backend: Backend, record: JobRecord, job_dir: JobDir, timeout: floa
     Returns:
         The failure of kind `hang`. Its host and rank are the odd rank's; when every rank waits in
         the same place (or no stack could be taken), the one rank the Flight Recorder finds behind,
-        else the first host's, without a rank. Its `flight` holds what the dumps say.
+        else no host ("unknown"), with how to find the stuck rank. Its `flight` holds what the dumps say.
     """
     reason = f"hang: no progress from any rank for {timeout:g} s"
     try:
         gathered = stacks.gather(backend, record, flight=True, masker=masker)
     except DistrunError as exc:
-        return Failure(record.hosts[0], FailureKind.HANG, reason=f"{reason}; no stacks: {one_line(exc)}",
-                       address=addresses.get(record.hosts[0], ""))
-    failure = stack_failure(gathered, record, job_dir, reason, addresses)
+        return Failure("", FailureKind.HANG, reason=f"{reason}; unknown: {NO_EVIDENCE} ({one_line(exc)})",
+                       stack=(HOW_TO_FIND,))
+    failure = stack_failure(gathered, job_dir, reason, addresses)
     lags, notes = flight_findings(gathered.flight, job_dir.flight)
     failure = replace(failure, flight=tuple(lags), stack=failure.stack + tuple(notes))
-    return with_flight_rank(failure, gathered.flight.nodes, addresses)
+    failure = with_flight_rank(failure, gathered.flight.nodes, addresses)
+    return failure if failure.host else replace(failure, stack=(*failure.stack, HOW_TO_FIND))
 
 
 def with_flight_rank(failure: Failure, nodes: dict[int, str], addresses: dict[str, str]) -> Failure:
     """The failure on the one rank its Flight Recorder lags find behind, where the stacks named no
-    rank (every rank alike, or py-spy missing); as it was otherwise.
+    rank (every rank alike, or py-spy missing); as it was otherwise (no host named stays unnamed).
 
     Args:
         failure: The hang, its `flight` filled in.
@@ -117,8 +121,7 @@ def with_flight_rank(failure: Failure, nodes: dict[int, str], addresses: dict[st
     return replace(failure, host=nodes[rank], rank=rank, address=addresses.get(nodes[rank], ""))
 
 
-def stack_failure(gathered: stacks.Gathered, record: JobRecord, job_dir: JobDir, reason: str,
-                  addresses: dict[str, str]) -> Failure:
+def stack_failure(gathered: stacks.Gathered, job_dir: JobDir, reason: str, addresses: dict[str, str]) -> Failure:
     """The hang as the stacks tell it (kept in the job directory's stacks/)."""
     groups = stacks.fold(gathered.ranks)
     lines = [f"{node}: no stacks: {why}" for node, why in gathered.failed.items()]
@@ -127,13 +130,10 @@ def stack_failure(gathered: stacks.Gathered, record: JobRecord, job_dir: JobDir,
     except OSError as exc:  # a full disk must not hide which rank hung
         lines.append(f"stacks not kept in {job_dir.stacks}: {exc}")
     if not groups:
-        return Failure(record.hosts[0], FailureKind.HANG, reason=f"{reason}; no rank's stack was taken",
-                       address=addresses.get(record.hosts[0], ""), stack=tuple(lines))
+        return Failure("", FailureKind.HANG, reason=f"{reason}; unknown: {NO_EVIDENCE}", stack=tuple(lines))
     if len(groups) == 1:
         only = groups[0]
-        return Failure(only.sample.node, FailureKind.HANG,
-                       reason=f"{reason}; every rank waits in the same place",
-                       address=addresses.get(only.sample.node, ""),
+        return Failure("", FailureKind.HANG, reason=f"{reason}; every rank waits in the same place",
                        stack=(f"{only.label()} wait in: {only.sample.where()}", *lines))
     odd, majority = groups[0], groups[-1]
     return Failure(odd.sample.node, FailureKind.HANG,

@@ -295,6 +295,23 @@ def test_silence_while_the_controller_itself_was_frozen_is_not_a_lost_host(tmp_p
     assert lost is not None and lost.describe() == "host lost: nothing heard for 4 s (network cut or host down)"
 
 
+def test_a_lost_hosts_last_lines_are_its_own_never_distruns_notes_about_it(tmp_path: Path):
+    job = job_from_text(f"name: s\nscript: {__file__}\n", "j.yaml")
+    nodes = [NodeSpec(name="h0", host="10.9.0.0")]
+    plan = build_plan(job, nodes, {}, job_id="s-8", inventory_path="i", master=nodes[0], master_addr="10.9.0.0",
+                      master_port=1, controller_cwd="/", controller_env={})
+    sink = LogSink(Store(tmp_path).job_dir("s-8"))
+    host = HostRun(plan.hosts[0], sink)
+    host.last_seen = time.monotonic() - 30
+    assert host.failure(4).last_lines == ()  # nothing arrived: the summary says so
+    sink.batch("h0", Batch(1, STDOUT, 1, b"step 7\n"))
+    sink.batch("h0", Batch(None, STDERR, 1, b"torchrun: W worker 1 slow\n"))
+    sink.note("h0", "stopping (h0 failed)")
+    lost = host.failure(4)
+    assert lost.last_lines == ("step 7", "torchrun: W worker 1 slow")
+    assert "distrun: stopping (h0 failed)" in sink.last_lines("h0", None, 5)  # the notes stay in the host's lines
+
+
 def test_a_dry_run_only_prepares_and_releases(scripted, tmp_path: Path, capsys):
     code = launch.launch(LaunchRequest(job_file(tmp_path), backend="scripted", job_id="s-3", dry_run=True))
 

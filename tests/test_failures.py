@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from orchestrator.failures import (
+    AT_EXIT,
     STOPPED_BY_DISTRUN,
     Failure,
     FailureKind,
@@ -100,7 +102,8 @@ def test_a_rank_that_died_after_the_final_line_says_so_and_names_the_hosts_stopp
 
 def test_a_lost_host_renders_its_reason_not_an_exit():
     failure = Failure("node2", FailureKind.LOST, reason="connection to the host closed")
-    assert failure.render().splitlines() == ["  host: node2", "  reason: connection to the host closed"]
+    assert failure.render().splitlines() == ["  host: node2", "  reason: connection to the host closed",
+                                             "  last lines of node2: none arrived before it was lost"]
     assert failure.brief() == "node2: connection to the host closed"
 
 
@@ -127,3 +130,24 @@ def test_a_host_whose_address_is_its_name_is_named_once() -> None:
     assert local.brief().startswith("localhost rank 1: ")
     assert "  host: localhost" in local.render().splitlines()
     assert remote.brief().startswith("node1 (10.0.0.11) rank 3: ")
+
+
+def test_a_failure_no_evidence_ties_to_a_host_names_none_and_keeps_that_through_the_record():
+    hang = Failure("", FailureKind.HANG, reason="hang: no progress from any rank for 15 s; unknown: every rank "
+                                               "silent, no stacks", stack=("to find the stuck rank: install py-spy",))
+    lines = hang.render().splitlines()
+    assert lines[0] == "  host: unknown (distrun cannot tell which host is at fault)"
+    assert not any("node" in line for line in lines)
+    assert hang.brief().startswith("unknown: hang")
+    assert Failure.from_dict(json.loads(json.dumps(hang.to_dict()))) == hang
+
+
+def test_a_crash_at_exit_is_said_at_the_top_of_a_failed_summary_and_kept_as_when():
+    crash = Failure("node1", FailureKind.SIGNAL, rank=1, signal="SIGABRT", last_lines=("done",), when=AT_EXIT)
+    lines = failed_summary("j-1", crash, {"node0": STOPPED_BY_DISTRUN}).splitlines()
+    assert lines[:3] == ["job j-1 FAILED",
+                         "the work finished on every rank; rank 1 crashed at interpreter exit (SIGABRT)",
+                         "Root Cause (first observed failure):"]
+    assert crash.to_dict()["when"] == "at exit" and Failure.from_dict(crash.to_dict()) == crash
+    plain = failed_summary("j-1", replace(crash, when=""), {}).splitlines()
+    assert plain[1] == "Root Cause (first observed failure):"

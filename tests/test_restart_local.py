@@ -67,6 +67,30 @@ def test_sigterm_during_the_backoff_stops_the_job_before_its_next_attempt(tmp_pa
     assert rec["detail"].startswith(f"job {rec['id']} stopped (SIGTERM) before attempt 2\nAttempts (1 of at most 4):")
 
 
+def test_sigint_during_a_restartable_attempt_shows_the_attempt_as_stopped(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    job = write_job(tmp_path, ["--steps", "100000", "--step-time", "0.2"], "{max: 3, backoff: 0}")
+    env = {**os.environ, "DISTRUN_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "out.txt"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "launch", str(job), "--backend", "local",
+                                 "--no-live"], cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        assert wait_for(lambda: "step 2 attempt 1" in out.read_text(), 120), out.read_text()[-3000:]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130, out.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    rec = record(home)
+    assert rec["state"] == "stopped"
+    assert [(a["number"], a["state"], a["failure"]) for a in rec["attempts"]] == [(1, "stopped", None)]
+    text = out.read_text()
+    assert f"job {rec['id']} stopped (SIGINT)" in text
+    attempt = next(line for line in text.splitlines() if line.strip().startswith("attempt 1 on localhost"))
+    assert attempt.endswith(": stopped"), attempt
+
+
 def test_logs_follow_of_a_detached_job_goes_through_its_restart_and_exits_with_its_code(tmp_path: Path) -> None:
     home = tmp_path / "home"
     job = write_job(tmp_path, ["--steps", "8", "--step-time", "0.2", "--fail-rank", "1", "--fail-at", "3",

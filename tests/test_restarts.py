@@ -84,6 +84,15 @@ def test_a_course_records_every_attempt_and_lists_them_for_the_summary() -> None
     assert "attempt 2 on node[0,2]" in lines[2] and lines[2].endswith(": succeeded")
 
 
+def test_an_attempt_ended_by_a_stop_shows_stopped_not_succeeded() -> None:
+    course = Course(POLICY, min_hosts=2)
+    course.begin(["node0", "node1"])
+    course.end(None, state="stopped")
+    (attempt,) = course.attempts
+    assert attempt.state == "stopped" and attempt.line().endswith(": stopped")
+    assert Attempt.from_dict(attempt.to_dict()) == attempt
+
+
 def test_a_job_that_allows_no_restart_has_no_verdict_and_no_attempt_list() -> None:
     course = Course(Restarts(), min_hosts=1)
     course.begin(["node0"])

@@ -74,6 +74,7 @@ class LogSink:
         self.lock = threading.Lock()
         self.store = LineStore(str(job_dir.root))
         self.tails: dict[tuple[str, int | None], deque[str]] = {}
+        self.own_tails: dict[str, deque[str]] = {}  # each host's lines less distrun's notes: its ranks' and torchrun's
         self.metrics_file: IO[str] | None = None
         self.unstored = 0
         self.store_error: str | None = None
@@ -118,6 +119,11 @@ class LogSink:
         with self.lock:
             return tuple(list(self.tails.get((node, rank), ()))[-count:])
 
+    def own_lines(self, node: str, count: int) -> tuple[str, ...]:
+        """The last `count` lines that came from a host itself (its ranks' and torchrun's), not distrun's notes."""
+        with self.lock:
+            return tuple(list(self.own_tails.get(node, ()))[-count:])
+
     def shortfalls(self) -> list[str]:
         """Lines for the summary: what the terminal or the files did not get, if anything."""
         lines = []
@@ -159,6 +165,8 @@ class LogSink:
                 if tail is None:
                     tail = self.tails[key] = deque(maxlen=TAIL_LINES)
                 tail.extend(last_lines(data, TAIL_LINES))
+            if entry.stream != NOTE:
+                self.own_tails.setdefault(entry.node, deque(maxlen=TAIL_LINES)).extend(last_lines(data, TAIL_LINES))
 
     def _unstored(self, nlines: int, exc: OSError) -> None:
         self.unstored += nlines

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def test_rank_3_stuck_outside_the_collective_is_named_with_its_function_within_t
     assert "host: node1" in summary and "rank: 3" in summary
     assert "rank 3 on node1 is not where the others wait" in summary
     assert "load_batch (hang_worker.py:24)" in summary
-    assert re.search(r"ranks 0-2,4-5 wait in: all_reduce .*← steps \(hang_worker\.py:57\)", summary), summary
+    assert re.search(r"ranks 0-2,4-5 wait in: all_reduce .*← steps \(hang_worker\.py:58\)", summary), summary
     # The Flight Recorder (hang_worker serves it): every rank entered collective #30 (steps 0-29) and
     # ranks 0-2,4-5 wait in #31, which rank 3 has not entered.
     assert ("flight recorder: rank 3 has not entered collective #31 gloo:all_reduce that ranks 0-2,4-5 wait in "
@@ -77,6 +78,44 @@ def test_rank_3_stuck_outside_the_collective_is_named_with_its_function_within_t
           f"Flight Recorder fetch, slowest rank: {fetched['seconds']} s")
 
 
+def python_without_pyspy(root: Path) -> Path:
+    """This venv's python seen from a directory without py-spy beside it (nor is it on the hosts' PATH)."""
+    venv = Path(sys.prefix)
+    (root / "bin").mkdir(parents=True)
+    (root / "pyvenv.cfg").write_text((venv / "pyvenv.cfg").read_text())
+    (root / "lib").symlink_to(venv / "lib")
+    (root / "bin" / "python").symlink_to(Path(sys.executable).resolve())
+    return root / "bin" / "python"
+
+
+def test_a_hang_on_hosts_without_py_spy_names_no_host_and_says_how_to_find_the_stuck_rank(cluster3, tmp_path):
+    inv = cluster3.write_inventory(tmp_path / "inv.yaml", python=str(python_without_pyspy(tmp_path / "nopyspy")))
+    home = tmp_path / "home"
+    job = write_job(tmp_path, "hang", ["--hang-rank", "3", "--hang-step", "30", "--steps", "100000",
+                                       "--no-flight-recorder"], extra=f"hang_timeout: {HANG_TIMEOUT}\n",
+                    script=HANG_WORKER)
+    proc = start(job, inv, home, "hang-2", "--no-live")
+    try:
+        proc.wait(timeout=150)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out = output(home, "hang-2")
+    assert proc.returncode == 1, out[-3000:]
+    summary = out[out.index("Root Cause"):]
+    assert "host: unknown (distrun cannot tell which host is at fault)" in summary, summary
+    assert "unknown: every rank silent, no stacks" in summary
+    assert "node0: no stacks: node0: py-spy is not installed beside the host's python nor on its PATH" in summary
+    assert "to find the stuck rank: install py-spy on the hosts" in summary
+    assert "or opt in to the Flight Recorder" in summary
+    root_block = summary.split("Other hosts")[0]
+    assert not re.search(r"^  (host: node|rank: )", root_block, re.M), root_block
+    root = record(home, "hang-2")["failures"][0]
+    assert (root["kind"], root["host"], root["rank"], root["address"]) == ("hang", "", None, "")
+    assert "Other hosts: node[0-2]: stopped by distrun" in summary
+    assert all(not procs for procs in job_procs(cluster3, "hang-2").values())
+
+
 def test_stack_folds_the_six_ranks_of_a_healthy_job_into_one_group_and_ps_shows_it_running(cluster3, inv, tmp_path):
     home = tmp_path / "home"
     # Each step: a tiny all_reduce, then 2 s of sleep, where every rank is when it is dumped.
@@ -90,7 +129,7 @@ def test_stack_folds_the_six_ranks_of_a_healthy_job_into_one_group_and_ps_shows_
         assert done.returncode == 0, done.stderr
         groups = json.loads(done.stdout)["groups"]
         assert [(g["ranks"], g["hosts"]) for g in groups] == [(list(range(6)), ["node0", "node1", "node2"])]
-        assert groups[0]["where"] == "steps (hang_worker.py:62)"
+        assert groups[0]["where"] == "steps (hang_worker.py:63)"
         text = distrun("stack", "ok-1", "--node", "node1", home=home, timeout=60).stdout.splitlines()
         assert text[1] == "ranks 2-3 (on node1)"
         assert record(home, "ok-1")["state"] == "running"

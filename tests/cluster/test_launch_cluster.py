@@ -159,6 +159,10 @@ def test_a_rank_aborting_after_its_last_step_fails_and_the_summary_says_the_work
     root = record(home, job_id)["failures"][0]
     assert (root["host"], root["rank"], root["signal"]) == ("node2", 2, "SIGABRT")
     assert root["after_final"] is True and root["barrier_hosts"] == ["node0", "node1"]
+    # Every other rank waited in torchrun's exit barrier, and rank 2 printed no traceback: a crash at exit.
+    top = result.stdout[result.stdout.index("job abort-1 FAILED"):].splitlines()
+    assert top[1] == "the work finished on every rank; rank 2 crashed at interpreter exit (SIGABRT)", top
+    assert root["when"] == "at exit"
 
 
 def test_cutting_one_hosts_link_stops_the_others_within_20_s_and_it_cleans_itself(cluster3, inv, tmp_path):
@@ -180,6 +184,10 @@ def test_cutting_one_hosts_link_stops_the_others_within_20_s_and_it_cleans_itsel
     assert gone_after <= 20, f"others still running {gone_after:.1f} s after the cut"
     assert proc.returncode == 1
     assert "host: node2" in out and "host lost" in out
+    # node2's own last lines from before the cut (its ranks' ticks), not distrun's note written after it.
+    block = out[out.index("last ", out.index("Root Cause")):out.index("Other hosts")]
+    assert block.startswith("last ") and " lines of node2:" in block.splitlines()[0], block
+    assert "tick" in block and "distrun:" not in block, block
     # The cut host's supervisor ends the job itself once the heartbeat has been silent.
     assert wait_for(lambda: not job_procs(cluster3, job_id)[2], 20)
 

@@ -314,7 +314,7 @@ def test_stack_of_a_running_slurm_job_folds_its_four_ranks_on_two_nodes_into_one
         assert done.returncode == 0, done.stdout + done.stderr
         groups = json.loads(done.stdout)["groups"]
         assert [(g["ranks"], g["hosts"]) for g in groups] == [([0, 1, 2, 3], ["node0", "node1"])]
-        assert groups[0]["where"] == "steps (hang_worker.py:62)"
+        assert groups[0]["where"] == "steps (hang_worker.py:63)"
         assert list((home / "jobs" / job_id / "slurm").glob("*.bundle")) == []
     finally:
         distrun("stop", job_id, home=home, env=slurm_cluster.env, timeout=60)

@@ -1,6 +1,6 @@
 """A torchrun worker for the hang tests: steps of one all_reduce each; one rank can stop outside
 the collective (in load_batch) while the others wait in it, or only rank 0 can report, through
-DISTRUN_METRICS lines alone. It serves its Flight Recorder as jobs/README.md says a script opts in."""
+DISTRUN_METRICS lines alone. It serves its Flight Recorder as jobs/README.md says (not: --no-flight-recorder)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ def main() -> None:
     parser.add_argument("--hang-rank", type=int, default=-1)
     parser.add_argument("--hang-step", type=int, default=30)
     parser.add_argument("--metrics-only", action="store_true", help="print nothing but rank 0's DISTRUN_METRICS")
+    parser.add_argument("--no-flight-recorder", action="store_true", help="do not opt in to the Flight Recorder")
     args = parser.parse_args()
-    with serving_flight_recorder():
+    with contextlib.nullcontext() if args.no_flight_recorder else serving_flight_recorder():
         steps(args)
 
 

@@ -1,0 +1,51 @@
+"""A rank that crashed at interpreter exit, after its work was done (issue 32).
+
+Some programs (torch's gloo teardown race, bench/results/teardown.md) finish their work on every
+rank and then one rank dies of a signal while the interpreter shuts down. distrun still calls the
+job FAILED (exit code 1): a crash is never turned into a success. But the verdict says so at the
+top, and the record's root cause gets `when: "at exit"` (failures.AT_EXIT) so wrappers can decide.
+
+The rule, from evidence only: the rank was killed by a signal that is not a teardown's, its own
+last lines hold no traceback (the signal came after its last line), every rank of every other
+host exited 0 (the host exited 0, or its torchrun waited in its exit barrier with every worker
+gone), and every other rank of its own host exited 0 (it is alone there, or its torchrun's report
+lists no other failure and torchrun had no live worker left to send a closing signal to).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from orchestrator.failures import AT_EXIT, TEARDOWN_SIGNALS, Failure, FailureKind
+
+TRACEBACK = "Traceback (most recent call last)"
+# torchrun's report when the root cause's rank is its only failed worker.
+NO_OTHER_FAILURES = "<NO_OTHER_FAILURES>"
+# torchrun's warning for each worker still alive when it stops them after a failure.
+CLOSING_SIGNAL = re.compile(r"Sending process \d+ closing signal")
+
+
+def neighbours_finished(nproc: int, host_lines: Sequence[str]) -> bool:
+    """Whether the other ranks on the crashed rank's host had all exited 0, as its torchrun's lines tell.
+
+    Args:
+        nproc: The host's ranks.
+        host_lines: The host's own last lines (its ranks' and torchrun's), torchrun's report among them.
+    """
+    if nproc == 1:
+        return True
+    return any(NO_OTHER_FAILURES in line for line in host_lines) and not any(
+        CLOSING_SIGNAL.search(line) for line in host_lines)
+
+
+def when_failed(root: Failure, others_finished: bool) -> str:
+    """The root cause's `when`: AT_EXIT for a rank's crash at exit after the work was done on every rank, else "".
+
+    Args:
+        root: The root cause, its last lines those of its rank.
+        others_finished: Every other rank (other hosts' and its own host's) exited 0.
+    """
+    if root.kind is not FailureKind.SIGNAL or root.signal in TEARDOWN_SIGNALS or root.rank is None:
+        return ""
+    return AT_EXIT if others_finished and not any(TRACEBACK in line for line in root.last_lines) else ""

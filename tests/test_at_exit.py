@@ -1,0 +1,69 @@
+"""A rank that crashes at interpreter exit after its work is done: the verdict's rule (orchestrator/at_exit.py),
+pure and end to end on this machine (the local backend, real torchrun, 2 ranks)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.at_exit import neighbours_finished, when_failed
+from orchestrator.failures import AT_EXIT, Failure, FailureKind
+from tests.helpers import REPO, distrun
+
+SCRIPT = REPO / "tests" / "cluster" / "jobs" / "abort_after_last_line.py"
+ABORTED = Failure("node1", FailureKind.SIGNAL, rank=1, signal="SIGABRT", last_lines=("rank 1: all done",))
+# torchrun 2.13's lines when the failed worker was its only failure, and when it stopped a live one.
+ALONE = ["Failures:", "  <NO_OTHER_FAILURES>", "Root Cause (first observed failure):", "  rank      : 1"]
+STOPPED_ONE = ["W1125 22:13:58 api.py:1029] Sending process 16221 closing signal SIGTERM", "Failures:",
+               "[1]:", "  rank      : 0 (local_rank: 0)", "Root Cause (first observed failure):"]
+
+
+@pytest.mark.parametrize(("failure", "others", "when"), [
+    (ABORTED, True, AT_EXIT),
+    (ABORTED, False, ""),  # another rank was still running, or failed
+    (Failure("node1", FailureKind.SIGNAL, rank=1, signal="SIGABRT",
+             last_lines=("Traceback (most recent call last):", "  raise RuntimeError")), True, ""),
+    (Failure("node1", FailureKind.SIGNAL, rank=1, signal="SIGTERM"), True, ""),  # a teardown's signal
+    (Failure("node1", FailureKind.EXIT, rank=1, exit_code=1), True, ""),
+    (Failure("node1", FailureKind.SIGNAL, signal="SIGABRT"), True, ""),  # no rank known
+])
+def test_only_a_ranks_crash_without_a_traceback_after_every_other_rank_exited_0_is_at_exit(
+        failure: Failure, others: bool, when: str) -> None:
+    assert when_failed(failure, others) == when
+
+
+def test_the_other_ranks_of_the_crashed_ranks_host_finished_only_when_torchrun_stopped_none_and_saw_no_other():
+    assert neighbours_finished(1, [])
+    assert neighbours_finished(2, ALONE)
+    assert not neighbours_finished(2, STOPPED_ONE)
+    assert not neighbours_finished(2, [])  # torchrun's report did not arrive: no evidence
+
+
+def launch_abort(tmp_path: Path, *args: str) -> tuple[int, str, dict]:
+    home = tmp_path / "home"
+    job = tmp_path / "abort.yaml"
+    job.write_text(f"name: abort\nscript: {SCRIPT}\nnproc_per_node: 2\nenv: {{OMP_NUM_THREADS: '1'}}\n"
+                   "stop_grace: 2\n")
+    result = distrun("launch", str(job), "--backend", "local", "--no-live", "--", *args, home=home, timeout=120)
+    rec = json.loads(distrun("ps", "--json", home=home).stdout)[0]
+    return result.returncode, result.stdout + result.stderr, rec
+
+
+def test_a_rank_aborting_after_its_last_line_while_the_other_exited_0_is_a_crash_at_exit_and_still_failed(tmp_path):
+    code, out, rec = launch_abort(tmp_path, "--abort-rank", "1", "--delay", "3")
+    assert code == 1, out[-3000:]
+    summary = out[out.index(f"job {rec['id']} FAILED"):].splitlines()
+    assert summary[1] == "the work finished on every rank; rank 1 crashed at interpreter exit (SIGABRT)", summary
+    assert (rec["state"], rec["exit_code"]) == ("failed", 1)
+    root = rec["failures"][0]
+    assert (root["rank"], root["signal"], root["when"]) == (1, "SIGABRT", "at exit")
+
+
+def test_a_rank_aborting_while_another_still_runs_is_not_called_a_crash_at_exit(tmp_path):
+    code, out, rec = launch_abort(tmp_path, "--abort-rank", "1", "--delay", "1", "--others-wait", "30")
+    assert code == 1, out[-3000:]
+    assert "crashed at interpreter exit" not in out
+    root = rec["failures"][0]
+    assert (root["rank"], root["signal"], root["when"]) == (1, "SIGABRT", "")
