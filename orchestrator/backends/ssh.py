@@ -29,6 +29,7 @@ from orchestrator.group import Group, GroupError, GroupResult, parallel
 from orchestrator.launch import EXIT_WAIT, POLL, HostRun, Launcher
 from orchestrator.logs.recover import HostCopy, rebuild
 from orchestrator.plan import DEFAULT_PORT, HostPlan, LaunchPlan, build_plan
+from orchestrator.remote.config import SupervisorConfig
 from orchestrator.spec import (
     Inventory,
     JobSpec,
@@ -173,16 +174,11 @@ class SshBackend(Backend):
         facts = self.facts.get(host.node)
         payload = remote.bundle("supervisor", modules, telemetry.shipped_modules(facts.gpus if facts else 0))
         argv = remote.bootstrap_argv(host.plan.python, payload, "distrun-supervisor", plan.job_id, host.node)
-        config = {
-            "job_id": plan.job_id, "node": host.node, "argv": host.plan.argv, "env": plan.host_env(host.plan),
-            "cwd": host.plan.workdir, "heartbeat_timeout": plan.heartbeat_timeout, "stop_grace": plan.stop_grace,
-            "telemetry_interval": plan.telemetry_interval, **output_config(plan, host.plan),
-            "make_dirs": [plan.checkpoint_dir] if plan.checkpoint_dir else [],
-        }
+        config = supervisor_config(plan, host.plan)
         transport = self.group[host.node]
         host.link_up = transport.connected
         host.attach(transport.start(argv))
-        host.send_raw(payload + json.dumps(config).encode() + b"\n")
+        host.send_raw(payload + config.to_line())
 
     def stop(self, run: Launcher, hosts: list[HostRun]) -> None:
         """Tell each supervisor to stop and wait for the exits of those that can still report
@@ -332,12 +328,18 @@ def on_record_hosts(record: JobRecord, fn: Callable[[Transport], T], only: list[
         return group.run(fn, only=only)
 
 
-def output_config(plan: LaunchPlan, host: HostPlan) -> dict[str, Any]:
-    """What a supervisor needs to label and mask its host's lines: the secrets' names (their values
-    come with the environment), the host's first global rank, whether torchrun's ranks follow from
-    it (static rendezvous; c10d assigns them at rendezvous), and the attempt."""
-    return {"secret_names": host.secret_names, "first_rank": plan.first_rank(host.node),
-            "exact_ranks": "--node-rank" in host.argv, "attempt": plan.attempt}
+def supervisor_config(plan: LaunchPlan, host: HostPlan) -> SupervisorConfig:
+    """A host's supervisor configuration from the plan. To label and mask the host's lines it gets
+    the secrets' names (their values come with the environment), the host's first global rank,
+    whether torchrun's ranks follow from it (static rendezvous; c10d assigns them at rendezvous),
+    and the attempt."""
+    return SupervisorConfig(
+        job_id=plan.job_id, node=host.node, argv=list(host.argv), env=plan.host_env(host), cwd=host.workdir,
+        heartbeat_timeout=plan.heartbeat_timeout, stop_grace=plan.stop_grace,
+        telemetry_interval=plan.telemetry_interval, secret_names=list(host.secret_names),
+        first_rank=plan.first_rank(host.node), exact_ranks="--node-rank" in host.argv, attempt=plan.attempt,
+        make_dirs=[plan.checkpoint_dir] if plan.checkpoint_dir else [],
+    )
 
 
 def fetch_copy(transport: Transport, job_id: str) -> HostCopy:
