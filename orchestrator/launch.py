@@ -42,7 +42,7 @@ from orchestrator.remote.redact import Masker, escape_controls
 from orchestrator.remote.stream import Batch, FrameReader
 from orchestrator.restarts import Course, Verdict, refill
 from orchestrator.spec.model import JobSpec
-from orchestrator.spec.overrides import is_script, job_to_yaml
+from orchestrator.spec.overrides import is_script, job_for_launch, job_to_yaml
 from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id
 from orchestrator.transport import RemoteProcess
 from orchestrator.watchdog import Progress, Watchdog, diagnose
@@ -76,7 +76,7 @@ def launch(request: LaunchRequest) -> int:
     Raises:
         DistrunError: bad input (2) or infrastructure (3); nothing of the job was started.
     """
-    job = request.load_job()
+    job = job_for_launch(request.job_file, request.name, request.nproc_per_node, request.env)
     cls = backends.get(request.backend or job.backend or backends.DEFAULT)
     options = cls.resolve_options(job, request.options)
     ctx = LaunchContext(request, job, request.job_id or new_job_id(job.name), Store(), terminal_for(request))

@@ -16,13 +16,7 @@ import click
 import pytest
 
 from orchestrator import backends, launch
-from orchestrator.backends.base import (
-    Backend,
-    LaunchContext,
-    LaunchRequest,
-    for_record,
-    refresh_lost,
-)
+from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest
 from orchestrator.backends.options import Option, OptionType, from_command_line
 from orchestrator.backends.slurm import SlurmBackend
 from orchestrator.backends.slurm_script import SlurmOptions
@@ -32,6 +26,7 @@ from orchestrator.failures import Failure
 from orchestrator.launch import HostRun, Launcher
 from orchestrator.logs import LogSink
 from orchestrator.plan import LaunchPlan, build_plan
+from orchestrator.recorded import for_record, refresh_lost
 from orchestrator.remote.stream import STDERR, STDOUT, Batch, encode
 from orchestrator.spec import job_from_text
 from orchestrator.spec.model import NodeSpec
