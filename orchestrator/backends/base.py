@@ -3,7 +3,7 @@
 invoke's `Runner` is the model: the run loop (`orchestrator.launch`) is written once; a backend
 fills in hooks. A backend object serves one command: one launch, or operations on recorded jobs.
 
-A launch calls, in this order (`launch.launch` and `launch.Launcher`):
+A launch calls, in this order (`launch.launch` and `runloop.Launcher`):
 
     prepare(ctx) -> plan                  reach hosts / render the scheduler's request; nothing starts
     replan(ctx, plan, hosts, spares)      the controller's next attempt (`restarts:`), then preflight,
@@ -44,11 +44,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, TextIO
+from typing import Any, ClassVar, TextIO
 
 from orchestrator import terminal
 from orchestrator.backends import options as backend_options
 from orchestrator.backends.options import Option
+from orchestrator.backends.run import RunView
 from orchestrator.display import fold_hosts
 from orchestrator.errors import UsageError
 from orchestrator.failures import Failure
@@ -58,9 +59,6 @@ from orchestrator.spec.model import JobSpec
 from orchestrator.spec.select import Guard, HostSelection
 from orchestrator.store import JobRecord, JobState, Store, controller_alive, process_start
 from orchestrator.transport.base import CommandResult
-
-if TYPE_CHECKING:
-    from orchestrator.launch import HostRun, Launcher
 
 
 @dataclass
@@ -276,28 +274,28 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def start(self, run: Launcher) -> list[Failure]:
-        """Start (or begin following) every host; each host's lines go to `run.hosts`' HostRun.
+    def start(self, run: RunView) -> list[Failure]:
+        """Start (or begin following) every host of `run.plan`; each host's output and events go
+        to `run.events` under its node name.
 
         Returns:
             The failures of hosts that could not be started ([] when all started).
         """
 
-    def failures(self, run: Launcher) -> list[Failure]:
+    def failures(self, run: RunView) -> list[Failure]:
         """Every host's failure as seen now (exit, closed channel, silence), in host order."""
-        found = (host.failure(run.plan.heartbeat_timeout, run.awake_since) for host in run.hosts)
-        return [failure for failure in found if failure is not None]
+        return run.failures()
 
-    def conclude(self, run: Launcher, failures: list[Failure]) -> Ending:
+    def conclude(self, run: RunView, failures: list[Failure]) -> Ending:
         """The backend's verdict once every host ended or one failed; by default the failures seen."""
         return Ending(failures)
 
     @abstractmethod
-    def stop(self, run: Launcher, hosts: list[HostRun]) -> None:
-        """End the job on `hosts` (those not yet ended) and wait, within the job's stop grace, for
-        each to report its exit."""
+    def stop(self, run: RunView, nodes: list[str]) -> None:
+        """End the job on the hosts of `nodes` (those not yet ended) and wait, within the job's stop
+        grace, for each to report its exit."""
 
-    def finish(self, run: Launcher) -> list[str]:
+    def finish(self, run: RunView) -> list[str]:
         """Release what the job held once it ended.
 
         Returns:

@@ -2,7 +2,7 @@
 
 `launch` renders an sbatch script from the plan (see slurm_script), submits it, shows the pending
 reason until Slurm allocates nodes, then follows each node's stream file in the shared job
-directory with the same HostRun/LogSink/summary code the SSH backend drives through its channels.
+directory and reports them to the same run loop (backends/run.py) the SSH backend reports its channels to.
 The inventory only gives the nodes' settings (python, iface, env, gpus), from its first selected
 node; Slurm chooses the hosts. Slurm owns the job's lifetime: `distrun stop` is `scancel`, and a
 node that fails ends the step on all nodes through `srun --kill-on-bad-exit`. With `restarts`,
@@ -29,6 +29,7 @@ from typing import Any
 from orchestrator import remote, telemetry
 from orchestrator.backends.base import Backend, Ending, LaunchContext, LaunchRequest, Settled
 from orchestrator.backends.options import Option, OptionType
+from orchestrator.backends.run import EXIT_WAIT, RunView
 from orchestrator.backends.slurm_script import (
     BOOTSTRAP,
     BatchJob,
@@ -44,7 +45,6 @@ from orchestrator.doctor.probe import PROBE_MODULES
 from orchestrator.errors import ExitCode, InfraError, UsageError
 from orchestrator.failures import Failure, FailureKind, root_cause
 from orchestrator.group import GroupResult
-from orchestrator.launch import EXIT_WAIT, HostRun, Launcher
 from orchestrator.logs.sink import append_note
 from orchestrator.plan import LaunchPlan, build_plan
 from orchestrator.remote.private import make_private_dirs, write_private
@@ -565,29 +565,29 @@ class SlurmBackend(Backend):
 
     # ---------------------------------------------------------------- following it
 
-    def start(self, run: Launcher) -> list[Failure]:
+    def start(self, run: RunView) -> list[Failure]:
         """Follow each node's stream file, the batch script's output, and Slurm's view of the job."""
         targets: list[Callable[[], None]] = [lambda: self._poll_loop(run), lambda: self._follow_output(run)]
-        targets += [lambda h=host: self._follow_node(h) for host in run.hosts]
+        targets += [lambda node=host.node: self._follow_node(run, node) for host in run.plan.hosts]
         for target in targets:
             thread = threading.Thread(target=target, daemon=True)
             thread.start()
             self.followers.append(thread)
         return []
 
-    def _follow_node(self, host: HostRun) -> None:
-        path = self.launching[1].files.stream(host.node)
+    def _follow_node(self, run: RunView, node: str) -> None:
+        path = self.launching[1].files.stream(node)
 
         def finished() -> bool:
             if not path.exists():
-                host.last_seen = time.monotonic()  # not started yet, which is not silence
-            return host.exited.is_set() or self.done.is_set()
+                run.events.alive(node)  # not started yet, which is not silence
+            return run.exited(node) or self.done.is_set()
 
         for chunk in follow_bytes(path, finished):
-            host.on_data(chunk)
-        host.on_end()
+            run.events.data(node, chunk)
+        run.events.end(node)
 
-    def _follow_output(self, run: Launcher) -> None:
+    def _follow_output(self, run: RunView) -> None:
         """The batch script's own output (the master's address, srun's errors) as the batch host's lines."""
         for line in follow_lines(self.launching[1].files.output(self.slurm_id), self.done.is_set):
             run.sink.line(self.batch_host, f"slurm: {line}")
@@ -595,7 +595,7 @@ class SlurmBackend(Backend):
             if match:
                 self.store.update(run.plan.job_id, master_addr=match.group(1), master_port=int(match.group(2)))
 
-    def _poll_loop(self, run: Launcher) -> None:
+    def _poll_loop(self, run: RunView) -> None:
         while not self.done.wait(POLL):
             try:
                 self._poll()
@@ -610,17 +610,18 @@ class SlurmBackend(Backend):
             self.ended_at = time.monotonic()
         return job
 
-    def failures(self, run: Launcher) -> list[Failure]:
+    def failures(self, run: RunView) -> list[Failure]:
         """Every host's, and nodes whose supervisor never reported an exit from a job Slurm ended."""
         found = super().failures(run)
         if self.ended_at is not None and time.monotonic() - self.ended_at > DRAIN:
             state = self.latest.state if self.latest is not None else "gone"
             seen = {f.host for f in found}
-            found += [h.lost(f"Slurm job {self.slurm_id} ended ({state}) without an exit from this node's supervisor")
-                      for h in run.hosts if not h.exited.is_set() and h.node not in seen]
+            found += [run.events.lost(h.node, f"Slurm job {self.slurm_id} ended ({state}) without an exit from "
+                                      "this node's supervisor")
+                      for h in run.plan.hosts if not run.exited(h.node) and h.node not in seen]
         return found
 
-    def conclude(self, run: Launcher, failures: list[Failure]) -> Ending:
+    def conclude(self, run: RunView, failures: list[Failure]) -> Ending:
         """Slurm's final state decides: cancelled outside distrun is a stop; TIMEOUT, NODE_FAIL and the
         like are failures of the job, named after the node that failed first (else the batch host)."""
         job = self._settled()
@@ -645,25 +646,25 @@ class SlurmBackend(Backend):
             job = self._poll() or job
         return job
 
-    def stop(self, run: Launcher, hosts: list[HostRun]) -> None:
+    def stop(self, run: RunView, nodes: list[str]) -> None:
         """After a failure Slurm ends the other nodes itself (--kill-on-bad-exit); else scancel."""
         if run.interrupted is None:
-            self._await_exits(hosts, run.plan.stop_grace)
-            hosts = [h for h in hosts if not h.exited.is_set()]
-        if hosts and self.ended_at is None:
+            self._await_exits(run, nodes, run.plan.stop_grace)
+            nodes = [node for node in nodes if not run.exited(node)]
+        if nodes and self.ended_at is None:
             self.cancelled = True
             cancel(self.slurm_id)
-            self._await_exits(hosts, run.plan.stop_grace + EXIT_WAIT)
+            self._await_exits(run, nodes, run.plan.stop_grace + EXIT_WAIT)
 
-    def _await_exits(self, hosts: list[HostRun], timeout: float) -> None:
-        """Until each host reported its exit, Slurm ended the job (and DRAIN passed), or timeout."""
+    def _await_exits(self, run: RunView, nodes: list[str], timeout: float) -> None:
+        """Until each node reported its exit, Slurm ended the job (and DRAIN passed), or timeout."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not all(h.exited.is_set() for h in hosts):
+        while time.monotonic() < deadline and not all(run.exited(node) for node in nodes):
             if self.ended_at is not None and time.monotonic() - self.ended_at > DRAIN:
                 return
             time.sleep(0.05)
 
-    def finish(self, run: Launcher) -> list[str]:
+    def finish(self, run: RunView) -> list[str]:
         """Wait for Slurm to release the nodes and the last lines to arrive; Slurm's final state."""
         deadline = time.monotonic() + RELEASE_WAIT
         while in_queue(self.slurm_id) and time.monotonic() < deadline:
