@@ -165,7 +165,7 @@ class SshBackend(Backend):
     def preflight(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
         """Python and torch alike on every host; the rendezvous port reachable from every other host
         (from the facts of the probe round that planned the job: no second probe)."""
-        from orchestrator.doctor import launch_preflight
+        from orchestrator.doctor.preflight import launch_preflight
 
         launch_preflight(plan, {name: t.node for name, t in self.group.transports.items()}, self.facts)
 
