@@ -1,6 +1,8 @@
 """The contract of a backend: the public hooks the launcher's run loop calls, and per-job operations.
+A running job is seen through backends/run.py's RunView only; backends/README.md is the guide to
+writing one (tests/toy_backend.py is a whole one in one file).
 
-invoke's `Runner` is the model: the run loop (`orchestrator.launch`) is written once; a backend
+invoke's `Runner` is the model: the run loop (`orchestrator.runloop`) is written once; a backend
 fills in hooks. A backend object serves one command: one launch, or operations on recorded jobs.
 
 A launch calls, in this order (`launch.launch` and `runloop.Launcher`):
@@ -14,10 +16,10 @@ A launch calls, in this order (`launch.launch` and `runloop.Launcher`):
     submit(ctx, plan) -> plan | None      make the job exist (record it, hand it to a scheduler and wait
                                           for its hosts); None: it ended before it started
     start(run) -> [Failure]               start every host's supervisor, or follow what a scheduler
-                                          started; each host's output reaches run.hosts[...].on_data
+                                          started; each host's events go to run.events (by node name)
     failures(run) -> [Failure]            polled: every host's failure as seen now
     conclude(run, failures) -> Ending     the backend's last word: a scheduler may have ended the job
-    stop(run, hosts)                      end what still runs on those hosts (after a failure or Ctrl-C)
+    stop(run, nodes)                      end what still runs on those hosts (after a failure or Ctrl-C)
     finish(run) -> [lines]                release what the job held; extra lines for its summary
     release()                             always, when the backend is left (it is a context manager)
 
