@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from orchestrator import backends, remote, terminal
-from orchestrator.backends.base import LaunchRequest, for_record, refresh_lost
+from orchestrator.backends.base import LaunchRequest
 from orchestrator.cli_options import (
     LaunchCommand,
     color_option,
@@ -32,8 +32,10 @@ from orchestrator.cli_options import (
 from orchestrator.cli_options import guard as terminal_guard
 from orchestrator.display import fold_hosts
 from orchestrator.errors import DistrunError, ExitCode, UsageError
+from orchestrator.recorded import for_record, refresh_lost
 from orchestrator.spec.config import Config, load_config
 from orchestrator.spec.model import JobSpec
+from orchestrator.spec.overrides import job_for_launch
 from orchestrator.spec.select import HostSelection
 from orchestrator.store import JobRecord, JobState, Store, new_job_id
 
@@ -164,7 +166,7 @@ def _detach(request: LaunchRequest, as_json: bool) -> int:
     ends before recording its job leaves nothing behind: its output is shown and its directory
     removed.
     """
-    job = request.load_job()
+    job = job_for_launch(request.job_file, request.name, request.nproc_per_node, request.env)
     _check_selection(request, job)
     job_id = request.job_id or new_job_id(job.name)
     store = Store()
@@ -340,7 +342,7 @@ def logs(job_ref: str, follow: bool, nodes: tuple[str, ...], ranks: tuple[str, .
       distrun logs last --rank 3 --grep Error
       distrun logs tiny-2026 -f
     """
-    from orchestrator.logs.command import LogsRequest, show_logs
+    from orchestrator.logs_command import LogsRequest, show_logs
 
     request = LogsRequest(job_ref=job_ref, follow=follow, nodes=nodes, ranks=ranks, grep=pattern, since=since,
                           tail=tail, stderr=stderr, attempt=attempt, collapse=collapse, timestamps=timestamps,

@@ -136,3 +136,18 @@ def size_text(value: float) -> str:
         if value >= scale:
             return f"{value / scale:.0f} {unit}" if value / scale >= 10 else f"{value / scale:.1f} {unit}"
     return f"{value:.0f} B"
+
+
+def rank_ranges(ranks: Sequence[int]) -> str:
+    """[0, 1, 2, 4, 5] -> "0-2,4-5"."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    start = prev = None
+    for rank in [*ordered, None]:
+        if start is not None and (rank is None or rank != prev + 1):  # type: ignore[operator]
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = None
+        if rank is not None and start is None:
+            start = rank
+        prev = rank
+    return ",".join(parts)

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.stack import rank_ranges
+from orchestrator.display import rank_ranges
 
 COMPLETED = "completed"
 DEFAULT_GROUP = "default_pg"

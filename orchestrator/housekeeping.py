@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.backends.base import for_record, refresh_lost
 from orchestrator.errors import UsageError
+from orchestrator.recorded import for_record, refresh_lost
 from orchestrator.store import JobRecord, Store, prunable
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import remote
+from orchestrator.display import rank_ranges
 from orchestrator.errors import InfraError, UsageError, one_line
 from orchestrator.remote.redact import Masker
 
@@ -151,21 +152,6 @@ class Gathered:
     failed: dict[str, str]
     seconds: float
     flight: Flight = field(default_factory=Flight)
-
-
-def rank_ranges(ranks: Sequence[int]) -> str:
-    """[0, 1, 2, 4, 5] -> "0-2,4-5"."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    start = prev = None
-    for rank in [*ordered, None]:
-        if start is not None and (rank is None or rank != prev + 1):  # type: ignore[operator]
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-            start = None
-        if rank is not None and start is None:
-            start = rank
-        prev = rank
-    return ",".join(parts)
 
 
 def parse_frame(data: dict[str, Any]) -> Frame:

@@ -16,22 +16,18 @@ import click
 import pytest
 
 from orchestrator import backends, launch
-from orchestrator.backends.base import (
-    Backend,
-    LaunchContext,
-    LaunchRequest,
-    for_record,
-    refresh_lost,
-)
+from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest
 from orchestrator.backends.options import Option, OptionType, from_command_line
+from orchestrator.backends.run import HostEvents, RunView
 from orchestrator.backends.slurm import SlurmBackend
 from orchestrator.backends.slurm_script import SlurmOptions
 from orchestrator.cli import cli
 from orchestrator.errors import InfraError, SpecError, UsageError
 from orchestrator.failures import Failure
-from orchestrator.launch import HostRun, Launcher
+from orchestrator.hostrun import HostRun
 from orchestrator.logs import LogSink
 from orchestrator.plan import LaunchPlan, build_plan
+from orchestrator.recorded import for_record, refresh_lost
 from orchestrator.remote.stream import STDERR, STDOUT, Batch, encode
 from orchestrator.spec import job_from_text
 from orchestrator.spec.model import NodeSpec
@@ -168,31 +164,31 @@ class ScriptedBackend(Backend):
         ctx.save_record(plan, backend_ref="scripted-7")
         return plan
 
-    def start(self, run: Launcher) -> list[Failure]:
+    def start(self, run: RunView) -> list[Failure]:
         self.calls.append("start")
-        for host in run.hosts:
-            threading.Thread(target=self._play, args=(host,), daemon=True).start()
+        for host in run.plan.hosts:
+            threading.Thread(target=self._play, args=(run.events, host.node), daemon=True).start()
         return []
 
-    def _play(self, host: HostRun) -> None:
-        rank = 0 if host.node == "h0" else 1
-        host.on_data(encode(Batch(rank, STDOUT, 1, b"hello\n")))
-        if host.node == self.options.get("itself"):
-            host.on_data(event({"ev": "exit", "rc": 0, "reason": "controller heartbeat silent for more than 4 s"}))
-        elif host.node == self.options.get("fail"):
-            host.on_data(encode(Batch(rank, STDERR, 1, b"RuntimeError: scripted failure\n")))
+    def _play(self, events: HostEvents, node: str) -> None:
+        rank = 0 if node == "h0" else 1
+        events.data(node, encode(Batch(rank, STDOUT, 1, b"hello\n")))
+        if node == self.options.get("itself"):
+            events.data(node, event({"ev": "exit", "rc": 0, "reason": "controller heartbeat silent for more than 4 s"}))
+        elif node == self.options.get("fail"):
+            events.data(node, encode(Batch(rank, STDERR, 1, b"RuntimeError: scripted failure\n")))
             torchrun = "".join(line + "\n" for line in TORCHRUN_ROOT_CAUSE).encode()
-            host.on_data(encode(Batch(None, STDERR, len(TORCHRUN_ROOT_CAUSE), torchrun)))
-            host.on_data(event({"ev": "exit", "rc": 1}))
+            events.data(node, encode(Batch(None, STDERR, len(TORCHRUN_ROOT_CAUSE), torchrun)))
+            events.data(node, event({"ev": "exit", "rc": 1}))
         elif not self.options.get("fail") and not self.options.get("itself"):
-            host.on_data(event({"ev": "exit", "rc": 0}))
+            events.data(node, event({"ev": "exit", "rc": 0}))
 
-    def stop(self, run: Launcher, hosts: list[HostRun]) -> None:
-        self.calls.append(f"stop {','.join(h.node for h in hosts)}")
-        for host in hosts:
-            host.on_data(event({"ev": "exit", "rc": -15, "reason": "stopped by the controller"}))
+    def stop(self, run: RunView, nodes: list[str]) -> None:
+        self.calls.append(f"stop {','.join(nodes)}")
+        for node in nodes:
+            run.events.data(node, event({"ev": "exit", "rc": -15, "reason": "stopped by the controller"}))
 
-    def finish(self, run: Launcher) -> list[str]:
+    def finish(self, run: RunView) -> list[str]:
         self.calls.append("finish")
         return ["scripted: released"]
 
@@ -272,7 +268,7 @@ def test_the_end_is_shown_even_when_the_database_cannot_take_it(scripted, tmp_pa
 
 
 def test_whatever_fails_in_the_controller_every_host_is_stopped_first(scripted, tmp_path: Path, monkeypatch):
-    def broken(self: Backend, run: Launcher) -> list[Failure]:
+    def broken(self: Backend, run: RunView) -> list[Failure]:
         raise RuntimeError("the run loop broke")
 
     monkeypatch.setattr(ScriptedBackend, "failures", broken)

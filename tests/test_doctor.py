@@ -15,7 +15,8 @@ import pytest
 from orchestrator import doctor
 from orchestrator.backends.ssh import SshBackend
 from orchestrator.bandwidth import BandwidthReport, SizeResult, parse_results
-from orchestrator.doctor.checks import NOT_TOLD, Check, Context, Status, bandwidth_check, run_checks
+from orchestrator.doctor.bandwidth_check import bandwidth_check
+from orchestrator.doctor.checks import NOT_TOLD, Check, Context, Status, run_checks
 from orchestrator.doctor.command import exit_code
 from orchestrator.doctor.probe import LATE, HostResult, import_options, probe_round
 from orchestrator.doctor.render import render_table, to_json

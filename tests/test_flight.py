@@ -26,9 +26,9 @@ from typing import Any
 
 import pytest
 
-from orchestrator.backends.base import for_record
 from orchestrator.failures import Failure, FailureKind
 from orchestrator.flight import Lag, lags
+from orchestrator.recorded import for_record
 from orchestrator.remote.flightrec import MAX_SOCKET_PATH, fetch, socket_dir, socket_path
 from orchestrator.store import JobRecord, JobState, Store
 from orchestrator.watchdog import diagnose, with_flight_rank

@@ -18,9 +18,9 @@ import pytest
 
 from orchestrator.errors import UsageError
 from orchestrator.logs import recover as recover_module
-from orchestrator.logs.command import LogsRequest, show_logs
 from orchestrator.logs.query import parse_ranks, parse_since
 from orchestrator.logs.recover import HostCopy, rebuild
+from orchestrator.logs_command import LogsRequest, show_logs
 from orchestrator.remote.linestore import INDEX, Entry, LineStore
 from orchestrator.store import JobRecord, JobState, Store, process_start
 

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator.launch import HostRun
+from orchestrator.hostrun import HostRun
 from orchestrator.logs import LogSink
 from orchestrator.logs.query import Query, Style, read_lines
 from orchestrator.logs.screen import Screen

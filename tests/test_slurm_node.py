@@ -6,14 +6,18 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.slurm import batch_job, follow_lines, write_files
-from orchestrator.backends.slurm_script import BatchJob, SlurmFiles, SlurmOptions, render_script
+from orchestrator.backends.slurm_script import BatchJob, SlurmFiles, SlurmOptions, node_config, render_script
+from orchestrator.backends.ssh import supervisor_config
+from orchestrator.remote.config import SupervisorConfig
 from orchestrator.remote.slurm_node import exit_status, expand
+from orchestrator.remote.slurm_node import supervisor_config as node_supervisor_config
 from orchestrator.spec import load_job
 from orchestrator.store import JobDir
 
@@ -145,3 +149,16 @@ def test_the_controller_waits_for_a_stream_that_does_not_exist_yet(tmp_path: Pat
         return len(calls) > 4
 
     assert list(follow_lines(stream, finished)) == ["late"]
+
+
+def test_a_node_fills_its_own_values_into_the_one_supervisor_configuration_the_controller_wrote(
+        batch: BatchJob) -> None:
+    template = node_config(batch)["supervisor"]
+    assert set(template) == {f.name for f in fields(SupervisorConfig)}
+    argv = ["torchrun", "--node-rank", "1", "--nproc-per-node", "2", "x.py"]
+    filled = node_supervisor_config(node_config(batch), "c1", argv, dict(os.environ), {"TOKEN": "s"})
+    assert (filled.node, filled.first_rank, filled.secret_names, filled.env) == ("c1", 2, ["TOKEN"], {"TOKEN": "s"})
+    assert filled.heartbeat_timeout is None  # Slurm owns the job's lifetime: no controller heartbeat
+    assert filled.stop_grace == batch.plan.stop_grace == 1
+    over_ssh = supervisor_config(batch.plan, batch.plan.hosts[0])
+    assert (over_ssh.heartbeat_timeout, over_ssh.stop_grace) == (batch.plan.heartbeat_timeout, 1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.backends.slurm import distrun_state, parse_job
+from orchestrator.backends.slurm_commands import distrun_state, parse_job
 from orchestrator.store import JobState
 
 SCONTROL_LINE = (

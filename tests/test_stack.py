@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.base import for_record
 from orchestrator.errors import InfraError, UsageError
 from orchestrator.failures import Failure, FailureKind
+from orchestrator.recorded import for_record
 from orchestrator.stack import (
     Frame,
     RankStack,

@@ -17,6 +17,7 @@ import pytest
 
 from orchestrator import remote
 from orchestrator.backends.ssh import SUPERVISOR_ONLY
+from orchestrator.remote.config import SupervisorConfig
 from orchestrator.remote.leader import Leader
 from orchestrator.remote.relay import Relay
 from orchestrator.remote.stream import Batch, FrameReader, StreamWriter
@@ -79,7 +80,7 @@ def test_the_job_ends_with_its_supervisor_whatever_fails(tmp_path: Path, monkeyp
 
     monkeypatch.setattr(Relay, "run", broken_relay)
     out = io.BytesIO()
-    supervisor = Supervisor(cfg, StreamWriter(out))
+    supervisor = Supervisor(SupervisorConfig.from_dict(cfg), StreamWriter(out))
 
     supervisor.run(io.BytesIO())
 

@@ -401,7 +401,7 @@ def test_a_hosts_strings_reach_tops_table_escaped(clock: Clock) -> None:
     agg = aggregator(clock)
     agg.observe("node0", gpu(throttle=["hw_slowdown\x1b]0;pwned\x07\x1b[2J"]))
     console = Console(file=io.StringIO(), force_terminal=True, width=200)
-    console.print(telemetry.render(agg, "job", clock(), []))
+    console.print(view.render(agg, "job", clock(), []))
     shown = console.file.getvalue()
     assert "hw_slowdown\\x1b]0;pwned\\x07\\x1b[2J" in shown
     assert "\x07" not in shown and "\x1b]" not in shown and "\x1b[2J" not in shown

@@ -1,9 +1,11 @@
 """The contract of a backend: the public hooks the launcher's run loop calls, and per-job operations.
+A running job is seen through backends/run.py's RunView only; backends/README.md is the guide to
+writing one (tests/toy_backend.py is a whole one in one file).
 
-invoke's `Runner` is the model: the run loop (`orchestrator.launch`) is written once; a backend
+invoke's `Runner` is the model: the run loop (`orchestrator.runloop`) is written once; a backend
 fills in hooks. A backend object serves one command: one launch, or operations on recorded jobs.
 
-A launch calls, in this order (`launch.launch` and `launch.Launcher`):
+A launch calls, in this order (`launch.launch` and `runloop.Launcher`):
 
     prepare(ctx) -> plan                  reach hosts / render the scheduler's request; nothing starts
     replan(ctx, plan, hosts, spares)      the controller's next attempt (`restarts:`), then preflight,
@@ -14,10 +16,10 @@ A launch calls, in this order (`launch.launch` and `launch.Launcher`):
     submit(ctx, plan) -> plan | None      make the job exist (record it, hand it to a scheduler and wait
                                           for its hosts); None: it ended before it started
     start(run) -> [Failure]               start every host's supervisor, or follow what a scheduler
-                                          started; each host's output reaches run.hosts[...].on_data
+                                          started; each host's events go to run.events (by node name)
     failures(run) -> [Failure]            polled: every host's failure as seen now
     conclude(run, failures) -> Ending     the backend's last word: a scheduler may have ended the job
-    stop(run, hosts)                      end what still runs on those hosts (after a failure or Ctrl-C)
+    stop(run, nodes)                      end what still runs on those hosts (after a failure or Ctrl-C)
     finish(run) -> [lines]                release what the job held; extra lines for its summary
     release()                             always, when the backend is left (it is a context manager)
 
@@ -42,27 +44,23 @@ import os
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, TextIO
+from typing import Any, ClassVar, TextIO
 
 from orchestrator import terminal
 from orchestrator.backends import options as backend_options
 from orchestrator.backends.options import Option
+from orchestrator.backends.run import RunView
 from orchestrator.display import fold_hosts
 from orchestrator.errors import UsageError
 from orchestrator.failures import Failure
 from orchestrator.group import GroupResult
 from orchestrator.plan import LaunchPlan
-from orchestrator.spec import load_job
 from orchestrator.spec.model import JobSpec
-from orchestrator.spec.overrides import apply_overrides, is_script, job_from_script
 from orchestrator.spec.select import Guard, HostSelection
 from orchestrator.store import JobRecord, JobState, Store, controller_alive, process_start
 from orchestrator.transport.base import CommandResult
-
-if TYPE_CHECKING:
-    from orchestrator.launch import HostRun, Launcher
 
 
 @dataclass
@@ -70,7 +68,8 @@ class LaunchRequest:
     """Everything `distrun launch` was asked, before any file is read.
 
     `job_file` is a job file, or a training script (`train.py`) whose job is built from the
-    request's flags; `name`, `nproc_per_node` and `env` go over the job's own values either way.
+    request's flags; `name`, `nproc_per_node` and `env` go over the job's own values either way
+    (`spec.overrides.job_for_launch` reads it).
     """
 
     job_file: str
@@ -92,16 +91,6 @@ class LaunchRequest:
     env: list[str] = field(default_factory=list)  # `--env KEY=VALUE` pairs, as given
     guard: Guard | None = None  # the rule for an implicit selection of many hosts; None: none
     internal: bool = False  # a run distrun makes for itself: never `last`
-
-    def load_job(self) -> JobSpec:
-        """The job: the job file read, or the script's job built, with the flags over it.
-
-        Raises:
-            UsageError: the script or a flag's value is wrong.
-            SpecError: the job file is wrong.
-        """
-        job = job_from_script(self.job_file) if is_script(self.job_file) else load_job(self.job_file)
-        return apply_overrides(job, self.name, self.nproc_per_node, self.env)
 
     def reproduce(self, hosts: Sequence[str], inventory: str) -> list[str]:
         """The `distrun launch` arguments that start this job again on `hosts` (the report's
@@ -287,28 +276,28 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def start(self, run: Launcher) -> list[Failure]:
-        """Start (or begin following) every host; each host's lines go to `run.hosts`' HostRun.
+    def start(self, run: RunView) -> list[Failure]:
+        """Start (or begin following) every host of `run.plan`; each host's output and events go
+        to `run.events` under its node name.
 
         Returns:
             The failures of hosts that could not be started ([] when all started).
         """
 
-    def failures(self, run: Launcher) -> list[Failure]:
+    def failures(self, run: RunView) -> list[Failure]:
         """Every host's failure as seen now (exit, closed channel, silence), in host order."""
-        found = (host.failure(run.plan.heartbeat_timeout, run.awake_since) for host in run.hosts)
-        return [failure for failure in found if failure is not None]
+        return run.failures()
 
-    def conclude(self, run: Launcher, failures: list[Failure]) -> Ending:
+    def conclude(self, run: RunView, failures: list[Failure]) -> Ending:
         """The backend's verdict once every host ended or one failed; by default the failures seen."""
         return Ending(failures)
 
     @abstractmethod
-    def stop(self, run: Launcher, hosts: list[HostRun]) -> None:
-        """End the job on `hosts` (those not yet ended) and wait, within the job's stop grace, for
-        each to report its exit."""
+    def stop(self, run: RunView, nodes: list[str]) -> None:
+        """End the job on the hosts of `nodes` (those not yet ended) and wait, within the job's stop
+        grace, for each to report its exit."""
 
-    def finish(self, run: Launcher) -> list[str]:
+    def finish(self, run: RunView) -> list[str]:
         """Release what the job held once it ended.
 
         Returns:
@@ -390,48 +379,3 @@ class Backend(ABC):
 def terminal_for(request: LaunchRequest) -> TextIO | None:
     """Where a launch's lines are shown: stdout, or nowhere for a detached controller."""
     return None if request.quiet else sys.stdout
-
-
-def for_record(store: Store, record: JobRecord) -> Backend:
-    """The backend a recorded job ran on, ready for per-job operations.
-
-    Raises:
-        UsageError: the record names a backend this distrun does not have.
-    """
-    from orchestrator import backends
-
-    if record.backend not in backends.REGISTRY:
-        raise UsageError(f"job {record.id} ran on backend {record.backend!r}, which this distrun does not have "
-                         f"(it has {', '.join(backends.names())})")
-    return backends.get(record.backend)(store)
-
-
-def refresh_lost(store: Store, records: list[JobRecord]) -> None:
-    """Settle the records of unfinished jobs that no longer run (`job_alive` says), in place.
-
-    The end a controller wrote into the job's directory when the database could not take it
-    (`Store.end`) comes first; else the backend tells how the job ended (`ended_as`: `lost`
-    when nothing knows). A record that ended meanwhile is never overwritten (`Store.update`
-    sets a state only on an unfinished record); each record is read back as it is now.
-    """
-    for record in records:
-        if record.state.finished:
-            continue
-        try:
-            backend = for_record(store, record)
-            if backend.job_alive(record):
-                continue
-            settled = backend.ended_as(record)
-        except UsageError:
-            continue  # a backend this distrun does not know: leave its record as it is
-        written = store.recorded_end(record.id)
-        if written is not None:
-            store.update(record.id, **{**written, "state": JobState(written["state"])})
-        else:
-            extra = {"detail": settled.detail} if settled.detail else {}
-            if settled.exit_code is not None:
-                extra["exit_code"] = settled.exit_code
-            store.update(record.id, state=settled.state, **extra)
-        fresh = store.get(record.id)
-        for item in fields(record):
-            setattr(record, item.name, getattr(fresh, item.name))

@@ -2,12 +2,12 @@
 
 `launch` renders an sbatch script from the plan (see slurm_script), submits it, shows the pending
 reason until Slurm allocates nodes, then follows each node's stream file in the shared job
-directory with the same HostRun/LogSink/summary code the SSH backend drives through its channels.
+directory and reports them to the same run loop (backends/run.py) the SSH backend reports its channels to.
 The inventory only gives the nodes' settings (python, iface, env, gpus), from its first selected
 node; Slurm chooses the hosts. Slurm owns the job's lifetime: `distrun stop` is `scancel`, and a
 node that fails ends the step on all nodes through `srun --kill-on-bad-exit`. With `restarts`,
 each attempt is a batch job of its own that excludes (`--exclude`) the nodes earlier failures
-quarantined (`replan`).
+quarantined (`replan`). Slurm's own commands are wrapped in slurm_commands.py.
 """
 
 from __future__ import annotations
@@ -16,12 +16,10 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +27,20 @@ from typing import Any
 from orchestrator import remote, telemetry
 from orchestrator.backends.base import Backend, Ending, LaunchContext, LaunchRequest, Settled
 from orchestrator.backends.options import Option, OptionType
+from orchestrator.backends.run import EXIT_WAIT, RunView
+from orchestrator.backends.slurm_commands import (
+    SLURM_TIMEOUT,
+    SlurmJob,
+    cancel,
+    check_node_count,
+    hostnames,
+    in_queue,
+    node_addresses,
+    partition_nodes,
+    query_job,
+    sbatch,
+    srun_on,
+)
 from orchestrator.backends.slurm_script import (
     BOOTSTRAP,
     BatchJob,
@@ -43,8 +55,7 @@ from orchestrator.backends.ssh import SUPERVISOR_MODULES
 from orchestrator.doctor.probe import PROBE_MODULES
 from orchestrator.errors import ExitCode, InfraError, UsageError
 from orchestrator.failures import Failure, FailureKind, root_cause
-from orchestrator.group import GroupResult
-from orchestrator.launch import EXIT_WAIT, HostRun, Launcher
+from orchestrator.group import GroupResult, parallel
 from orchestrator.logs.sink import append_note
 from orchestrator.plan import LaunchPlan, build_plan
 from orchestrator.remote.private import make_private_dirs, write_private
@@ -52,7 +63,6 @@ from orchestrator.spec import JobSpec, NodeSpec, resolve_inventory_path, select_
 from orchestrator.store import JobDir, JobRecord, JobState, controller_alive
 from orchestrator.terminal import show
 
-SLURM_TIMEOUT = 30.0
 POLL = 0.5  # between two `scontrol show job` while pending or running
 FOLLOW_POLL = 0.1  # between two reads of a stream file at its end
 CHUNK = 1 << 16
@@ -61,184 +71,11 @@ SETTLE = 5.0  # after the nodes ended, how long Slurm gets to show the job's fin
 RELEASE_WAIT = 30.0  # how long the controller waits for Slurm to release the nodes at the end
 STOP_WAIT = 30.0
 
-SLURM_STATES = {
-    "PENDING": JobState.PENDING, "CONFIGURING": JobState.PENDING, "REQUEUED": JobState.PENDING,
-    "REQUEUE_HOLD": JobState.PENDING, "REQUEUE_FED": JobState.PENDING, "RESV_DEL_HOLD": JobState.PENDING,
-    "RUNNING": JobState.RUNNING, "COMPLETING": JobState.RUNNING, "SUSPENDED": JobState.RUNNING,
-    "STOPPED": JobState.RUNNING, "RESIZING": JobState.RUNNING, "SIGNALING": JobState.RUNNING,
-    "STAGE_OUT": JobState.RUNNING,
-    "COMPLETED": JobState.SUCCEEDED,
-    "FAILED": JobState.FAILED, "TIMEOUT": JobState.FAILED, "OUT_OF_MEMORY": JobState.FAILED,
-    "BOOT_FAIL": JobState.FAILED, "DEADLINE": JobState.FAILED, "SPECIAL_EXIT": JobState.FAILED,
-    "CANCELLED": JobState.STOPPED, "PREEMPTED": JobState.STOPPED, "REVOKED": JobState.STOPPED,
-    "NODE_FAIL": JobState.LOST,
-}
 # States in which Slurm itself ended a job that distrun had not seen fail.
 ENDED_BY_SLURM = frozenset({"TIMEOUT", "NODE_FAIL", "PREEMPTED", "DEADLINE", "OUT_OF_MEMORY", "BOOT_FAIL"})
 # Pending reasons that no amount of waiting resolves.
 HOPELESS = frozenset({"PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "InvalidAccount", "InvalidQOS"})
-UNREACHABLE = re.compile(r"Unable to contact slurm controller|Socket timed out|Connection refused|Zero Bytes")
 MASTER_LINE = re.compile(r"^distrun: master (\S+):(\d+)$")
-
-
-def distrun_state(slurm_state: str) -> JobState:
-    """distrun's state for one of Slurm's (`CANCELLED by 0` and `COMPLETING+` forms included).
-
-    A state this table does not know is taken as still running: Slurm holds the job.
-    """
-    base = slurm_state.split(" ")[0].rstrip("+").upper()
-    return SLURM_STATES.get(base, JobState.RUNNING)
-
-
-# ---------------------------------------------------------------- Slurm's commands
-
-
-@dataclass(frozen=True)
-class SlurmJob:
-    """One reading of `scontrol show job`."""
-
-    id: str
-    state: str
-    reason: str
-    nodelist: str
-    batch_host: str
-
-    @property
-    def distrun_state(self) -> JobState:
-        return distrun_state(self.state)
-
-    @property
-    def allocated(self) -> bool:
-        """Nodes are allocated and the batch script runs (or ran)."""
-        return self.distrun_state is not JobState.PENDING and self.nodelist not in ("", "(null)")
-
-
-def parse_job(text: str) -> SlurmJob:
-    """Parse `scontrol show job -o ID` (key=value pairs on one line)."""
-    def field(key: str) -> str:
-        match = re.search(rf"(?:^|\s){key}=(\S*)", text)
-        return match.group(1) if match else ""
-
-    return SlurmJob(id=field("JobId"), state=field("JobState"), reason=field("Reason"),
-                    nodelist=field("NodeList"), batch_host=field("BatchHost"))
-
-
-def run_slurm(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    """Run one of Slurm's commands.
-
-    Raises:
-        InfraError: the command is missing, or did not answer in SLURM_TIMEOUT.
-    """
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_TIMEOUT, check=False)
-    except FileNotFoundError:
-        raise InfraError(f"{argv[0]} not found: the Slurm backend runs Slurm's commands (sbatch, scontrol, "
-                         "squeue, scancel, sinfo) on this machine") from None
-    except subprocess.TimeoutExpired:
-        raise InfraError(f"{argv[0]} did not answer within {SLURM_TIMEOUT:g} s (is slurmctld up?)") from None
-
-
-def srun_on(slurm_id: str, node: str, argv: list[str], timeout: float) -> str:
-    """Run one task of `argv` on `node` inside a running Slurm job (beside its steps); its stdout.
-
-    Raises:
-        InfraError: srun is missing, failed, or did not finish within `timeout`.
-    """
-    command = ["srun", f"--jobid={slurm_id}", "--overlap", f"--nodelist={node}", "--nodes=1", "--ntasks=1",
-               "--quiet", *argv]
-    try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False,
-                                stdin=subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise InfraError("srun not found: the Slurm backend runs Slurm's commands on this machine") from None
-    except subprocess.TimeoutExpired:
-        raise InfraError(f"srun on {node} did not finish within {timeout:g} s") from None
-    if result.returncode != 0:
-        raise InfraError(f"srun on {node}: {_error_text(result)}")
-    return result.stdout
-
-
-def _outcome(future: Future[str]) -> str | Exception:
-    """A node's stdout, or the error that stands for it in a GroupResult."""
-    try:
-        return future.result()
-    except InfraError as exc:
-        return exc
-
-
-def _error_text(result: subprocess.CompletedProcess[str]) -> str:
-    lines = [ln.strip() for ln in result.stderr.splitlines() if ln.strip()]
-    return lines[-1] if lines else f"exit code {result.returncode}"
-
-
-def _checked(argv: list[str]) -> str:
-    """stdout of a Slurm command that must succeed.
-
-    Raises:
-        InfraError: it failed.
-    """
-    result = run_slurm(argv)
-    if result.returncode != 0:
-        raise InfraError(f"{argv[0]}: {_error_text(result)}")
-    return result.stdout
-
-
-def query_job(slurm_id: str) -> SlurmJob | None:
-    """The job as slurmctld knows it now; None once it has forgotten the job."""
-    result = run_slurm(["scontrol", "show", "job", "-o", slurm_id])
-    if result.returncode != 0:
-        if "Invalid job id" in result.stderr:
-            return None
-        raise InfraError(f"scontrol: {_error_text(result)}")
-    return parse_job(result.stdout)
-
-
-def in_queue(slurm_id: str) -> bool:
-    """Whether squeue still lists the job (pending, running or completing)."""
-    return bool(run_slurm(["squeue", "-h", "-j", slurm_id, "-o", "%i"]).stdout.strip())
-
-
-def hostnames(nodelist: str) -> list[str]:
-    return _checked(["scontrol", "show", "hostnames", nodelist]).split()
-
-
-def node_addresses(names: list[str]) -> dict[str, str]:
-    """Each node's NodeAddr, as Slurm reaches it."""
-    addrs = {}
-    for line in _checked(["scontrol", "show", "node", "-o", ",".join(names)]).splitlines():
-        name, addr = re.search(r"NodeName=(\S+)", line), re.search(r"NodeAddr=(\S+)", line)
-        if name and addr:
-            addrs[name.group(1)] = addr.group(1)
-    return addrs
-
-
-def partition_nodes(partition: str | None) -> tuple[str, list[str]]:
-    """The partition a job goes to (the given one, else Slurm's default) and its nodes."""
-    pairs = [line.split() for line in _checked(["sinfo", "-h", "-N", "-o", "%N %P"]).splitlines() if line.strip()]
-    default = next((p.rstrip("*") for _, p in pairs if p.endswith("*")), None)
-    name = partition or default
-    if name is None:
-        return "(all)", sorted({n for n, _ in pairs})
-    return name, sorted({n for n, p in pairs if p.rstrip("*") == name})
-
-
-def sbatch(script: str) -> str:
-    """sbatch the script; returns the Slurm job id.
-
-    Raises:
-        UsageError: Slurm refused the request (e.g. more nodes than the partition has).
-        InfraError: slurmctld could not be reached.
-    """
-    result = run_slurm(["sbatch", "--parsable", script])
-    if result.returncode != 0:
-        why = _error_text(result).removeprefix("sbatch: error: ")
-        error = InfraError if UNREACHABLE.search(result.stderr) else UsageError
-        raise error(f"Slurm refused the job: {why}")
-    return result.stdout.strip().split(";")[0]
-
-
-def cancel(slurm_id: str) -> None:
-    _checked(["scancel", slurm_id])
 
 
 # ---------------------------------------------------------------- planning
@@ -353,20 +190,6 @@ def follow_lines(path: Path, finished: Callable[[], bool]) -> Iterator[str]:
 
 
 # ---------------------------------------------------------------- launching
-
-
-def check_node_count(nnodes: int, partition: str | None) -> None:
-    """Refuse a job that asks for more nodes than its partition has: it would pend forever.
-
-    Raises:
-        UsageError: the partition is unknown or too small.
-    """
-    name, nodes = partition_nodes(partition)
-    if not nodes:
-        raise UsageError(f"--partition {partition}: Slurm has no such partition (see `sinfo`)")
-    if nnodes > len(nodes):
-        raise UsageError(f"the job asks for {nnodes} nodes but Slurm partition {name} has {len(nodes)} "
-                         f"({', '.join(nodes)}) (lower nnodes or --nnodes, or choose another --partition)")
 
 
 def write_files(job_dir: JobDir, batch: BatchJob, bundle: bytes, script: str) -> None:
@@ -564,29 +387,29 @@ class SlurmBackend(Backend):
 
     # ---------------------------------------------------------------- following it
 
-    def start(self, run: Launcher) -> list[Failure]:
+    def start(self, run: RunView) -> list[Failure]:
         """Follow each node's stream file, the batch script's output, and Slurm's view of the job."""
         targets: list[Callable[[], None]] = [lambda: self._poll_loop(run), lambda: self._follow_output(run)]
-        targets += [lambda h=host: self._follow_node(h) for host in run.hosts]
+        targets += [lambda node=host.node: self._follow_node(run, node) for host in run.plan.hosts]
         for target in targets:
             thread = threading.Thread(target=target, daemon=True)
             thread.start()
             self.followers.append(thread)
         return []
 
-    def _follow_node(self, host: HostRun) -> None:
-        path = self.launching[1].files.stream(host.node)
+    def _follow_node(self, run: RunView, node: str) -> None:
+        path = self.launching[1].files.stream(node)
 
         def finished() -> bool:
             if not path.exists():
-                host.last_seen = time.monotonic()  # not started yet, which is not silence
-            return host.exited.is_set() or self.done.is_set()
+                run.events.alive(node)  # not started yet, which is not silence
+            return run.exited(node) or self.done.is_set()
 
         for chunk in follow_bytes(path, finished):
-            host.on_data(chunk)
-        host.on_end()
+            run.events.data(node, chunk)
+        run.events.end(node)
 
-    def _follow_output(self, run: Launcher) -> None:
+    def _follow_output(self, run: RunView) -> None:
         """The batch script's own output (the master's address, srun's errors) as the batch host's lines."""
         for line in follow_lines(self.launching[1].files.output(self.slurm_id), self.done.is_set):
             run.sink.line(self.batch_host, f"slurm: {line}")
@@ -594,7 +417,7 @@ class SlurmBackend(Backend):
             if match:
                 self.store.update(run.plan.job_id, master_addr=match.group(1), master_port=int(match.group(2)))
 
-    def _poll_loop(self, run: Launcher) -> None:
+    def _poll_loop(self, run: RunView) -> None:
         while not self.done.wait(POLL):
             try:
                 self._poll()
@@ -609,17 +432,18 @@ class SlurmBackend(Backend):
             self.ended_at = time.monotonic()
         return job
 
-    def failures(self, run: Launcher) -> list[Failure]:
+    def failures(self, run: RunView) -> list[Failure]:
         """Every host's, and nodes whose supervisor never reported an exit from a job Slurm ended."""
         found = super().failures(run)
         if self.ended_at is not None and time.monotonic() - self.ended_at > DRAIN:
             state = self.latest.state if self.latest is not None else "gone"
             seen = {f.host for f in found}
-            found += [h.lost(f"Slurm job {self.slurm_id} ended ({state}) without an exit from this node's supervisor")
-                      for h in run.hosts if not h.exited.is_set() and h.node not in seen]
+            found += [run.events.lost(h.node, f"Slurm job {self.slurm_id} ended ({state}) without an exit from "
+                                      "this node's supervisor")
+                      for h in run.plan.hosts if not run.exited(h.node) and h.node not in seen]
         return found
 
-    def conclude(self, run: Launcher, failures: list[Failure]) -> Ending:
+    def conclude(self, run: RunView, failures: list[Failure]) -> Ending:
         """Slurm's final state decides: cancelled outside distrun is a stop; TIMEOUT, NODE_FAIL and the
         like are failures of the job, named after the node that failed first (else the batch host)."""
         job = self._settled()
@@ -644,25 +468,25 @@ class SlurmBackend(Backend):
             job = self._poll() or job
         return job
 
-    def stop(self, run: Launcher, hosts: list[HostRun]) -> None:
+    def stop(self, run: RunView, nodes: list[str]) -> None:
         """After a failure Slurm ends the other nodes itself (--kill-on-bad-exit); else scancel."""
         if run.interrupted is None:
-            self._await_exits(hosts, run.plan.stop_grace)
-            hosts = [h for h in hosts if not h.exited.is_set()]
-        if hosts and self.ended_at is None:
+            self._await_exits(run, nodes, run.plan.stop_grace)
+            nodes = [node for node in nodes if not run.exited(node)]
+        if nodes and self.ended_at is None:
             self.cancelled = True
             cancel(self.slurm_id)
-            self._await_exits(hosts, run.plan.stop_grace + EXIT_WAIT)
+            self._await_exits(run, nodes, run.plan.stop_grace + EXIT_WAIT)
 
-    def _await_exits(self, hosts: list[HostRun], timeout: float) -> None:
-        """Until each host reported its exit, Slurm ended the job (and DRAIN passed), or timeout."""
+    def _await_exits(self, run: RunView, nodes: list[str], timeout: float) -> None:
+        """Until each node reported its exit, Slurm ended the job (and DRAIN passed), or timeout."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not all(h.exited.is_set() for h in hosts):
+        while time.monotonic() < deadline and not all(run.exited(node) for node in nodes):
             if self.ended_at is not None and time.monotonic() - self.ended_at > DRAIN:
                 return
             time.sleep(0.05)
 
-    def finish(self, run: Launcher) -> list[str]:
+    def finish(self, run: RunView) -> list[str]:
         """Wait for Slurm to release the nodes and the last lines to arrive; Slurm's final state."""
         deadline = time.monotonic() + RELEASE_WAIT
         while in_queue(self.slurm_id) and time.monotonic() < deadline:
@@ -760,10 +584,8 @@ class SlurmBackend(Backend):
         python = str(json.loads(job_dir.plan.read_text(encoding="utf-8"))["hosts"][0]["python"])
         program = [python, str(files.bootstrap), str(bundle), str(len(payload)), record.id]
         limit = SLURM_TIMEOUT if timeout is None else timeout
+        slurm_id = record.backend_ref
         try:
-            with ThreadPoolExecutor(max(1, len(nodes))) as pool:
-                futures = {node: pool.submit(srun_on, record.backend_ref, node, [*program, node, *args], limit)
-                           for node in nodes}
-            return GroupResult({node: _outcome(future) for node, future in futures.items()})
+            return parallel(nodes, lambda node: srun_on(slurm_id, node, [*program, node, *args], limit), key=str)
         finally:
             bundle.unlink(missing_ok=True)

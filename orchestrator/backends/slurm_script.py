@@ -25,6 +25,7 @@ from typing import Any
 
 from orchestrator import remote
 from orchestrator.plan import DEFAULT_PORT, LaunchPlan
+from orchestrator.remote.config import SupervisorConfig
 from orchestrator.spec.model import JobSpec
 
 # torchrun options whose values differ per node or are known only inside the allocation; the
@@ -153,12 +154,13 @@ def node_argv(argv: list[str], options_end: int) -> list[str]:
 def node_config(batch: BatchJob) -> dict[str, Any]:
     """What each node's task reads from slurm/node.json (no secrets)."""
     plan, files = batch.plan, batch.files
-    return {
-        "job_id": plan.job_id, "cwd": plan.hosts[0].workdir, "stop_grace": plan.stop_grace,
-        "telemetry_interval": plan.telemetry_interval, "stream_dir": str(files.dir),
-        "secrets_on_stdin": bool(plan.secrets), "expand": EXPANDED, "expand_at": batch.filled,
-        "make_dirs": [plan.checkpoint_dir] if plan.checkpoint_dir else [],
-    }
+    # Slurm owns the job's lifetime: no controller heartbeat. Each node fills in its own name,
+    # argv, secrets and first rank (remote/slurm_node.py).
+    supervisor = SupervisorConfig(job_id=plan.job_id, node="", cwd=plan.hosts[0].workdir, heartbeat_timeout=None,
+                                  stop_grace=plan.stop_grace, telemetry_interval=plan.telemetry_interval,
+                                  make_dirs=[plan.checkpoint_dir] if plan.checkpoint_dir else [])
+    return {"supervisor": supervisor.to_dict(), "stream_dir": str(files.dir), "secrets_on_stdin": bool(plan.secrets),
+            "expand": EXPANDED, "expand_at": batch.filled}
 
 
 def render_script(batch: BatchJob) -> str:

@@ -14,20 +14,21 @@ import random
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
 from orchestrator import remote, telemetry
 from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest
+from orchestrator.backends.run import EXIT_WAIT, RunView
 from orchestrator.doctor.probe import import_options, probe_round
 from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
 from orchestrator.facts import HostFacts
 from orchestrator.failures import Failure, FailureKind
 from orchestrator.group import Group, GroupError, GroupResult, parallel
-from orchestrator.launch import EXIT_WAIT, POLL, HostRun, Launcher
 from orchestrator.logs.recover import HostCopy, rebuild
 from orchestrator.plan import DEFAULT_PORT, HostPlan, LaunchPlan, build_plan
+from orchestrator.remote.config import SupervisorConfig
 from orchestrator.spec import (
     Inventory,
     JobSpec,
@@ -40,7 +41,7 @@ from orchestrator.spec import (
 from orchestrator.spec.model import DEFAULT_STOP_GRACE
 from orchestrator.store import JobRecord, JobState, signal_controller
 from orchestrator.terminal import Progress, show
-from orchestrator.transport import REMOTE_TIMEOUT, CommandResult, Transport, run_remote
+from orchestrator.transport import REMOTE_TIMEOUT, CommandResult, RemoteProcess, Transport, run_remote
 
 STOP_WAIT = 30.0
 CLEANUP_WAIT = 15.0  # beyond the stop grace, how long ending a job's processes on a host may take
@@ -48,7 +49,25 @@ AUTO_PORT_WINDOW = 1000
 # What a host's supervisor runs, dependencies first: with the telemetry sampler, or without.
 SUPERVISOR_MODULES = [*remote.SUPERVISOR_IMPORTS, "sampler", "supervisor"]
 SUPERVISOR_ONLY = [*remote.SUPERVISOR_IMPORTS, "supervisor"]
+STOP_MESSAGE = json.dumps({"op": "stop"}).encode() + b"\n"
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SupervisorChannel:
+    """A host's supervisor as started over its transport (backends/run.py's Channel)."""
+
+    proc: RemoteProcess
+    transport: Transport
+
+    def write(self, data: bytes) -> None:
+        self.proc.write(data)
+
+    def closed(self) -> bool:
+        return self.proc.wait(0) is not None
+
+    def link_up(self) -> bool:
+        return self.transport.connected()
 
 
 class SshBackend(Backend):
@@ -61,6 +80,7 @@ class SshBackend(Backend):
         super().__init__(*args, **kwargs)
         self.group = Group([])
         self.facts: dict[str, HostFacts] = {}
+        self.channels: dict[str, SupervisorChannel] = {}  # a launch's supervisors, by node
 
     def inventory(self, request: LaunchRequest) -> Inventory:
         """-i, else $DISTRUN_INVENTORY, else the built-in one (this machine)."""
@@ -144,7 +164,7 @@ class SshBackend(Backend):
     def preflight(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
         """Python and torch alike on every host; the rendezvous port reachable from every other host
         (from the facts of the probe round that planned the job: no second probe)."""
-        from orchestrator.doctor import launch_preflight
+        from orchestrator.doctor.preflight import launch_preflight
 
         launch_preflight(plan, {name: t.node for name, t in self.group.transports.items()}, self.facts)
 
@@ -166,53 +186,48 @@ class SshBackend(Backend):
         ctx.save_record(plan)
         return plan
 
-    def start(self, run: Launcher) -> list[Failure]:
+    def start(self, run: RunView) -> list[Failure]:
         """Ship the supervisor to every host at once over its channel; a host that does not start fails."""
-        started = parallel(run.hosts, lambda host: self._start_host(run.plan, host), key=lambda host: host.node)
-        return [run.host(node).lost(one_line(exc), FailureKind.INFRA) for node, exc in started.failed.items()]
+        self.channels = {}
+        started = parallel(run.plan.hosts, lambda host: self._start_host(run, host), key=lambda host: host.node)
+        return [run.events.lost(node, one_line(exc), FailureKind.INFRA) for node, exc in started.failed.items()]
 
-    def _start_host(self, plan: LaunchPlan, host: HostRun) -> None:
+    def _start_host(self, run: RunView, host: HostPlan) -> None:
+        plan, events, node = run.plan, run.events, host.node
         modules = SUPERVISOR_MODULES if plan.telemetry_interval else SUPERVISOR_ONLY
-        facts = self.facts.get(host.node)
+        facts = self.facts.get(node)
         payload = remote.bundle("supervisor", modules, telemetry.shipped_modules(facts.gpus if facts else 0))
-        argv = remote.bootstrap_argv(host.plan.python, payload, "distrun-supervisor", plan.job_id, host.node)
-        config = {
-            "job_id": plan.job_id, "node": host.node, "argv": host.plan.argv, "env": plan.host_env(host.plan),
-            "cwd": host.plan.workdir, "heartbeat_timeout": plan.heartbeat_timeout, "stop_grace": plan.stop_grace,
-            "telemetry_interval": plan.telemetry_interval, **output_config(plan, host.plan),
-            "make_dirs": [plan.checkpoint_dir] if plan.checkpoint_dir else [],
-        }
-        transport = self.group[host.node]
-        host.link_up = transport.connected
-        host.attach(transport.start(argv))
-        host.send_raw(payload + json.dumps(config).encode() + b"\n")
+        argv = remote.bootstrap_argv(host.python, payload, "distrun-supervisor", plan.job_id, node)
+        transport = self.group[node]
+        channel = SupervisorChannel(transport.start(argv), transport)
+        self.channels[node] = channel
+        events.attach(node, channel)
+        channel.proc.stream_bytes(lambda data: events.data(node, data), lambda line: events.stderr(node, line),
+                                  lambda: events.end(node))
+        channel.write(payload + supervisor_config(plan, host).to_line())
 
-    def stop(self, run: Launcher, hosts: list[HostRun]) -> None:
+    def stop(self, run: RunView, nodes: list[str]) -> None:
         """Tell each supervisor to stop and wait for the exits of those that can still report
         one (a lost host cannot: it ends the job itself when the heartbeat stops); end the job
         directly where a supervisor died on a host still reachable; close every stdin (a
         supervisor that never heard the stop ends the job when its stdin closes)."""
-        for host in hosts:
-            host.send({"op": "stop"})
-        deadline = time.monotonic() + run.plan.stop_grace + EXIT_WAIT
-        while time.monotonic() < deadline and any(
-                h.reporting(run.plan.heartbeat_timeout, run.awake_since) for h in hosts):
-            run.wake.wait(POLL)
-            run.wake.clear()
-        self.end_orphans(run, [h for h in hosts if h.channel_closed()])
-        for host in hosts:
-            if host.proc is not None:
-                host.proc.close_stdin()
+        channels = [self.channels[node] for node in nodes if node in self.channels]
+        for channel in channels:
+            channel.write(STOP_MESSAGE)
+        run.await_exits(nodes, run.plan.stop_grace + EXIT_WAIT)
+        self.end_orphans(run, run.orphaned(nodes))
+        for channel in channels:
+            channel.proc.close_stdin()
 
-    def end_orphans(self, run: Launcher, hosts: list[HostRun]) -> None:
+    def end_orphans(self, run: RunView, nodes: list[str]) -> None:
         """End the job's processes on hosts whose supervisor died (its channel closed without an
         exit) while the connection still works: nothing on the host would end them otherwise."""
-        reachable = [h for h in hosts if self.group[h.node].connected()]
+        reachable = [node for node in nodes if self.group[node].connected()]
         if not reachable:
             return
         grace = run.plan.stop_grace
         results = self.group.run(lambda t: json.loads(_cleanup(t, run.plan.job_id, grace).strip().splitlines()[-1]),
-                                 only=[h.node for h in reachable])
+                                 only=reachable)
         for node, result in results.items():
             if isinstance(result, Exception):
                 run.sink.note(node, f"its supervisor died; the job's processes there could not be ended: {result}")
@@ -335,12 +350,18 @@ def on_record_hosts(record: JobRecord, fn: Callable[[Transport], T], only: list[
         return group.run(fn, only=only)
 
 
-def output_config(plan: LaunchPlan, host: HostPlan) -> dict[str, Any]:
-    """What a supervisor needs to label and mask its host's lines: the secrets' names (their values
-    come with the environment), the host's first global rank, whether torchrun's ranks follow from
-    it (static rendezvous; c10d assigns them at rendezvous), and the attempt."""
-    return {"secret_names": host.secret_names, "first_rank": plan.first_rank(host.node),
-            "exact_ranks": "--node-rank" in host.argv, "attempt": plan.attempt}
+def supervisor_config(plan: LaunchPlan, host: HostPlan) -> SupervisorConfig:
+    """A host's supervisor configuration from the plan. To label and mask the host's lines it gets
+    the secrets' names (their values come with the environment), the host's first global rank,
+    whether torchrun's ranks follow from it (static rendezvous; c10d assigns them at rendezvous),
+    and the attempt."""
+    return SupervisorConfig(
+        job_id=plan.job_id, node=host.node, argv=list(host.argv), env=plan.host_env(host), cwd=host.workdir,
+        heartbeat_timeout=plan.heartbeat_timeout, stop_grace=plan.stop_grace,
+        telemetry_interval=plan.telemetry_interval, secret_names=list(host.secret_names),
+        first_rank=plan.first_rank(host.node), exact_ranks="--node-rank" in host.argv, attempt=plan.attempt,
+        make_dirs=[plan.checkpoint_dir] if plan.checkpoint_dir else [],
+    )
 
 
 def fetch_copy(transport: Transport, job_id: str) -> HostCopy:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orchestrator.display import fold_hosts, size_text
 from orchestrator.doctor.probe import HostResult
@@ -20,9 +20,6 @@ from orchestrator.group import fold_errors
 from orchestrator.plan import DEFAULT_PORT
 from orchestrator.spec.model import JobSpec, NodeSpec
 from orchestrator.transport.base import REACH_HINT
-
-if TYPE_CHECKING:
-    from orchestrator.bandwidth import BandwidthReport
 
 GIB = 1 << 30
 
@@ -467,25 +464,3 @@ FACT_CHECKS: tuple[Callable[[Mapping[str, HostFacts], Context], Check], ...] = (
     check_gpu_busy, check_ecc, check_shm, check_memlock, check_pyspy, check_disk, check_clock, check_iface,
     check_resolves, check_port_free, check_port_reachable, check_entry,
 )
-
-
-def busbw_threshold(backend: str, requested: float | None) -> float:
-    """`--min-busbw` when given, else the backend's default (GB/s)."""
-    from orchestrator.bandwidth import DEFAULT_MIN_BUSBW
-
-    return requested if requested is not None else DEFAULT_MIN_BUSBW[backend]
-
-
-def bandwidth_check(report: BandwidthReport, min_busbw: float, hosts: list[str]) -> Check:
-    """Warn when the best busbw over the message sizes is under `min_busbw` GB/s."""
-    if report.error:
-        return Check("bandwidth", Status.ERROR, hosts, report.error,
-                     "run the job by hand with NCCL_DEBUG=INFO to see where it stops")
-    best = report.best_busbw() or 0.0
-    detail = f"{report.backend} all-reduce over {report.world_size} ranks: busbw up to {best:.2f} GB/s"
-    if best < min_busbw:
-        return Check("bandwidth", Status.WARN, hosts, f"{detail} (under {min_busbw:g} GB/s)",
-                     "check the interface NCCL/gloo use (`iface:`), its link speed, and NCCL_IB_* settings")
-    return Check("bandwidth", Status.OK, hosts, f"{detail} (at least {min_busbw:g} GB/s)")
-
-

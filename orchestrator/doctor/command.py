@@ -22,17 +22,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TextIO
 
 from orchestrator import terminal
+from orchestrator.doctor.bandwidth_check import bandwidth_check, busbw_threshold, render_bandwidth
 from orchestrator.doctor.checks import (
     Check,
     Context,
     Status,
-    bandwidth_check,
-    busbw_threshold,
     run_checks,
     skipped,
 )
 from orchestrator.doctor.probe import HostResult, import_options, probe_round
-from orchestrator.doctor.render import render_bandwidth, render_table, to_json
+from orchestrator.doctor.render import render_table, to_json
 from orchestrator.errors import DistrunError, ExitCode
 from orchestrator.group import Group
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec

@@ -34,15 +34,12 @@ JSON output (`--json`), schema version 1:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from orchestrator.display import fold_hosts, size_text
+from orchestrator.display import fold_hosts
 from orchestrator.doctor.checks import Check, Context, Status
 from orchestrator.doctor.probe import HostResult
 from orchestrator.remote.redact import escape_controls
-
-if TYPE_CHECKING:
-    from orchestrator.bandwidth import BandwidthReport
 
 SCHEMA = 1
 MARKS = {"ok": "✓", "warn": "!", "error": "✗", "skip": "-"}
@@ -82,17 +79,6 @@ def render_table(checks: list[Check], ctx: Context, seconds: float, colour: bool
     skips = f", {counts['skip']} skipped" if counts["skip"] else ""
     tally = f"{counts['ok']} ok, {counts['warn']} warning(s), {counts['error']} error(s){skips}"
     lines += ["", f"{tally} in {seconds:.1f} s"]
-    return "\n".join(lines)
-
-
-def render_bandwidth(report: BandwidthReport) -> str:
-    """The per-size table of the all-reduce, nccl-tests' columns."""
-    if not report.results:
-        return ""
-    lines = [f"all-reduce ({report.backend}, {report.world_size} ranks on {report.nnodes} host(s)):",
-             f"{'size':>10} {'time':>10} {'algbw':>12} {'busbw':>12}"]
-    lines += [f"{size_text(r.bytes):>10} {r.time_s * 1000:>7.2f} ms {r.algbw:>7.3f} GB/s {r.busbw:>7.3f} GB/s"
-              for r in report.results]
     return "\n".join(lines)
 
 

@@ -21,8 +21,9 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
+from orchestrator.remote.config import SupervisorConfig
 from orchestrator.remote.linestore import Entry, LineStore
 from orchestrator.remote.provenance import own_roots, proven
 from orchestrator.remote.redact import Masker
@@ -76,11 +77,11 @@ class RankMap:
         cfg: The supervisor's configuration: job_id, node, first_rank, exact_ranks (False under c10d).
     """
 
-    def __init__(self, cfg: dict[str, Any]) -> None:
-        self.first = int(cfg.get("first_rank") or 0)
-        self.exact = bool(cfg.get("exact_ranks", True))
-        self.job_id: str = cfg["job_id"]
-        self.node: str = cfg["node"]
+    def __init__(self, cfg: SupervisorConfig) -> None:
+        self.first = int(cfg.first_rank or 0)
+        self.exact = bool(cfg.exact_ranks)
+        self.job_id = cfg.job_id
+        self.node = cfg.node
         self.known: dict[tuple[int, int], int] = {}
 
     def rank(self, restart: int, local_rank: int) -> int:
@@ -151,13 +152,13 @@ class Relay:
         warn: Sends a note to the controller.
     """
 
-    def __init__(self, cfg: dict[str, Any], out: StreamWriter, job_dir: str, warn: Callable[[str], None]) -> None:
-        node = cfg["node"]
-        env = cfg.get("env", {})
+    def __init__(self, cfg: SupervisorConfig, out: StreamWriter, job_dir: str, warn: Callable[[str], None]) -> None:
+        node = cfg.node
+        env = cfg.env
         self.out = out
-        self.masker = Masker(env.get(name, "") for name in cfg.get("secret_names", []))
+        self.masker = Masker(env.get(name, "") for name in cfg.secret_names)
         self.raw_dir = os.path.join(job_dir, node, "torchrun")
-        self.copy = HostCopy(os.path.join(job_dir, node), node, int(cfg.get("attempt", 1)), warn)
+        self.copy = HostCopy(os.path.join(job_dir, node), node, int(cfg.attempt), warn)
         self.ranks = RankMap(cfg)
         self.tailer = Tailer(self.raw_dir, self._rank_lines, masker=self.masker)
 

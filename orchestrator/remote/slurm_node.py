@@ -6,7 +6,7 @@ argv `port FROM` prints `NODE PORT`, the node's Slurm name and the first free po
 `port N exact` prints `NODE N` when N is free, else exits 3.
 
 NODE_CONFIG is a JSON file the controller wrote into the job directory, which every node sees
-(a shared filesystem): job_id, cwd, stop_grace, telemetry_interval, stream_dir,
+(a shared filesystem): supervisor (remote/config.py, less what each node fills in), stream_dir,
 secrets_on_stdin (the job's secret variables come as one JSON line on stdin: the batch script
 gives srun the secrets file, which it removed from the filesystem, as stdin), expand:
 names of variables that this node fills into the torchrun arguments (`$SLURM_NODEID` differs
@@ -26,8 +26,10 @@ import os
 import re
 import socket
 import sys
+from dataclasses import replace
 from typing import Any, BinaryIO
 
+from orchestrator.remote.config import SupervisorConfig
 from orchestrator.remote.private import open_private
 from orchestrator.remote.probe import first_free_port, port_free
 from orchestrator.remote.stream import StreamWriter
@@ -49,15 +51,11 @@ def read_secrets(cfg: dict[str, Any], stdin: BinaryIO) -> dict[str, str]:
 
 
 def supervisor_config(cfg: dict[str, Any], node: str, argv: list[str], env: dict[str, str],
-                      secrets: dict[str, str]) -> dict[str, Any]:
-    """The supervisor's configuration for this node."""
+                      secrets: dict[str, str]) -> SupervisorConfig:
+    """The supervisor's configuration for this node: the job's, with this node's own values."""
     argv = expand(argv, cfg.get("expand", []), env, cfg.get("expand_at", []))
-    return {
-        "job_id": cfg["job_id"], "node": node, "argv": argv, "env": secrets, "secret_names": sorted(secrets),
-        "cwd": cfg.get("cwd"), "heartbeat_timeout": None, "stop_grace": cfg.get("stop_grace", 5.0),
-        "telemetry_interval": cfg.get("telemetry_interval"), "first_rank": first_rank(argv),
-        "make_dirs": cfg.get("make_dirs", []),
-    }
+    return replace(SupervisorConfig.from_dict(cfg["supervisor"]), node=node, argv=argv, env=secrets,
+                   secret_names=sorted(secrets), first_rank=first_rank(argv))
 
 
 def first_rank(argv: list[str]) -> int:

@@ -31,8 +31,9 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
+from orchestrator.remote.config import SupervisorConfig
 from orchestrator.remote.flightrec import socket_dir
 from orchestrator.remote.leader import Leader
 from orchestrator.remote.private import make_private_dirs
@@ -162,14 +163,14 @@ def make_dirs(paths: list[str], cwd: str | None) -> None:
 
 
 class Supervisor:
-    def __init__(self, cfg: dict[str, Any], out: StreamWriter) -> None:
+    def __init__(self, cfg: SupervisorConfig, out: StreamWriter) -> None:
         self.cfg = cfg
         self.out = out
-        self.job_id: str = cfg["job_id"]
-        self.node: str = cfg["node"]
-        self.grace = float(cfg.get("stop_grace", 5.0))
+        self.job_id = cfg.job_id
+        self.node = cfg.node
+        self.grace = float(cfg.stop_grace)
         # None: a scheduler (Slurm) owns the job's lifetime; no controller heartbeat on stdin.
-        timeout = cfg.get("heartbeat_timeout", 15.0)
+        timeout = cfg.heartbeat_timeout
         self.hb_timeout = None if timeout is None else float(timeout)
         self.last_hb = time.monotonic()
         self.oom_at_start = oom_kills()
@@ -180,7 +181,7 @@ class Supervisor:
         self.child: subprocess.Popen[bytes] | None = None
         self.leader: Leader | None = None
         self.ender: threading.Thread | None = None
-        self.dir = os.path.expanduser(os.path.join(cfg.get("host_dir", "~/.distrun"), "jobs", self.job_id))
+        self.dir = os.path.expanduser(os.path.join(cfg.host_dir, "jobs", self.job_id))
         with contextlib.suppress(OSError):  # a full disk: the host-side copy warns and the job goes on
             make_private_dirs(self.dir)
         self.relay = Relay(cfg, out, self.dir, self.warn)
@@ -196,15 +197,15 @@ class Supervisor:
             OSError: it could not be started (nothing of the job runs then).
         """
         env = dict(os.environ)
-        env.update(self.cfg.get("env", {}))
+        env.update(self.cfg.env)
         env["DISTRUN_JOB_ID"] = self.job_id
         env["DISTRUN_NODE"] = self.node
         expand_var(env)
         self.resolve_sockets(env)
-        cwd = self.cfg.get("cwd")
-        make_dirs(self.cfg.get("make_dirs", []), cwd)
+        cwd = self.cfg.cwd
+        make_dirs(self.cfg.make_dirs, cwd)
         self.child = subprocess.Popen(
-            self.relay.argv(self.cfg["argv"]),
+            self.relay.argv(self.cfg.argv),
             env=env,
             cwd=os.path.expanduser(cwd) if cwd else None,
             stdin=subprocess.DEVNULL,
@@ -290,7 +291,7 @@ class Supervisor:
             self.relay.run(self.child)  # type: ignore[arg-type]  # set by start_child
             self.leader.wait()  # type: ignore[union-attr]  # set by start_child
         except Exception as exc:
-            what = "supervisor failed" if self.leader is not None else f"cannot start {self.cfg['argv'][0]}"
+            what = "supervisor failed" if self.leader is not None else f"cannot start {self.cfg.argv[0]}"
             error = f"{what}: {type(exc).__name__}: {exc}" if self.leader else f"{what}: {exc}"
         finally:
             rc = self._finish(sampler)
@@ -324,19 +325,19 @@ class Supervisor:
         return self.hb_timeout if self.hb_timeout is not None else 60.0
 
 
-def start_telemetry(cfg: dict[str, Any], out: StreamWriter, done: threading.Event,
+def start_telemetry(cfg: SupervisorConfig, out: StreamWriter, done: threading.Event,
                     keep_dir: str) -> threading.Thread | None:
     """Start the telemetry sampler when it was shipped and the job asks for it; it keeps a
     copy of its samples in keep_dir/<node>.telemetry.jsonl beside the host-side log."""
-    interval = cfg.get("telemetry_interval")
+    interval = cfg.telemetry_interval
     sampler = sys.modules.get("orchestrator.remote.sampler")
     if not interval or sampler is None:
         return None
     thread = threading.Thread(
         target=sampler.run,
-        kwargs={"interval": float(interval), "job_id": cfg["job_id"], "node": cfg["node"], "emit": out.event,
+        kwargs={"interval": float(interval), "job_id": cfg.job_id, "node": cfg.node, "emit": out.event,
                 "done": done,
-                "keep": os.path.join(keep_dir, f"{cfg['node']}.telemetry.jsonl")},
+                "keep": os.path.join(keep_dir, f"{cfg.node}.telemetry.jsonl")},
         daemon=True,
     )
     thread.start()
@@ -348,9 +349,10 @@ def main(argv: list[str]) -> None:
     out = StreamWriter(sys.stdout.buffer)
     first = stdin.readline()
     try:
-        cfg = json.loads(first)
-    except ValueError:
-        out.end("exit", 10.0, rc=2, error="no configuration received")
+        cfg = SupervisorConfig.from_line(first)
+    except ValueError as exc:
+        out.end("exit", 10.0, rc=2, error=f"no configuration received ({exc})" if first.strip() else
+                "no configuration received")
         sys.exit(2)
     code = Supervisor(cfg, out).run(stdin)
     # The control thread may sit in a blocking read of stdin; leave without joining it.

@@ -17,7 +17,7 @@ import yaml
 
 from orchestrator.errors import UsageError
 from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT
-from orchestrator.spec.job import JOB_NAME, SECRET_REF, missing_file
+from orchestrator.spec.job import JOB_NAME, SECRET_REF, load_job, missing_file
 from orchestrator.spec.model import JobSpec, Rendezvous, Restarts, Select, Telemetry
 from orchestrator.spec.yamlsrc import Map, Node, Scalar, Seq
 
@@ -41,6 +41,19 @@ def job_from_script(script: str) -> JobSpec:
         raise UsageError(f"{script}: {problem} (the path is relative to the current directory {Path.cwd()})")
     stem = re.sub(r"[^A-Za-z0-9._-]", "-", Path(script).stem).lstrip("._-") or "job"
     return JobSpec(path=script, name=stem, script=script)
+
+
+def job_for_launch(target: str, name: str | None = None, nproc_per_node: str | None = None,
+               env: Sequence[str] = ()) -> JobSpec:
+    """The job `distrun launch TARGET` runs: the job file read, or the training script's job built,
+    with the command line's `--name`, `--nproc-per-node` and `--env` over it.
+
+    Raises:
+        UsageError: the script or a flag's value is wrong.
+        SpecError: the job file is wrong.
+    """
+    job = job_from_script(target) if is_script(target) else load_job(target)
+    return apply_overrides(job, name, nproc_per_node, env)
 
 
 def apply_overrides(job: JobSpec, name: str | None = None, nproc_per_node: str | None = None,

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from orchestrator.backends.base import for_record, refresh_lost
 from orchestrator.display import fold_hosts
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.logs.format import ranges
@@ -27,6 +26,7 @@ from orchestrator.logs.query import (
     read_lines,
     split_lines,
 )
+from orchestrator.recorded import for_record, refresh_lost
 from orchestrator.remote.linestore import Located
 from orchestrator.remote.redact import escape_controls
 from orchestrator.store import JobDir, JobRecord, JobState, Store

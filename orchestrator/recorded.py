@@ -1,0 +1,54 @@
+"""Recorded jobs and their backends: the backend a record ran on (`for_record`), and the `ps`
+settlement of unfinished records whose job no longer runs (`refresh_lost`)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from orchestrator import backends
+from orchestrator.backends.base import Backend
+from orchestrator.errors import UsageError
+from orchestrator.store import JobRecord, JobState, Store
+
+
+def for_record(store: Store, record: JobRecord) -> Backend:
+    """The backend a recorded job ran on, ready for per-job operations.
+
+    Raises:
+        UsageError: the record names a backend this distrun does not have.
+    """
+    if record.backend not in backends.REGISTRY:
+        raise UsageError(f"job {record.id} ran on backend {record.backend!r}, which this distrun does not have "
+                         f"(it has {', '.join(backends.names())})")
+    return backends.get(record.backend)(store)
+
+
+def refresh_lost(store: Store, records: list[JobRecord]) -> None:
+    """Settle the records of unfinished jobs that no longer run (`job_alive` says), in place.
+
+    The end a controller wrote into the job's directory when the database could not take it
+    (`Store.end`) comes first; else the backend tells how the job ended (`ended_as`: `lost`
+    when nothing knows). A record that ended meanwhile is never overwritten (`Store.update`
+    sets a state only on an unfinished record); each record is read back as it is now.
+    """
+    for record in records:
+        if record.state.finished:
+            continue
+        try:
+            backend = for_record(store, record)
+            if backend.job_alive(record):
+                continue
+            settled = backend.ended_as(record)
+        except UsageError:
+            continue  # a backend this distrun does not know: leave its record as it is
+        written = store.recorded_end(record.id)
+        if written is not None:
+            store.update(record.id, **{**written, "state": JobState(written["state"])})
+        else:
+            extra = {"detail": settled.detail} if settled.detail else {}
+            if settled.exit_code is not None:
+                extra["exit_code"] = settled.exit_code
+            store.update(record.id, state=settled.state, **extra)
+        fresh = store.get(record.id)
+        for item in fields(record):
+            setattr(record, item.name, getattr(fresh, item.name))

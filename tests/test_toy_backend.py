@@ -1,0 +1,52 @@
+"""A fourth backend in one file against the contract (tests/toy_backend.py) runs a real job:
+two hosts, each a local torchrun, one gloo all-reduce across them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator import backends, launch
+from orchestrator.backends.base import LaunchRequest
+from orchestrator.failures import Failure, FailureKind
+from orchestrator.store import JobState, Store
+from tests.helpers import REPO, job_lines
+
+WORKER = REPO / "tests" / "cluster" / "jobs" / "worker.py"
+
+
+@pytest.fixture
+def toy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(backends.REGISTRY, "toy", "tests.toy_backend:ToyBackend")
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
+
+
+def run_toy(tmp_path: Path, job_id: str, *args: str) -> int:
+    job = tmp_path / "job.yaml"
+    job.write_text(f"name: toy\nscript: {WORKER}\nnproc_per_node: 1\nenv: {{OMP_NUM_THREADS: '1'}}\n"
+                   "telemetry: {enabled: false}\n")
+    return launch.launch(LaunchRequest(str(job), backend="toy", job_id=job_id, live=False, quiet=True,
+                                       skip_preflight=True, extra_args=list(args)))
+
+
+def test_a_backend_written_against_the_contract_alone_runs_a_two_host_job_to_success(toy, tmp_path: Path) -> None:
+    assert run_toy(tmp_path, "toy-1") == 0
+
+    record = Store().get("toy-1")
+    assert (record.state, record.backend, record.hosts) == (JobState.SUCCEEDED, "toy", ["toy0", "toy1"])
+    log = job_lines(Store().job_dir("toy-1").root)
+    assert log.count("ALLREDUCE 3") == 2  # 1 + 2 summed across the two hosts
+    assert "DONE 0/2" in log and "DONE 1/2" in log
+
+
+def test_the_run_loop_blames_the_toy_host_that_failed_and_has_the_backend_stop_the_other(toy, tmp_path: Path) -> None:
+    assert run_toy(tmp_path, "toy-2", "--fail-rank", "1", "--sleep", "30") == 1
+
+    record = Store().get("toy-2")
+    root = Failure.from_dict(record.failures[0])
+    # The failing rank exits 1, or gloo aborts it while it unwinds (SIGABRT): either way its own failure.
+    assert (record.state, root.host, root.kind in (FailureKind.EXIT, FailureKind.SIGNAL)) == (JobState.FAILED,
+                                                                                              "toy1", True)
+    assert "RuntimeError: deliberate failure on rank 1" in job_lines(Store().job_dir("toy-2").root)
+    assert "toy0: stopped by distrun" in record.detail
