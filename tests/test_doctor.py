@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator import doctor
 from orchestrator.backends.ssh import SshBackend
-from orchestrator.bandwidth import BandwidthReport, SizeResult, parse_results
+from orchestrator.doctor.bandwidth import BandwidthReport, SizeResult, parse_results
 from orchestrator.doctor.checks import Check, Context, Status, bandwidth_check, run_checks
 from orchestrator.doctor.command import exit_code
 from orchestrator.doctor.probe import HostResult, import_options, probe_round

@@ -22,7 +22,7 @@ from orchestrator.spec.model import JobSpec, NodeSpec
 from orchestrator.transport.base import REACH_HINT
 
 if TYPE_CHECKING:
-    from orchestrator.bandwidth import BandwidthReport
+    from orchestrator.doctor.bandwidth import BandwidthReport
 
 GIB = 1 << 30
 
@@ -451,7 +451,7 @@ FACT_CHECKS: tuple[Callable[[Mapping[str, HostFacts], Context], Check], ...] = (
 
 def busbw_threshold(backend: str, requested: float | None) -> float:
     """`--min-busbw` when given, else the backend's default (GB/s)."""
-    from orchestrator.bandwidth import DEFAULT_MIN_BUSBW
+    from orchestrator.doctor.bandwidth import DEFAULT_MIN_BUSBW
 
     return requested if requested is not None else DEFAULT_MIN_BUSBW[backend]
 

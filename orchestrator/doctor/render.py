@@ -42,7 +42,7 @@ from orchestrator.doctor.probe import HostResult
 from orchestrator.remote.redact import escape_controls
 
 if TYPE_CHECKING:
-    from orchestrator.bandwidth import BandwidthReport
+    from orchestrator.doctor.bandwidth import BandwidthReport
 
 SCHEMA = 1
 MARKS = {"ok": "✓", "warn": "!", "error": "✗", "skip": "-"}
