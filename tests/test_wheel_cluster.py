@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,10 +38,27 @@ def quick_start() -> list[str]:
 def installed(tmp_path: Path) -> Path:
     """A fresh virtualenv with distrun installed from a wheel of this checkout; returns its bin/."""
     wheels, venv = tmp_path / "dist", tmp_path / "venv"
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(REPO), cwd=tmp_path)
+    source = source_tree(tmp_path / "src")
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(source), cwd=tmp_path)
     run(sys.executable, "-m", "venv", str(venv), cwd=tmp_path)
     run(str(venv / "bin" / "pip"), "install", "-q", *map(str, wheels.glob("distrun-*.whl")), cwd=tmp_path)
     return venv / "bin"
+
+
+def source_tree(dest: Path) -> Path:
+    """The checkout's files as git sees them (tracked, and untracked but not ignored), links kept as links:
+    a build in the checkout itself would reuse its build/ directory, which keeps files deleted since."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout.split("\0")
+    for rel in filter(None, listed):
+        src, target = REPO / rel, dest / rel
+        if src.is_symlink() or src.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_symlink():
+                target.symlink_to(os.readlink(src))
+            else:
+                shutil.copy2(src, target)
+    return dest
 
 
 def run(*argv: str, cwd: Path) -> None:
