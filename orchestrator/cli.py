@@ -684,6 +684,25 @@ def list_backends() -> None:
             terminal.show(f"  {line}")
 
 
+@cli.command(short_help="Copy the bundled example jobs into a directory (default ./jobs).")
+@click.argument("directory", default="jobs", type=click.Path(file_okay=False))
+@color_option
+def examples(directory: str) -> None:
+    """Copy the example jobs that ship with distrun (jobs/ of its source) into DIRECTORY,
+    default ./jobs, where their job files name their script: `distrun launch jobs/tiny.yaml`
+    then runs from here. A file already there is never overwritten.
+
+    \b
+    Examples:
+      distrun examples && distrun launch jobs/tiny.yaml
+      distrun examples ~/distrun-jobs
+    """
+    from orchestrator.bundled import copy_examples
+
+    written = copy_examples(Path(directory))
+    click.echo(f"copied {len(written)} files to {directory}/ (see {directory}/README.md)")
+
+
 @cli.command(short_help="Print the shell completion script (bash, zsh or fish).")
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 @color_option

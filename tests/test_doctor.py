@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator import doctor
 from orchestrator.backends.ssh import SshBackend
-from orchestrator.bandwidth import BandwidthReport, SizeResult, parse_results
+from orchestrator.doctor.bandwidth import BandwidthReport, SizeResult, parse_results
 from orchestrator.doctor.bandwidth_check import bandwidth_check
 from orchestrator.doctor.checks import NOT_TOLD, Check, Context, Status, run_checks
 from orchestrator.doctor.command import exit_code
@@ -504,8 +504,23 @@ def test_preflight_refuses_when_the_rendezvous_port_was_taken_during_the_launch_
         holder.listen()
         port = holder.getsockname()[1]
         facts = launch_round(port)
-    with pytest.raises(doctor.PreflightError, match=r"port .* is in use"):
+    with pytest.raises(doctor.PreflightError, match=r"port .* is in use") as caught:
         preflight(port, facts)
+    assert caught.value.exit_code == 3
+
+
+def test_preflight_refuses_an_unreachable_port_with_exit_3_and_a_missing_entry_still_with_2():
+    cut = Connect(MASTER_ADDR, PORT, ok=False, error="timed out after 2 s")
+    facts = {"local0": HostFacts("local0", python="3.11.7", torch="2.13.0", listen=Listen(PORT, ok=True)),
+             "local1": HostFacts("local1", python="3.11.7", torch="2.13.0", connect=cut)}
+    with pytest.raises(doctor.PreflightError, match="cannot connect to local0") as caught:
+        preflight(PORT, facts)
+    assert caught.value.exit_code == 3
+    missing = Entry("script", "train.py", error="no such file")
+    facts = {name: replace(f, entry=missing) for name, f in facts.items()}
+    with pytest.raises(doctor.PreflightError) as caught:
+        preflight(PORT, facts)
+    assert caught.value.exit_code == 2
 
 
 STANDIN = "9.9.9+standin"

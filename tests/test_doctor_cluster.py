@@ -22,6 +22,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.skipif(skip_reason() is not None,
 TORCH = subprocess.run([sys.executable, "-c", "from importlib.metadata import version; print(version('torch'))"],
                        capture_output=True, text=True, check=True).stdout.strip()
 PORT = 29555
+# A script that is there on every host: the bandwidth job distrun ships.
+BENCH = REPO / "orchestrator" / "doctor" / "allreduce_bench.py"
 MARKS = {"✓": "ok", "!": "warn", "✗": "error", "-": "skip"}
 
 
@@ -56,7 +58,7 @@ def rows(table: str) -> dict[str, tuple[str, str]]:
 
 def job_file(tmp_path: Path, extra: str = "") -> Path:
     path = tmp_path / "job.yaml"
-    path.write_text(f"name: preflight\nscript: {REPO / 'jobs' / 'allreduce_bench.py'}\n"
+    path.write_text(f"name: preflight\nscript: {BENCH}\n"
                     f"args: [--backend, gloo, --sizes, '1024']\nrendezvous: {{port: {PORT}}}\n{extra}")
     return path
 
@@ -115,7 +117,7 @@ def test_a_torch_on_a_nodes_pythonpath_is_the_one_reported_not_the_installed_one
 def test_with_a_job_the_torch_beside_its_script_is_the_one_reported(cluster3, tmp_path, env):
     # The workers put the script's directory first on sys.path; here it is the workdir.
     workdir = standin_torch(tmp_path / "work")
-    shutil.copy(REPO / "jobs" / "allreduce_bench.py", workdir)
+    shutil.copy(BENCH, workdir)
     job = tmp_path / "job.yaml"
     job.write_text(f"name: preflight\nscript: {workdir / 'allreduce_bench.py'}\nworkdir: {workdir}\n"
                    f"args: [--backend, gloo, --sizes, '1024']\nrendezvous: {{port: {PORT}}}\n")

@@ -1,4 +1,4 @@
-"""doctor's bandwidth check and table, from the all-reduce job's report (orchestrator/bandwidth.py).
+"""doctor's bandwidth check and table, from the all-reduce job's report (orchestrator/doctor/bandwidth.py).
 
 Apart from checks.py and render.py so that those, which the launch's preflight uses, never
 import the bandwidth job, which runs a launch."""
@@ -11,12 +11,12 @@ from orchestrator.display import size_text
 from orchestrator.doctor.checks import Check, Status
 
 if TYPE_CHECKING:  # the job itself is imported when it runs: it imports the SSH backend, which imports doctor
-    from orchestrator.bandwidth import BandwidthReport
+    from orchestrator.doctor.bandwidth import BandwidthReport
 
 
 def busbw_threshold(backend: str, requested: float | None) -> float:
     """`--min-busbw` when given, else the backend's default (GB/s)."""
-    from orchestrator.bandwidth import DEFAULT_MIN_BUSBW
+    from orchestrator.doctor.bandwidth import DEFAULT_MIN_BUSBW
 
     return requested if requested is not None else DEFAULT_MIN_BUSBW[backend]
 

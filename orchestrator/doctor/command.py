@@ -30,6 +30,7 @@ from orchestrator.doctor.checks import (
     run_checks,
     skipped,
 )
+from orchestrator.doctor.firewall import with_forward_note
 from orchestrator.doctor.probe import HostResult, import_options, probe_round
 from orchestrator.doctor.render import render_table, to_json
 from orchestrator.errors import DistrunError, ExitCode
@@ -39,7 +40,7 @@ from orchestrator.spec.select import Guard, HostSelection
 from orchestrator.terminal import Progress
 
 if TYPE_CHECKING:
-    from orchestrator.bandwidth import BandwidthReport
+    from orchestrator.doctor.bandwidth import BandwidthReport
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def run_doctor(request: DoctorRequest, out: TextIO = sys.stdout) -> int:
     else:
         nodes = select_hosts(inventory, request.selection, request.guard, "doctor")
     results, ctx = collect(nodes, inventory.master_of(nodes), job)
-    checks = run_checks(results, ctx)
+    checks = with_forward_note(run_checks(results, ctx))
     report = None
     if request.bandwidth:
         check, report = _bandwidth(checks, results, inventory, nodes, ctx, request.min_busbw)
@@ -96,7 +97,7 @@ def run_doctor(request: DoctorRequest, out: TextIO = sys.stdout) -> int:
 def _bandwidth(checks: list[Check], results: Mapping[str, HostResult], inventory: Inventory,
                nodes: list[NodeSpec], ctx: Context, min_busbw: float | None) -> tuple[Check, BandwidthReport | None]:
     """Run the all-reduce when every check passed; a job on broken hosts would only hang."""
-    from orchestrator.bandwidth import BandwidthReport, measure
+    from orchestrator.doctor.bandwidth import BandwidthReport, measure
 
     if any(c.status is Status.ERROR for c in checks):
         return skipped("bandwidth", "the all-reduce runs only when no check failed"), None

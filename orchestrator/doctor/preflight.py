@@ -13,11 +13,14 @@ from orchestrator.doctor.checks import (
     check_python,
     check_torch,
 )
+from orchestrator.doctor.firewall import with_forward_note
 from orchestrator.doctor.render import render_check
 from orchestrator.errors import DistrunError, ExitCode
 from orchestrator.facts import HostFacts
 from orchestrator.plan import LaunchPlan
 from orchestrator.spec.model import NodeSpec
+
+PORT_CHECKS = frozenset({"port-free", "port-reachable"})
 
 
 class PreflightError(DistrunError):
@@ -30,6 +33,12 @@ class EntryMissingError(PreflightError):
     """The job's script or module is not there on some host: the job file is wrong, exit 2."""
 
     exit_code = ExitCode.USAGE
+
+
+class PortError(PreflightError):
+    """The rendezvous port is busy on the master or not reachable from another host: exit 3."""
+
+    exit_code = ExitCode.INFRA
 
 
 def launch_preflight(plan: LaunchPlan, nodes: Mapping[str, NodeSpec], facts: Mapping[str, HostFacts],
@@ -52,9 +61,16 @@ def launch_preflight(plan: LaunchPlan, nodes: Mapping[str, NodeSpec], facts: Map
     checks = [check_python(facts, ctx), check_torch(facts, ctx), check_entry(facts, ctx)]
     if len(plan.hosts) > 1:
         checks += [check_port_free(facts, ctx), check_port_reachable(facts, ctx)]
-    failed = [c for c in checks if c.status is Status.ERROR]
+    failed = [c for c in with_forward_note(checks) if c.status is Status.ERROR]
     if failed:
         width = max(len(c.name) for c in failed)
         rows = [line for c in failed for line in render_check(c, width)]
-        error = EntryMissingError if any(c.name == "entry" for c in failed) else PreflightError
+        error = _error_for({c.name for c in failed})
         raise error("preflight failed; nothing was started (--skip-preflight starts anyway):\n" + "\n".join(rows))
+
+
+def _error_for(failed: set[str]) -> type[PreflightError]:
+    """A missing entry is bad input (2), above a port that is busy or cut off (3), above the rest (1)."""
+    if "entry" in failed:
+        return EntryMissingError
+    return PortError if failed & PORT_CHECKS else PreflightError

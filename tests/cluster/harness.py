@@ -11,6 +11,11 @@ With `bastion=True` a namespace `<prefix>-bastion` sits on the hosts' bridge (10
 and on a veth of its own to the controller (10.213.Y.2, controller 10.213.Y.1); the
 controller has no address on the hosts' bridge, and nothing routes, so hosts are
 reachable only through the bastion's sshd (ProxyJump).
+
+On a Docker host, the engine sets iptables' FORWARD policy to DROP, and with br_netfilter
+(bridge-nf-call-iptables=1) that drops every frame between hosts on the bridge. The cluster then
+inserts `FORWARD -i <prefix>br -o <prefix>br -j ACCEPT`, recorded with the rest it owns, and
+deletes it at teardown (registry.forward_rules).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ from .registry import (
     Record,
     allocate,
     cleanup_stale,
+    forward_rules,
+    insert_rules,
     ip_batch,
     registry_lock,
     remove_resources,
@@ -285,6 +292,7 @@ class Cluster:
                 links=[*links, self._bridge],
                 routes=[self._hosts_blackhole] if self.with_bastion else [],
                 subnets=[str(net) for net in subnets],
+                iptables=forward_rules(self._bridge),
             )
             self._record.save()
 
@@ -382,6 +390,7 @@ class Cluster:
             ]
         try:
             ip_batch(commands)
+            insert_rules(self._record.iptables if self._record else [])
         except RuntimeError as err:
             raise ClusterError(str(err)) from err
 

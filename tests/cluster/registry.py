@@ -18,7 +18,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .procs import kill_and_wait, ns_id, pids_in_netns, start_time
@@ -28,6 +28,7 @@ CHECKOUT = Path(__file__).resolve().parents[2]
 NETNS_DIR = Path("/run/netns")
 ETC_NETNS = Path("/etc/netns")
 SUBNETS = ipaddress.IPv4Network("10.213.0.0/16")
+BRIDGE_NF = "/proc/sys/net/bridge/bridge-nf-call-iptables"
 
 
 @dataclass
@@ -43,6 +44,8 @@ class Record:
     links: list[str]
     routes: list[str]
     subnets: list[str]
+    # iptables rules (`FORWARD -i BR -o BR -j ACCEPT`) inserted for the hosts' bridge: see forward_rules().
+    iptables: list[str] = field(default_factory=list)
 
     @property
     def path(self) -> Path:
@@ -87,6 +90,35 @@ def ip_batch(commands: Sequence[str], force: bool = False) -> None:
     result = subprocess.run(argv, input="\n".join(commands) + "\n", capture_output=True, text=True)
     if result.returncode != 0 and not force:
         raise RuntimeError(f"ip -batch failed: {result.stderr.strip()}")
+
+
+def forward_rules(bridge: str) -> list[str]:
+    """The iptables rules the hosts' bridge needs to carry traffic between hosts: none, unless
+    bridged frames go through iptables (br_netfilter's bridge-nf-call-iptables=1) and the FORWARD
+    policy drops them, as Docker's engine sets it. Then one ACCEPT for frames from the bridge to itself.
+    """
+    try:
+        if Path(BRIDGE_NF).read_text().strip() != "1" or shutil.which("iptables") is None:
+            return []
+    except OSError:
+        return []
+    chain = subprocess.run(["iptables", "-S", "FORWARD"], capture_output=True, text=True)
+    if "-P FORWARD ACCEPT" in chain.stdout.splitlines():
+        return []
+    return [f"FORWARD -i {bridge} -o {bridge} -j ACCEPT"]
+
+
+def insert_rules(rules: Sequence[str]) -> None:
+    """Insert each iptables rule at the head of its chain.
+
+    Raises:
+        RuntimeError: iptables refused one.
+    """
+    for rule in rules:
+        chain, *spec = rule.split()
+        result = subprocess.run(["iptables", "-I", chain, "1", *spec], capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"iptables -I {rule} failed: {result.stderr.strip()}")
 
 
 def _host_networks() -> list[ipaddress.IPv4Network]:
@@ -139,6 +171,8 @@ def remove_resources(record: Record) -> None:
         except OSError:
             continue
     kill_and_wait(pid for pids in pids_in_netns(namespaces).values() for pid in pids)
+    for rule in record.iptables:
+        subprocess.run(["iptables", "-D", *rule.split()], capture_output=True)
     deletions = [f"route del {route}" for route in record.routes]
     deletions += [f"link del {link}" for link in record.links]
     ip_batch(deletions + [f"netns del {name}" for name in record.namespaces], force=True)

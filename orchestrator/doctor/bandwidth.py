@@ -15,7 +15,7 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from importlib import resources
 from typing import Any
 
 from orchestrator.backends.base import LaunchContext, LaunchRequest
@@ -28,9 +28,10 @@ from orchestrator.spec.model import Inventory, JobSpec, NodeSpec, Select, Teleme
 from orchestrator.store import Store, new_job_id
 from orchestrator.transport import Transport
 
-SCRIPT = Path(__file__).resolve().parent.parent / "jobs" / "allreduce_bench.py"
-# What the script imports from beside it (jobs/quick_exit.py: its exit without interpreter teardown).
-SHIPPED = (SCRIPT, SCRIPT.with_name("quick_exit.py"))
+# Package data, found as installed (a wheel has no jobs/ beside it): the script, and what it imports
+# from beside it, the bundled examples' quick_exit.py (its exit without interpreter teardown).
+SCRIPT = resources.files(__package__) / "allreduce_bench.py"
+SHIPPED = (SCRIPT, resources.files("orchestrator") / "examples" / "quick_exit.py")
 MIB = 1 << 20
 GLOO_SIZES = (1 * MIB, 16 * MIB, 64 * MIB)
 NCCL_SIZES = (1 * MIB, 64 * MIB, 256 * MIB)
@@ -162,8 +163,9 @@ def _ship(transport: Transport) -> str:
         raise InfraError(f"{transport.name}: cannot make a private directory (mktemp -d): "
                          f"{made.stderr.strip() or directory or 'no output'}")
     try:
-        for path in SHIPPED:
-            transport.put(path, f"{directory}/{path.name}")
+        for item in SHIPPED:
+            with resources.as_file(item) as path:
+                transport.put(path, f"{directory}/{item.name}")
     except BaseException:
         transport.run(["rm", "-rf", "--", directory], timeout=30)
         raise
