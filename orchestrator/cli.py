@@ -361,7 +361,7 @@ def stop(job_ref: str | None, selection: HostSelection, as_json: bool) -> None:
     """Stop a job (JOB_REF: an id, a unique prefix, or `last`), or every running job on the selected hosts.
 
     Through the job's controller when it is alive, else directly on its hosts (found by the job id).
-    --json prints one object per job stopped: id, state, exit_code, messages.
+    --json prints one object per job stopped: id, state, exit_code (the job's, as `ps` shows it), messages.
 
     \b
     Examples:
@@ -422,7 +422,7 @@ def _stop_one(store: Store, rec: JobRecord, as_json: bool) -> int:
     with contextlib.redirect_stdout(said):
         code = for_record(store, rec).stop_job(rec)
     after = store.get(rec.id)
-    click.echo(json.dumps({"id": rec.id, "state": after.state.value, "exit_code": code,
+    click.echo(json.dumps({"id": rec.id, "state": after.state.value, "exit_code": after.exit_code,
                            "messages": said.getvalue().splitlines()}))
     return code
 

@@ -279,6 +279,18 @@ def test_stop_json_on_a_finished_job_says_so(jobs: Path) -> None:
                                          "messages": ["job tiny-20261121-141109-60ee already ended (succeeded)"]}
 
 
+def test_stop_json_exit_code_is_the_jobs_exit_code_as_ps_shows_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    Store(home).save(JobRecord(id="tiny-20261124-101500-c3d4", name="tiny", spec_path="jobs/tiny.yaml",
+                               inventory="<built-in>", hosts=["node0"], state=JobState.STOPPED, exit_code=143,
+                               backend="slurm"))
+
+    stopped = json.loads(distrun("stop", "last", "--json", home=home).stdout)
+    listed = json.loads(distrun("ps", "--json", home=home).stdout)
+
+    assert stopped["exit_code"] == listed[0]["exit_code"] == 143
+
+
 def test_prune_removes_old_finished_jobs_here_and_on_the_host_never_a_running_one(tmp_path: Path) -> None:
     home, host_home = tmp_path / "home", tmp_path / "host-home"
     store = Store(home)
