@@ -20,8 +20,10 @@ import click
 
 from orchestrator import backends, remote, terminal
 from orchestrator.backends.base import LaunchRequest, for_record, refresh_lost
+from orchestrator.cli_hints import HintedGroup, one_line
 from orchestrator.cli_options import (
     LaunchCommand,
+    NodeCount,
     color_option,
     complete_jobs,
     default_map,
@@ -72,7 +74,7 @@ def _config(ctx: click.Context) -> Config:
     return config if isinstance(config, Config) else Config()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
+@click.group(cls=HintedGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @color_option
 @click.version_option(package_name="distrun")
@@ -97,9 +99,10 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @click.argument("target", metavar="JOB.yaml|SCRIPT.py", type=click.Path(dir_okay=False))
 @inventory_option
 @host_selection()
-@click.option("--nnodes", type=click.IntRange(min=1), metavar="K", help="Use the first K selected hosts.")
-@click.option("--nproc-per-node", metavar="N|auto", help="Processes per host, over the job's (auto: one per GPU, "
-              "else 2).")
+@click.option("--nnodes", type=NodeCount(), metavar="K|MIN:MAX", help="Use the first K selected hosts (MIN:MAX: "
+              "up to MAX, and go on with MIN when restarts leave fewer).")
+@click.option("--nproc-per-node", "--nproc_per_node", "nproc_per_node", metavar="N|auto",
+              help="Processes per host, over the job's (auto: one per GPU, else 2).")
 @click.option("--name", help="The job's name, over the job's (job ids start with it).")
 @click.option("--env", multiple=True, metavar="KEY=VALUE", help="An environment variable for every process, over "
               "the job's (repeatable); KEY='${env:NAME}' is a secret read from this shell.")
@@ -120,7 +123,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @color_option
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS]")
 @click.pass_context
-def launch(ctx: click.Context, target: str, inventory: str | None, selection: HostSelection, nnodes: int | None,
+def launch(ctx: click.Context, target: str, inventory: str | None, selection: HostSelection,
+           nnodes: int | tuple[int, int] | None,
            nproc_per_node: str | None, name: str | None, env: tuple[str, ...], dry_run: bool, probe: bool,
            detach: bool, as_json: bool, skip_preflight: bool, backend: str | None, options: tuple[str, ...],
            no_live: bool, collapse: bool, job_id: str | None, detached_child: bool, extra: tuple[str, ...]) -> None:
@@ -146,7 +150,8 @@ def launch(ctx: click.Context, target: str, inventory: str | None, selection: Ho
     if as_json and not detach:
         raise UsageError("--json: only with --detach (a launch in the foreground prints the job's lines)")
     request = LaunchRequest(
-        job_file=target, inventory=inventory, selection=selection, nnodes=nnodes, dry_run=dry_run, probe=probe,
+        job_file=target, inventory=inventory, selection=selection, nnodes=nnodes if isinstance(nnodes, int) else None,
+        nnodes_range=nnodes if isinstance(nnodes, tuple) else None, dry_run=dry_run, probe=probe,
         skip_preflight=skip_preflight, backend=backend, live=not no_live, collapse=collapse, job_id=job_id or None,
         quiet=detached_child, extra_args=list(extra), options=list(options), name=name,
         nproc_per_node=nproc_per_node, env=list(env),
@@ -716,8 +721,11 @@ def main() -> None:
                  default_map=default_map(cli, config), obj={"config": config})
     except click.exceptions.Abort:
         sys.exit(int(ExitCode.INTERRUPTED))
-    except click.ClickException as exc:
+    except click.exceptions.NoArgsIsHelpError as exc:
         exc.show()
+        sys.exit(int(ExitCode.USAGE))
+    except click.ClickException as exc:
+        sys.stderr.write(one_line(exc) + "\n")
         sys.exit(int(ExitCode.USAGE))
     except DistrunError as exc:
         if debug:

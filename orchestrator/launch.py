@@ -160,8 +160,11 @@ def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course
         return _end_between(ctx, course, plan, JobState.FAILED, int(failed.exit_code if failed else ExitCode.FAILED),
                             f"job {ctx.job_id} FAILED: attempt {course.number + 1} could not start: {failed}")
     ctx.store.job_dir(ctx.job_id).write_plan(following.to_dict())
-    ctx.store.update(ctx.job_id, hosts=[h.node for h in following.hosts], master_addr=following.master_addr,
-                     master_port=following.master_port)
+    hosts = [h.node for h in following.hosts]
+    command = {} if ctx.request.internal else {
+        "command": ctx.request.reproduce(hosts, following.inventory_path, following.spares)}
+    ctx.store.update(ctx.job_id, hosts=hosts, master_addr=following.master_addr,
+                     master_port=following.master_port, **command)
     return following
 
 

@@ -83,6 +83,60 @@ def test_a_script_option_without_the_double_dash_says_to_put_it_after_one(tmp_pa
     assert "--time" not in result.stderr and "Traceback" not in result.stderr
 
 
+def test_usage_errors_are_one_line_naming_the_commands_help(tmp_path: Path) -> None:
+    for args in (("logs",), ("ps", "--bogus"), ("launch", "jobs/tiny.yaml", "--nnodes", "3:1")):
+        result = distrun(*args, home=tmp_path)
+        assert result.returncode == 2
+        assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("distrun: error: "), result.stderr
+        assert f"(see `distrun {args[0]} --help`)" in result.stderr
+
+
+@pytest.mark.parametrize(("word", "command"), [("run", "launch"), ("submit", "launch"), ("status", "ps"),
+                                               ("queue", "ps"), ("cancel", "stop")])
+def test_other_tools_words_for_a_command_name_distruns_command(tmp_path: Path, word: str, command: str) -> None:
+    result = distrun(word, "last", home=tmp_path)
+
+    assert result.returncode == 2
+    assert result.stderr == (f"distrun: error: no command {word!r}: distrun's is `{command}` "
+                             f"(distrun {command} --help)\n")
+
+
+def test_a_near_miss_never_suggests_a_command_that_stops_or_removes(tmp_path: Path) -> None:
+    for word in ("prun", "prunes", "stpo", "sto"):
+        result = distrun(word, home=tmp_path)
+        assert result.returncode == 2 and "prune" not in result.stderr.replace(repr(word), "")
+        assert "'stop'" not in result.stderr
+    assert "did you mean 'logs'?" in distrun("lgos", home=tmp_path).stderr
+
+
+@pytest.mark.parametrize(("args", "hint"), [
+    (("-N", "2"), "Slurm's node count; distrun's is --nnodes K"),
+    (("--standalone",), "for one host give --nnodes 1 or --backend local"),
+    (("--master-port", "29500"), "to fix the port set `rendezvous: {port: N}` in the job file"),
+    (("--master_addr=node0",), "distrun picks the master and a free port itself"),
+    (("--nodes", "2"), "--nodes takes host names (a range like 'node[0-1]'); for 2 hosts give --nnodes 2"),
+])
+def test_torchrun_and_slurm_habits_get_a_hint_naming_the_distrun_flag(tmp_path: Path, args: tuple[str, ...],
+                                                                      hint: str) -> None:
+    result = distrun("launch", "jobs/train_resnet50.py", *args, "--dry-run", home=tmp_path)
+
+    assert result.returncode == 2 and hint in result.stderr and "go after `--`" not in result.stderr
+
+
+def test_torchruns_underscore_spelling_of_nproc_per_node_is_accepted(tmp_path: Path) -> None:
+    result = distrun("launch", "jobs/tiny.yaml", "--nproc_per_node", "3", "--dry-run", home=tmp_path)
+
+    assert result.returncode == 0, result.stderr
+    assert "--nproc-per-node 3 " in result.stdout
+
+
+def test_an_nnodes_range_is_accepted_on_the_command_line_as_in_a_job_file(tmp_path: Path) -> None:
+    result = distrun("launch", "jobs/train_resnet50.py", "--nnodes", "1:3", "--dry-run", home=tmp_path)
+
+    assert result.returncode == 0, result.stderr
+    assert "nnodes: '1:3'" in result.stdout and "1 node(s)" in result.stdout
+
+
 def test_the_local_backend_refuses_an_inventory_it_would_ignore(tmp_path: Path) -> None:
     result = distrun("launch", "jobs/tiny.yaml", "--backend", "local", "-i", "inventory/example.yaml",
                      "--dry-run", home=tmp_path)

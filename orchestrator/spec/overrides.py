@@ -7,6 +7,7 @@ values; `job_to_yaml` writes a job back as a job file (`--dry-run` prints it, re
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import replace
@@ -20,6 +21,8 @@ from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT
 from orchestrator.spec.job import JOB_NAME, SECRET_REF, missing_file
 from orchestrator.spec.model import JobSpec, Rendezvous, Restarts, Select, Telemetry
 from orchestrator.spec.yamlsrc import Map, Node, Scalar, Seq
+
+SHELL_REF = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")  # ${NAME} or $NAME, as a shell would expand it
 
 SCRIPT_SUFFIX = ".py"
 _DEFAULTS = JobSpec(path="", name="")
@@ -93,7 +96,8 @@ def parse_env(pair: str) -> tuple[str, str]:
     """`KEY=VALUE` -> (KEY, VALUE).
 
     Raises:
-        UsageError: no `=`, or KEY is not a variable name.
+        UsageError: no `=`, KEY is not a variable name, or VALUE names a shell variable (`${NAME}`,
+            `$NAME`) that is not set: the shell did not expand it, so it would arrive as written.
     """
     key, equals, value = pair.partition("=")
     if not equals:
@@ -102,6 +106,11 @@ def parse_env(pair: str) -> tuple[str, str]:
         raise UsageError(f"--env {pair!r}: {key!r} is not a variable name ({ENV_NAME_HINT})")
     if "${env:" in value and SECRET_REF.fullmatch(value) is None:
         raise UsageError(f"--env {pair!r}: ${{env:...}} must be the whole value")
+    named = SHELL_REF.findall(value) if SECRET_REF.fullmatch(value) is None else []
+    unset = next((name for name in named if name not in os.environ), None)
+    if unset is not None:
+        raise UsageError(f"--env {pair!r}: ${unset} is not set in this shell, and distrun passes values as written "
+                         f"(export {unset}=... and write {key}='${{env:{unset}}}' to pass it as a secret)")
     return key, value
 
 
