@@ -637,24 +637,28 @@ def bench(ctx: click.Context, jobs: tuple[str, ...], inventory: str | None, sele
 @click.option("--keep", type=click.IntRange(min=0), metavar="N", help="Keep the newest N finished jobs whatever "
               "their age.")
 @click.option("--dry-run", is_flag=True, help="Only list the jobs that would be removed.")
+@click.option("--local", is_flag=True, help="Forget the jobs here only, leaving what their hosts keep (for hosts "
+              "that are gone).")
 @json_option()
 @color_option
-def prune(older_than: str | None, keep: int | None, dry_run: bool, as_json: bool) -> None:
+def prune(older_than: str | None, keep: int | None, dry_run: bool, local: bool, as_json: bool) -> None:
     """Remove finished jobs' directories here and the copies their hosts keep; running jobs are never touched.
 
-    A job whose hosts could not all be reached keeps its record, so a later prune tries again.
+    A job whose hosts could not all be reached keeps its record, so a later prune tries again;
+    --local forgets it anyway.
 
     \b
     Examples:
       distrun prune                      # jobs that ended more than 7 days ago
       distrun prune --keep 20            # all but the newest 20 finished jobs
       distrun prune --older-than 1d --keep 5 --dry-run
+      distrun prune --local              # hosts are gone: forget their jobs here only
     """
     from orchestrator.housekeeping import prune as prune_jobs
     from orchestrator.timespec import parse_duration
 
     age = parse_duration(older_than or "7d", "--older-than") if older_than or keep is None else None
-    result = prune_jobs(Store(), age, keep, dry_run)
+    result = prune_jobs(Store(), age, keep, dry_run, local=local)
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
@@ -662,6 +666,9 @@ def prune(older_than: str | None, keep: int | None, dry_run: bool, as_json: bool
         click.echo(f"{verb} {len(result.removed)} job(s)" + "".join(f"\n  {job_id}" for job_id in result.removed))
         for job_id, why in result.kept.items():
             click.echo(f"kept {job_id}: {why}", err=True)
+        if result.kept:
+            click.echo("distrun: hosts gone for good? `distrun prune --local` with the same options forgets those "
+                       "jobs here only", err=True)
     sys.exit(int(ExitCode.INFRA) if result.kept else 0)
 
 

@@ -377,6 +377,25 @@ def test_prune_removes_old_finished_jobs_here_and_on_the_host_never_a_running_on
     assert [r.id for r in Store(home).list()] == ["recent-1", "running-1"]
 
 
+def test_prune_of_jobs_whose_hosts_are_gone_names_local_which_forgets_them_here_only(tmp_path: Path) -> None:
+    home, inventory = tmp_path / "home", tmp_path / "gone.yaml"
+    inventory.write_text(CLOSED_PORT_INVENTORY)
+    ended = time.time() - 10 * 86400
+    Store(home).save(JobRecord(id="gone-1", name="gone", spec_path="j.yaml", inventory=str(inventory),
+                               hosts=["node0", "node1"], backend="ssh", state=JobState.SUCCEEDED, started=ended,
+                               ended=ended + 60))
+    Store(home).job_dir("gone-1").create()
+    slow = {"DISTRUN_SSH_TIMEOUT": "2"}
+
+    refused = distrun("prune", home=home, env=slow)
+    forgotten = distrun("prune", "--local", home=home, env=slow)
+
+    assert refused.returncode == 3 and refused.stderr.startswith("kept gone-1: ")
+    assert "`distrun prune --local` with the same options forgets those jobs here only" in refused.stderr
+    assert forgotten.returncode == 0 and forgotten.stdout == "removed 1 job(s)\n  gone-1\n", forgotten.stderr
+    assert Store(home).list() == [] and not (home / "jobs" / "gone-1").exists()
+
+
 def test_the_background_controller_gets_the_script_arguments_untouched() -> None:
     from orchestrator.cli import _child_argv
 
