@@ -456,8 +456,9 @@ def stack(job_ref: str, node: str | None, rank: int | None, native: bool, as_jso
     rec = store.get(job_ref)
     refresh_lost(store, [rec])
     if rec.state.finished:
-        raise UsageError(f"job {rec.id} is {rec.state.value}: only a running job's ranks have stacks "
-                         f"(a hang's are kept in {store.job_dir(rec.id).stacks})")
+        kept = store.job_dir(rec.id).stacks
+        where = f"its hang's stacks are kept in {kept}" if kept.is_dir() else "it kept none: no hang was diagnosed"
+        raise UsageError(f"job {rec.id} is {rec.state.value}: only a running job's ranks have stacks ({where})")
     gathered = stacks.gather(for_record(store, rec), rec, [node] if node else None, native)
     if rank is not None:
         gathered.ranks = [r for r in gathered.ranks if r.rank == rank]
