@@ -24,6 +24,7 @@ from orchestrator.cli_hints import HintedGroup, one_line
 from orchestrator.cli_options import (
     LaunchCommand,
     NodeCount,
+    NumberOption,
     color_option,
     complete_jobs,
     default_map,
@@ -103,7 +104,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
               "up to MAX, and go on with MIN when restarts leave fewer).")
 @click.option("--nproc-per-node", "--nproc_per_node", "nproc_per_node", metavar="N|auto",
               help="Processes per host, over the job's (auto: one per GPU, else 2).")
-@click.option("--name", help="The job's name, over the job's (job ids start with it).")
+@click.option("--name", metavar="NAME", help="The job's name, over the job's (job ids start with it).")
 @click.option("--env", multiple=True, metavar="KEY=VALUE", help="An environment variable for every process, over "
               "the job's (repeatable); KEY='${env:NAME}' is a secret read from this shell.")
 @click.option("--dry-run", is_flag=True, help="Print every host's argv and environment without reaching the hosts "
@@ -323,10 +324,11 @@ def _ps_lines(records: list[JobRecord], colour: bool) -> list[str]:
 @click.option("--grep", "pattern", metavar="REGEX", help="Only lines whose text matches this regular expression.")
 @click.option("--since", metavar="TIME", help="Only lines that arrived since TIME: 90s, 10m, 2h, 1d ago, 14:30 today, "
               "or 2026-11-21T14:30.")
-@click.option("--tail", type=click.IntRange(min=1), metavar="N",
+@click.option("--tail", cls=NumberOption, type=click.IntRange(min=1), metavar="N",
               help="Only the last N lines (after the other filters).")
 @click.option("--stderr", is_flag=True, help="Only the lines the ranks and hosts wrote to stderr.")
-@click.option("--attempt", type=click.IntRange(min=1), metavar="K", help="Only the lines of attempt K.")
+@click.option("--attempt", cls=NumberOption, type=click.IntRange(min=1), metavar="K",
+              help="Only the lines of attempt K.")
 @click.option("--collapse", is_flag=True, help="Fold identical lines of several ranks into one [node0-2 r0-5] line.")
 @click.option("--timestamps", is_flag=True, help="Show each line's arrival time first.")
 @click.option("--bare", is_flag=True, help="The text of each line only, without [node rank].")
@@ -434,8 +436,8 @@ def _stop_one(store: Store, rec: JobRecord, as_json: bool) -> int:
 
 @cli.command(short_help="Dump every rank's Python stack, ranks with the same stack folded.")
 @click.argument("job_ref", shell_complete=complete_jobs)
-@click.option("--node", help="Only this node's ranks.")
-@click.option("--rank", type=click.IntRange(min=0), help="Only this global rank.")
+@click.option("--node", metavar="NODE", help="Only this node's ranks.")
+@click.option("--rank", cls=NumberOption, type=click.IntRange(min=0), metavar="R", help="Only this global rank.")
 @click.option("--native", is_flag=True, help="Also native (C/C++) frames (py-spy --native).")
 @json_option()
 @color_option
@@ -513,7 +515,8 @@ def top(job_ref: str, once: bool, as_json: bool) -> None:
              short_help="Run a command on the selected hosts at once.")
 @inventory_option
 @host_selection()
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Stop the command after S seconds.")
+@click.option("--timeout", cls=NumberOption, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Stop the command after SECONDS.")
 @json_option()
 @color_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -545,7 +548,8 @@ def exec_command(ctx: click.Context, inventory: str | None, selection: HostSelec
 @json_option()
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
 @click.option("--bandwidth", is_flag=True, help="Also time a short all-reduce across the hosts.")
-@click.option("--min-busbw", type=click.FloatRange(min=0), help="Warn under this all-reduce busbw, GB/s.")
+@click.option("--min-busbw", cls=NumberOption, type=click.FloatRange(min=0), metavar="GBPS",
+              help="Warn under this all-reduce busbw, GB/s.")
 @color_option
 @click.pass_context
 def doctor(ctx: click.Context, inventory: str | None, job_file: str | None, selection: HostSelection,
@@ -635,8 +639,8 @@ def bench(ctx: click.Context, jobs: tuple[str, ...], inventory: str | None, sele
 @cli.command(short_help="Remove old finished jobs, here and on their hosts.")
 @click.option("--older-than", metavar="AGE", help="Only jobs that ended longer ago than AGE (30m, 12h, 7d); "
               "default 7d unless --keep is given.")
-@click.option("--keep", type=click.IntRange(min=0), metavar="N", help="Keep the newest N finished jobs whatever "
-              "their age.")
+@click.option("--keep", cls=NumberOption, type=click.IntRange(min=0), metavar="N",
+              help="Keep the newest N finished jobs whatever their age.")
 @click.option("--dry-run", is_flag=True, help="Only list the jobs that would be removed.")
 @click.option("--local", is_flag=True, help="Forget the jobs here only, leaving what their hosts keep (for hosts "
               "that are gone).")

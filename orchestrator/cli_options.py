@@ -207,3 +207,13 @@ class NodeCount(click.ParamType):
             self.fail(f"{value!r}: give a number of hosts from 1, or MIN:MAX with 1 <= MIN <= MAX "
                       "(the job may go on with MIN hosts)", param, ctx)
         return (low, high) if match.group(2) else low
+
+
+class NumberOption(click.Option):
+    """A number option whose help shows its metavar (N, SECONDS) only, not click's `[x>=1]`: the
+    bounds are said in words where they matter, and a value out of them is refused anyway."""
+
+    def get_help_extra(self, ctx: click.Context) -> Any:
+        extra = super().get_help_extra(ctx)
+        extra.pop("range", None)
+        return extra

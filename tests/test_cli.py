@@ -4,6 +4,7 @@ dry runs that reach no host, bad combinations, prune. No test host and no torchr
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -69,6 +70,14 @@ def test_an_option_has_the_same_words_on_every_command() -> None:
     assert differing == {}
     assert {"launch", "doctor", "exec", "stop", "bench"} <= set(words["--nodes"])
     assert set(words["--nodes"]) == set(words["--exclude"]) == set(words["--label"]) == set(words["--all"])
+
+
+def test_help_names_values_as_users_read_them_never_clicks_types_or_ranges() -> None:
+    for name in commands():
+        text = help_text(name)
+        raw = re.findall(r"INTEGER|FLOAT|TEXT|PATH|(?<!--nodes )(?<!--exclude )RANGE|\[x[<>]", text)
+        assert raw == [], f"distrun {name} --help shows {raw}"
+    assert "--timeout SECONDS" in help_text("exec") and "--tail N" in help_text("logs")
 
 
 # ---------------------------------------------------------------- launch's command line
