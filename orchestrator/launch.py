@@ -118,6 +118,7 @@ def execute(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Finished:
         The exit code and the job's final metrics.
     """
     with on_signals(ctx.interrupt):
+        _announce(ctx)
         started = backend.submit(ctx, plan)
         if started is None:
             return Finished(ctx.store.get(ctx.job_id).exit_code or 0)
@@ -131,6 +132,14 @@ def execute(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Finished:
             if isinstance(following, int):
                 return Finished(following)
             started = following
+
+
+def _announce(ctx: LaunchContext) -> None:
+    """The first line a launch shows: the job's id and where its files are, as a scheduler's
+    `Submitted job ID` (a pipe or a log file otherwise heard of the id only at the end)."""
+    if ctx.terminal is not None:
+        ctx.terminal.write(f"Submitted job {ctx.job_id} (its files: {ctx.store.job_dir(ctx.job_id).root})\n")
+        ctx.terminal.flush()
 
 
 def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: Course,
