@@ -717,6 +717,7 @@ class Launcher:
     def _finish_failed(self, failures: list[Failure]) -> int:
         """Stop every host, then record and show the root cause and how each other host ended."""
         root = root_cause(failures)
+        self.sink.failed_rank(root.host, root.rank)
         self._stop_all(f"{root.host} failed")
         if root.host in {h.node for h in self.hosts}:
             # Lines that arrived while the others were stopped belong to the root cause's story too.

@@ -7,9 +7,11 @@ link) lines it has no room for are counted, not waited for: the job's files stil
 line, and the job's summary says how many the terminal missed.
 
 Noise (files keep everything):
-- after distrun began stopping a host, what the stop makes torchrun and the ranks say on stderr
-  (SignalException tracebacks, "Sending process ... closing signal") is folded into one line
-  for that host when it ended;
+- a failure's aftermath (fold.py): the other ranks' tracebacks, torchrun's ChildFailedError
+  blocks and exit-barrier errors, and what distrun's stop makes a host say on stderr
+  (SignalException, "Sending process ... closing signal") are folded into one counted line per
+  host, `[node0] 52 lines of shutdown output (distrun logs ID --node node0)`; the first failed
+  rank's traceback stays, whole (or the root cause's, shown when it is known);
 - known-harmless warnings that repeat (`HARMLESS`) are shown once, then counted.
 
 `Collapser` folds identical lines printed by several ranks within a moment into one
@@ -25,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from orchestrator.logs.fold import ShutdownFold
 from orchestrator.logs.format import COLOURS, group_label, label, paint, prefixed, shown
 
 QUEUE_BYTES = 16 << 20  # text waiting for the terminal before lines are left out
@@ -204,7 +207,7 @@ class Screen:
         self.colours: dict[str, int] = {}
         self.lock = threading.Lock()
         self.collapser = Collapser() if collapse else None
-        self.stopping_hosts: dict[str, int] = {}  # host being stopped by distrun -> lines folded so far
+        self.fold = ShutdownFold()
         self.harmless: dict[str, Folded] = {}
         self.writer = TerminalWriter(terminal, limit, tick=self._tick if collapse else None)
 
@@ -217,9 +220,10 @@ class Screen:
         """Show a batch of a host's `nlines` lines (each ending in a newline)."""
         text = shown(data)
         with self.lock:
-            if node in self.stopping_hosts and (rank is None or stream == "e"):
-                self.stopping_hosts[node] += nlines
-                return
+            if stream == "e" or rank is None:
+                text = self.fold.take(node, rank, stream, text)
+                if not text:
+                    return
             if any(pattern in text for pattern in HARMLESS):
                 text = self._fold_harmless(node, text)
                 if not text:
@@ -239,20 +243,27 @@ class Screen:
     def stopping(self, node: str) -> None:
         """distrun began stopping `node`: fold what the stop makes it print on stderr."""
         with self.lock:
-            self.stopping_hosts.setdefault(node, 0)
+            self.fold.stopping(node)
+
+    def failed_rank(self, node: str, rank: int | None) -> None:
+        """The root cause is `rank` on `node`: its traceback shows (once) if it was folded."""
+        with self.lock:
+            text = self.fold.release(node, rank)
+            if text:
+                self.writer.offer(prefixed(text, self._label(node, rank, "e", False) + " "), text.count("\n"))
 
     def ended(self, node: str) -> None:
-        """`node` reported its exit: one line for what its stop printed, if anything was folded."""
+        """`node` reported its exit: one line for what was folded of its output, if anything."""
         with self.lock:
-            count = self.stopping_hosts.pop(node, 0)
-        if count:
-            self.note(node, f"stopped; {count} line(s) of shutdown output on stderr not shown: "
-                            f"distrun logs {self.job_id} --node {node}")
+            count = self.fold.said(node)
+            if count:
+                self.writer.offer(f"{self._label(node, None, 'o', False)} {count} line{'s' if count > 1 else ''} "
+                                  f"of shutdown output (distrun logs {self.job_id} --node {node})\n", 1)
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Let held lines go, say what was folded, and write what is queued (at most `timeout` s)."""
-        for node in list(self.stopping_hosts):
-            self.ended(node)  # a host that never reported its exit (lost while stopping)
+        for node in self.fold.pending():
+            self.ended(node)  # a host that never reported its exit (lost while stopping), or folded after it
         with self.lock:
             if self.collapser is not None:
                 self._show_groups(self.collapser.drain())

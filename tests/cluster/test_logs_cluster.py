@@ -123,8 +123,9 @@ def test_the_line_a_rank_printed_before_raising_comes_before_its_traceback_in_th
 def test_what_distruns_stop_makes_the_hosts_print_is_folded_to_one_line_per_host_on_screen(failed, ids) -> None:
     home, result = failed
     assert "SignalException" not in result.stdout.split(f"job {ids['fail']} FAILED")[0]
-    folded = [line for line in result.stdout.splitlines() if "line(s) of shutdown output" in line]
-    assert 1 <= len(folded) <= 2 and all(re.match(r"\[node[02]\] distrun: stopped; \d+ line", f) for f in folded)
+    folded = [line for line in result.stdout.splitlines() if " of shutdown output " in line]
+    assert 1 <= len(folded) <= 3 and all(re.fullmatch(rf"\[node[0-2]\] \d+ lines? of shutdown output \(distrun logs "
+                                                      rf"{ids['fail']} --node node[0-2]\)", f) for f in folded), folded
     assert "SignalException" in job_lines(home / "jobs" / ids["fail"]), "the files keep everything"
 
 
