@@ -485,7 +485,8 @@ class Launcher:
                                          self._on_alert, self._running, title=plan.job_id,
                                          world_size=plan.world_size)
         terminal = self.monitor.terminal(ctx.terminal, ctx.request.live)
-        screen = None if terminal is None else Screen(terminal, ctx.colour(), ctx.request.collapse, plan.job_id)
+        screen = None if terminal is None else Screen(terminal, ctx.colour(), ctx.request.collapse, plan.job_id,
+                                                      job_dir=self.dir.root)
         # The controller's attempts (DISTRUN_ATTEMPT 1, 2, ...) share the job's files; each line keeps its attempt.
         self.sink = LogSink(self.dir, screen, on_metrics=self._on_metrics, secrets=plan.secrets.values(),
                             attempt=plan.attempt)

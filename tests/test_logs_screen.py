@@ -68,6 +68,54 @@ def test_a_stalled_terminal_never_holds_up_the_reader_and_the_summary_counts_wha
     sink.close()
 
 
+def test_a_stalled_pipe_gets_every_line_in_order_in_the_end_and_never_holds_up_the_reader(tmp_path: Path) -> None:
+    job_dir = JobDir(tmp_path / "j-1")
+    job_dir.create()
+    pipe = StalledTerminal()
+    sink = LogSink(job_dir, Screen(pipe, limit=50_000, job_id="j-1", job_dir=job_dir.root))
+    run = host(sink)
+    began = time.monotonic()
+    for start in range(0, 60_000, 1000):
+        run.on_data(lines(1000, start=start))
+    assert time.monotonic() - began < 5, "the reader must not wait for the pipe"
+    assert (job_dir.root / "screen.spill").stat().st_size > 50_000, "what does not fit in memory waits on disk"
+    pipe.resumed.set()
+    sink.close_screen(0.2)
+
+    assert pipe.getvalue().splitlines() == [f"[node0 r0] line 0 {i}" for i in range(60_000)]
+    assert sink.shortfalls() == [] and not (job_dir.root / "screen.spill").exists()
+    sink.close()
+
+
+class StalledTty(StalledTerminal):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_an_interactive_terminal_that_fell_behind_skips_ahead_and_says_where(tmp_path: Path) -> None:
+    job_dir = JobDir(tmp_path / "j-1")
+    job_dir.create()
+    tty = StalledTty()
+    sink = LogSink(job_dir, Screen(tty, limit=50_000, job_id="j-1", job_dir=job_dir.root))
+    run = host(sink)
+    for start in range(0, 20_000, 1000):
+        run.on_data(lines(1000, start=start))
+    tty.resumed.set()
+    time.sleep(0.5)  # the writer empties its queue
+    run.on_data(lines(1, start=20_000))
+    sink.close_screen(5)
+
+    shown = tty.getvalue().splitlines()
+    marker = next(i for i, line in enumerate(shown) if "skipped here" in line)
+    skipped = int(shown[marker].split()[1])
+    assert shown[marker] == (f"[distrun] {skipped} lines skipped here: the terminal fell behind "
+                             "(distrun logs j-1 has every line)")
+    assert shown[marker + 1:] == ["[node0 r0] line 0 20000"] and len(shown) - 1 + skipped == 20_001
+    (shortfall,) = sink.shortfalls()
+    assert shortfall.split()[0] == str(skipped) and "distrun logs j-1" in shortfall
+    sink.close()
+
+
 class IndexCheckingTerminal(io.StringIO):
     """A terminal that, for every rank line it is given, asks `distrun logs` whether it has it yet."""
 
