@@ -106,11 +106,11 @@ def test_an_interactive_terminal_that_fell_behind_skips_ahead_and_says_where(tmp
     sink.close_screen(5)
 
     shown = tty.getvalue().splitlines()
-    marker = next(i for i, line in enumerate(shown) if "skipped here" in line)
-    skipped = int(shown[marker].split()[1])
-    assert shown[marker] == (f"[distrun] {skipped} lines skipped here: the terminal fell behind "
-                             "(distrun logs j-1 has every line)")
-    assert shown[marker + 1:] == ["[node0 r0] line 0 20000"] and len(shown) - 1 + skipped == 20_001
+    markers = [line for line in shown if "skipped here" in line]
+    skipped = sum(int(line.split()[1]) for line in markers)
+    assert markers and all(line == f"[distrun] {line.split()[1]} lines skipped here: the terminal fell behind "
+                           "(distrun logs j-1 has every line)" for line in markers)
+    assert shown[-1] == "[node0 r0] line 0 20000" and len(shown) - len(markers) + skipped == 20_001
     (shortfall,) = sink.shortfalls()
     assert shortfall.split()[0] == str(skipped) and "distrun logs j-1" in shortfall
     sink.close()
@@ -299,6 +299,22 @@ def test_the_root_causes_traceback_shows_once_known_when_another_ranks_came_firs
     assert "[node1 r3 err] [rank3]: Traceback (most recent call last):" in shown
     assert shown.splitlines()[-1] == "[node1 r3 err] [rank3]: ValueError: the real cause"
     assert "shutdown output" not in shown, "nothing of it is left folded"
+
+
+def test_only_another_ranks_traceback_is_folded_its_lines_after_it_still_show(tmp_path: Path) -> None:
+    terminal = io.StringIO()
+    sink = LogSink(JobDir(tmp_path), Screen(terminal, job_id="j-6"))
+    run = host(sink, "node0")
+    run.on_data(encode(Batch(0, "e", 8, traceback(0, "KeyError: 'caught and logged'"))))
+    chained = traceback(1, "OSError: cache miss", 2) + b"[rank1]: \n[rank1]: During handling of the above exception, " \
+        b"another exception occurred:\n[rank1]: \n" + traceback(1, "KeyError: 'caught and logged'", 2)
+    run.on_data(encode(Batch(1, "e", 12, chained + b"[rank1]: warning: retrying without the cache\n")))
+    sink.close()
+
+    shown = terminal.getvalue().splitlines()
+    assert shown[-2:] == ["[node0 r1 err] [rank1]: warning: retrying without the cache",
+                          "[node0] 11 lines of shutdown output (distrun logs j-6 --node node0)"]
+    assert sum("Traceback" in line for line in shown) == 1
 
 
 def test_torchruns_exit_barrier_traceback_on_a_successful_job_folds_the_same_way(tmp_path: Path) -> None:

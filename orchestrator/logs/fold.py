@@ -8,8 +8,9 @@ root causes, before distrun's own. `ShutdownFold` decides, line by line, what st
 - stdout always shows;
 - the first rank whose stderr shows a traceback is the one on screen: all of its lines show,
   so its traceback is there once and whole;
-- any other rank's stderr, from its own traceback on, is folded (and its latest lines held, so
-  that when the root cause turns out to be that rank, `release` shows them after all);
+- any other rank's tracebacks are folded, each from its `Traceback` line to its exception line
+  (its latest folded lines are held, so that when the root cause turns out to be that rank,
+  `release` shows them after all); its other lines show;
 - a host's torchrun (no rank), from its first traceback, ChildFailedError or exit-barrier error
   on, is folded; so is everything torchrun and the ranks print on stderr once distrun is
   stopping the host (`stopping`).
@@ -24,6 +25,9 @@ import re
 from collections import deque
 
 TRACEBACK = re.compile(r"^(?:\[rank\d+\]:\s*)?Traceback \(most recent call last\):", re.M)
+RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")  # torch's excepthook prefixes each line of a rank's traceback
+# Lines inside a traceback that are not its end: frames (indented), blank lines, chained exceptions.
+CHAINED = ("During handling of the above exception", "The above exception was the direct cause", "Traceback (")
 # What torchrun prints once a worker failed or while it is stopped: the start of a block to fold.
 TORCHRUN_FAILING = ("ChildFailedError", "Error waiting on exit barrier", "SignalException",
                     "failed (exitcode:", "Sending process")
@@ -36,21 +40,30 @@ class ShutdownFold:
     def __init__(self, held_lines: int = HELD_LINES) -> None:
         self.held_lines = held_lines
         self.shown: tuple[str, int] | None = None  # the rank whose traceback is on screen
-        self.folding: set[tuple[str, int | None]] = set()  # (host, rank or None for torchrun) folded from now on
+        self.folding: set[str] = set()  # hosts whose torchrun output is folded from now on
+        # Ranks whose traceback is being folded -> whether its exception line came (a chained one may follow).
+        self.in_traceback: dict[tuple[str, int], bool] = {}
         self.stopping_hosts: set[str] = set()
         self.counts: dict[str, int] = {}  # host -> lines folded not yet said
         self.held: dict[tuple[str, int], deque[str]] = {}
 
     def take(self, node: str, rank: int | None, stream: str, text: str) -> str:
         """The part of `text` (whole lines) to show; the rest is folded."""
-        if (stream != "e" and rank is not None) or not self._folds(node, rank, text):
+        if stream != "e" and rank is not None:
             return text
-        lines = text.count("\n")
-        self.counts[node] = self.counts.get(node, 0) + lines
-        if rank is not None:
-            held = self.held.setdefault((node, rank), deque(maxlen=self.held_lines))
-            held.extend(line + "\n" for line in text[:-1].split("\n"))
-        return ""
+        if node in self.stopping_hosts or (rank is None and self._torchrun_folds(node, text)):
+            self._fold(node, rank, text[:-1].split("\n"))
+            return ""
+        if rank is None or self.shown == (node, rank) or (
+                (node, rank) not in self.in_traceback and not TRACEBACK.search(text)):
+            return text
+        shown = []
+        for line in text[:-1].split("\n"):
+            if self._in_folded_traceback(node, rank, line):
+                self._fold(node, rank, [line])
+            else:
+                shown.append(line + "\n")
+        return "".join(shown)
 
     def stopping(self, node: str) -> None:
         """distrun began stopping `node`: fold all of its stderr from now on."""
@@ -74,18 +87,35 @@ class ShutdownFold:
         """Hosts with folded lines not yet said."""
         return [node for node, count in self.counts.items() if count]
 
-    def _folds(self, node: str, rank: int | None, text: str) -> bool:
-        if node in self.stopping_hosts or (node, rank) in self.folding:
+    def _fold(self, node: str, rank: int | None, lines: list[str]) -> None:
+        self.counts[node] = self.counts.get(node, 0) + len(lines)
+        if rank is not None:
+            held = self.held.setdefault((node, rank), deque(maxlen=self.held_lines))
+            held.extend(line + "\n" for line in lines)
+
+    def _torchrun_folds(self, node: str, text: str) -> bool:
+        """Whether torchrun's `text` is folded: from its first traceback or failure message on."""
+        if node not in self.folding and (TRACEBACK.search(text) or any(m in text for m in TORCHRUN_FAILING)):
+            self.folding.add(node)
+        return node in self.folding
+
+    def _in_folded_traceback(self, node: str, rank: int, line: str) -> bool:
+        """Whether a rank's `line` belongs to a traceback that is folded (the first one is shown)."""
+        key = (node, rank)
+        if self.shown == key:
+            return False
+        if key not in self.in_traceback:
+            if not TRACEBACK.match(line):
+                return False
+            if self.shown is None:
+                self.shown = key
+                return False
+            self.in_traceback[key] = False
             return True
-        if rank is None:
-            if TRACEBACK.search(text) or any(marker in text for marker in TORCHRUN_FAILING):
-                self.folding.add((node, None))
-                return True
+        text = RANK_PREFIX.sub("", line, count=1)
+        inside = not text.strip() or text[0].isspace() or text.startswith(CHAINED)
+        if self.in_traceback[key] and not inside:
+            del self.in_traceback[key]  # the line after the exception line, and no chained exception
             return False
-        if self.shown == (node, rank) or not TRACEBACK.search(text):
-            return False
-        if self.shown is None:
-            self.shown = (node, rank)
-            return False
-        self.folding.add((node, rank))
+        self.in_traceback[key] = not inside  # the exception line ends it, unless a chained one follows
         return True
