@@ -69,6 +69,6 @@ class HintedGroup(click.Group):
     def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
                                                                             list[str]]:
         name = args[0] if args else ""
-        if name and not name.startswith("-") and self.get_command(ctx, name) is None:
+        if name and not name.startswith("-") and not ctx.resilient_parsing and self.get_command(ctx, name) is None:
             raise click.UsageError(unknown_command(name, self.list_commands(ctx)), ctx)
         return super().resolve_command(ctx, args)

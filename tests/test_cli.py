@@ -116,6 +116,7 @@ def test_a_near_miss_never_suggests_a_command_that_stops_or_removes(tmp_path: Pa
         assert result.returncode == 2 and "prune" not in result.stderr.replace(repr(word), "")
         assert "'stop'" not in result.stderr
     assert "did you mean 'logs'?" in distrun("lgos", home=tmp_path).stderr
+    assert "--help" in complete("distrun lgos --", tmp_path), "completion after an unknown command is no error"
 
 
 @pytest.mark.parametrize(("args", "hint"), [
