@@ -6,17 +6,23 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test lint system-deps clean
 
+# Each install step says what it does and how long it takes; pip shows its own progress.
 $(STAMP): pyproject.toml
+	@echo "[1/4] creating the virtualenv $(VENV)"
 	$(PYTHON) -m venv $(VENV)
+	@echo "[2/4] upgrading pip"
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[train,test]'
+	@echo "[3/4] installing torch 2.13.0 (the longest step: about a minute on a fresh machine)"
+	$(BIN)/pip install --progress-bar on torch==2.13.0
+	@echo "[4/4] installing distrun and what its tests use"
+	$(BIN)/pip install --progress-bar on -e '.[train,test]'
 	touch $@
 
 ## demo: train ResNet-50 with 2 processes on this machine (no setup beyond this command)
 demo: $(STAMP)
 	$(BIN)/distrun launch jobs/resnet50.yaml
 	$(BIN)/distrun ps
+	@echo "Next: $(BIN)/distrun logs last (the job's lines), $(BIN)/distrun doctor -i INVENTORY (your hosts)"
 
 ## system-deps: what the cluster tests need (sshd, pdsh, iproute2, Slurm, Chromium), installed when missing
 system-deps:

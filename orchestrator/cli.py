@@ -20,8 +20,11 @@ import click
 
 from orchestrator import backends, remote, terminal
 from orchestrator.backends.base import LaunchRequest
+from orchestrator.cli_hints import HintedGroup, one_line
 from orchestrator.cli_options import (
     LaunchCommand,
+    NodeCount,
+    NumberOption,
     color_option,
     complete_jobs,
     default_map,
@@ -73,7 +76,7 @@ def _config(ctx: click.Context) -> Config:
     return config if isinstance(config, Config) else Config()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
+@click.group(cls=HintedGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
 @click.option("--debug", is_flag=True, help="Show tracebacks.")
 @color_option
 @click.version_option(package_name="distrun")
@@ -98,10 +101,11 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @click.argument("target", metavar="JOB.yaml|SCRIPT.py", type=click.Path(dir_okay=False))
 @inventory_option
 @host_selection()
-@click.option("--nnodes", type=click.IntRange(min=1), metavar="K", help="Use the first K selected hosts.")
-@click.option("--nproc-per-node", metavar="N|auto", help="Processes per host, over the job's (auto: one per GPU, "
-              "else 2).")
-@click.option("--name", help="The job's name, over the job's (job ids start with it).")
+@click.option("--nnodes", type=NodeCount(), metavar="K|MIN:MAX", help="Use the first K selected hosts (MIN:MAX: "
+              "up to MAX, and go on with MIN when restarts leave fewer).")
+@click.option("--nproc-per-node", "--nproc_per_node", "nproc_per_node", metavar="N|auto",
+              help="Processes per host, over the job's (auto: one per GPU, else 2).")
+@click.option("--name", metavar="NAME", help="The job's name, over the job's (job ids start with it).")
 @click.option("--env", multiple=True, metavar="KEY=VALUE", help="An environment variable for every process, over "
               "the job's (repeatable); KEY='${env:NAME}' is a secret read from this shell.")
 @click.option("--dry-run", is_flag=True, help="Print every host's argv and environment without reaching the hosts "
@@ -121,7 +125,8 @@ def cli(ctx: click.Context, debug: bool) -> None:
 @color_option
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS]")
 @click.pass_context
-def launch(ctx: click.Context, target: str, inventory: str | None, selection: HostSelection, nnodes: int | None,
+def launch(ctx: click.Context, target: str, inventory: str | None, selection: HostSelection,
+           nnodes: int | tuple[int, int] | None,
            nproc_per_node: str | None, name: str | None, env: tuple[str, ...], dry_run: bool, probe: bool,
            detach: bool, as_json: bool, skip_preflight: bool, backend: str | None, options: tuple[str, ...],
            no_live: bool, collapse: bool, job_id: str | None, detached_child: bool, extra: tuple[str, ...]) -> None:
@@ -147,7 +152,8 @@ def launch(ctx: click.Context, target: str, inventory: str | None, selection: Ho
     if as_json and not detach:
         raise UsageError("--json: only with --detach (a launch in the foreground prints the job's lines)")
     request = LaunchRequest(
-        job_file=target, inventory=inventory, selection=selection, nnodes=nnodes, dry_run=dry_run, probe=probe,
+        job_file=target, inventory=inventory, selection=selection, nnodes=nnodes if isinstance(nnodes, int) else None,
+        nnodes_range=nnodes if isinstance(nnodes, tuple) else None, dry_run=dry_run, probe=probe,
         skip_preflight=skip_preflight, backend=backend, live=not no_live, collapse=collapse, job_id=job_id or None,
         quiet=detached_child, extra_args=list(extra), options=list(options), name=name,
         nproc_per_node=nproc_per_node, env=list(env),
@@ -166,7 +172,8 @@ def _detach(request: LaunchRequest, as_json: bool) -> int:
     ends before recording its job leaves nothing behind: its output is shown and its directory
     removed.
     """
-    job = job_for_launch(request.job_file, request.name, request.nproc_per_node, request.env)
+    job = job_for_launch(request.job_file, request.name, request.nproc_per_node, request.env,
+                         request.nnodes_range)
     _check_selection(request, job)
     job_id = request.job_id or new_job_id(job.name)
     store = Store()
@@ -319,10 +326,11 @@ def _ps_lines(records: list[JobRecord], colour: bool) -> list[str]:
 @click.option("--grep", "pattern", metavar="REGEX", help="Only lines whose text matches this regular expression.")
 @click.option("--since", metavar="TIME", help="Only lines that arrived since TIME: 90s, 10m, 2h, 1d ago, 14:30 today, "
               "or 2026-11-21T14:30.")
-@click.option("--tail", type=click.IntRange(min=1), metavar="N",
+@click.option("--tail", cls=NumberOption, type=click.IntRange(min=1), metavar="N",
               help="Only the last N lines (after the other filters).")
 @click.option("--stderr", is_flag=True, help="Only the lines the ranks and hosts wrote to stderr.")
-@click.option("--attempt", type=click.IntRange(min=1), metavar="K", help="Only the lines of attempt K.")
+@click.option("--attempt", cls=NumberOption, type=click.IntRange(min=1), metavar="K",
+              help="Only the lines of attempt K.")
 @click.option("--collapse", is_flag=True, help="Fold identical lines of several ranks into one [node0-2 r0-5] line.")
 @click.option("--timestamps", is_flag=True, help="Show each line's arrival time first.")
 @click.option("--bare", is_flag=True, help="The text of each line only, without [node rank].")
@@ -362,7 +370,7 @@ def stop(job_ref: str | None, selection: HostSelection, as_json: bool) -> None:
     """Stop a job (JOB_REF: an id, a unique prefix, or `last`), or every running job on the selected hosts.
 
     Through the job's controller when it is alive, else directly on its hosts (found by the job id).
-    --json prints one object per job stopped: id, state, exit_code, messages.
+    --json prints one object per job stopped: id, state, exit_code (the job's, as `ps` shows it), messages.
 
     \b
     Examples:
@@ -423,15 +431,15 @@ def _stop_one(store: Store, rec: JobRecord, as_json: bool) -> int:
     with contextlib.redirect_stdout(said):
         code = for_record(store, rec).stop_job(rec)
     after = store.get(rec.id)
-    terminal.show(json.dumps({"id": rec.id, "state": after.state.value, "exit_code": code,
+    terminal.show(json.dumps({"id": rec.id, "state": after.state.value, "exit_code": after.exit_code,
                            "messages": said.getvalue().splitlines()}))
     return code
 
 
 @cli.command(short_help="Dump every rank's Python stack, ranks with the same stack folded.")
 @click.argument("job_ref", shell_complete=complete_jobs)
-@click.option("--node", help="Only this node's ranks.")
-@click.option("--rank", type=click.IntRange(min=0), help="Only this global rank.")
+@click.option("--node", metavar="NODE", help="Only this node's ranks.")
+@click.option("--rank", cls=NumberOption, type=click.IntRange(min=0), metavar="R", help="Only this global rank.")
 @click.option("--native", is_flag=True, help="Also native (C/C++) frames (py-spy --native).")
 @json_option()
 @color_option
@@ -452,8 +460,9 @@ def stack(job_ref: str, node: str | None, rank: int | None, native: bool, as_jso
     rec = store.get(job_ref)
     refresh_lost(store, [rec])
     if rec.state.finished:
-        raise UsageError(f"job {rec.id} is {rec.state.value}: only a running job's ranks have stacks "
-                         f"(a hang's are kept in {store.job_dir(rec.id).stacks})")
+        kept = store.job_dir(rec.id).stacks
+        where = f"its hang's stacks are kept in {kept}" if kept.is_dir() else "it kept none: no hang was diagnosed"
+        raise UsageError(f"job {rec.id} is {rec.state.value}: only a running job's ranks have stacks ({where})")
     gathered = stacks.gather(for_record(store, rec), rec, [node] if node else None, native)
     if rank is not None:
         gathered.ranks = [r for r in gathered.ranks if r.rank == rank]
@@ -508,7 +517,8 @@ def top(job_ref: str, once: bool, as_json: bool) -> None:
              short_help="Run a command on the selected hosts at once.")
 @inventory_option
 @host_selection()
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), help="Stop the command after S seconds.")
+@click.option("--timeout", cls=NumberOption, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="Stop the command after SECONDS.")
 @json_option()
 @color_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -540,7 +550,8 @@ def exec_command(ctx: click.Context, inventory: str | None, selection: HostSelec
 @json_option()
 @click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
 @click.option("--bandwidth", is_flag=True, help="Also time a short all-reduce across the hosts.")
-@click.option("--min-busbw", type=click.FloatRange(min=0), help="Warn under this all-reduce busbw, GB/s.")
+@click.option("--min-busbw", cls=NumberOption, type=click.FloatRange(min=0), metavar="GBPS",
+              help="Warn under this all-reduce busbw, GB/s.")
 @color_option
 @click.pass_context
 def doctor(ctx: click.Context, inventory: str | None, job_file: str | None, selection: HostSelection,
@@ -631,27 +642,31 @@ def bench(ctx: click.Context, jobs: tuple[str, ...], inventory: str | None, sele
 @cli.command(short_help="Remove old finished jobs, here and on their hosts.")
 @click.option("--older-than", metavar="AGE", help="Only jobs that ended longer ago than AGE (30m, 12h, 7d); "
               "default 7d unless --keep is given.")
-@click.option("--keep", type=click.IntRange(min=0), metavar="N", help="Keep the newest N finished jobs whatever "
-              "their age.")
+@click.option("--keep", cls=NumberOption, type=click.IntRange(min=0), metavar="N",
+              help="Keep the newest N finished jobs whatever their age.")
 @click.option("--dry-run", is_flag=True, help="Only list the jobs that would be removed.")
+@click.option("--local", is_flag=True, help="Forget the jobs here only, leaving what their hosts keep (for hosts "
+              "that are gone).")
 @json_option()
 @color_option
-def prune(older_than: str | None, keep: int | None, dry_run: bool, as_json: bool) -> None:
+def prune(older_than: str | None, keep: int | None, dry_run: bool, local: bool, as_json: bool) -> None:
     """Remove finished jobs' directories here and the copies their hosts keep; running jobs are never touched.
 
-    A job whose hosts could not all be reached keeps its record, so a later prune tries again.
+    A job whose hosts could not all be reached keeps its record, so a later prune tries again;
+    --local forgets it anyway.
 
     \b
     Examples:
       distrun prune                      # jobs that ended more than 7 days ago
       distrun prune --keep 20            # all but the newest 20 finished jobs
       distrun prune --older-than 1d --keep 5 --dry-run
+      distrun prune --local              # hosts are gone: forget their jobs here only
     """
     from orchestrator.housekeeping import prune as prune_jobs
     from orchestrator.timespec import parse_duration
 
     age = parse_duration(older_than or "7d", "--older-than") if older_than or keep is None else None
-    result = prune_jobs(Store(), age, keep, dry_run)
+    result = prune_jobs(Store(), age, keep, dry_run, local=local)
     if as_json:
         terminal.show(json.dumps(result.to_dict(), indent=2))
     else:
@@ -659,6 +674,9 @@ def prune(older_than: str | None, keep: int | None, dry_run: bool, as_json: bool
         terminal.show(f"{verb} {len(result.removed)} job(s)" + "".join(f"\n  {job_id}" for job_id in result.removed))
         for job_id, why in result.kept.items():
             terminal.show(f"kept {job_id}: {why}", err=True)
+        if result.kept:
+            terminal.show("distrun: hosts gone for good? `distrun prune --local` with the same options forgets those "
+                          "jobs here only", err=True)
     sys.exit(int(ExitCode.INFRA) if result.kept else 0)
 
 
@@ -700,7 +718,7 @@ def examples(directory: str) -> None:
     from orchestrator.bundled import copy_examples
 
     written = copy_examples(Path(directory))
-    click.echo(f"copied {len(written)} files to {directory}/ (see {directory}/README.md)")
+    terminal.show(f"copied {len(written)} files to {directory}/ (see {directory}/README.md)")
 
 
 @cli.command(short_help="Print the shell completion script (bash, zsh or fish).")
@@ -737,8 +755,11 @@ def main() -> None:
                  default_map=default_map(cli, config), obj={"config": config})
     except click.exceptions.Abort:
         sys.exit(int(ExitCode.INTERRUPTED))
-    except click.ClickException as exc:
+    except click.exceptions.NoArgsIsHelpError as exc:
         exc.show()
+        sys.exit(int(ExitCode.USAGE))
+    except click.ClickException as exc:
+        terminal.show(one_line(exc), err=True)
         sys.exit(int(ExitCode.USAGE))
     except DistrunError as exc:
         if debug:

@@ -9,6 +9,7 @@ receives them as one `selection` argument (a `HostSelection`).
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -16,12 +17,14 @@ import click
 from click.shell_completion import CompletionItem
 
 from orchestrator import terminal
+from orchestrator.cli_hints import launch_flag_hint, node_count_hint
 from orchestrator.errors import DistrunError
 from orchestrator.spec.config import Config
 from orchestrator.spec.select import DEFAULT_CONFIRM_ABOVE, Guard, HostSelection
 from orchestrator.terminal import ColorMode
 
 F = TypeVar("F", bound=Callable[..., Any])
+NODE_COUNT = re.compile(r"(\d+)(?::(\d+))?")
 
 INVENTORY_HELP = "Inventory YAML (default: $DISTRUN_INVENTORY, else the config file's, else this machine)."
 JSON_HELP = "Machine-readable output (documented in the README)."
@@ -173,11 +176,44 @@ class LaunchCommand(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         given = list(args)  # the parser consumes `args`
         try:
-            return super().parse_args(ctx, args)
+            rest = super().parse_args(ctx, args)
         except click.NoSuchOption as exc:
+            habit = launch_flag_hint(exc.option_name)
+            if habit:
+                raise click.UsageError(f"{exc.option_name}: not an option of distrun launch ({habit})", ctx) from None
             close = [p for p in exc.possibilities or () if p not in ctx.help_option_names]
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             target = next((a for a in given if a.endswith((".py", ".yaml", ".yml"))), "train.py")
             raise click.UsageError(
                 f"{exc.option_name}: not an option of distrun launch{hint}. Arguments for the training script "
                 f"go after `--`: distrun launch {target} [OPTIONS] -- {exc.option_name} ...", ctx) from None
+        count = node_count_hint(ctx.params.get("nodes") or ())
+        if count:
+            raise click.UsageError(count, ctx)
+        return rest
+
+
+class NodeCount(click.ParamType):
+    """`--nnodes`: K hosts, or MIN:MAX as torchrun and job files write it."""
+
+    name = "K|MIN:MAX"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | tuple[int, int]:
+        if isinstance(value, (int, tuple)):
+            return value
+        match = NODE_COUNT.fullmatch(str(value).strip())
+        low, high = (int(match.group(1)), int(match.group(2) or match.group(1))) if match else (0, 0)
+        if match is None or not 1 <= low <= high:
+            self.fail(f"{value!r}: give a number of hosts from 1, or MIN:MAX with 1 <= MIN <= MAX "
+                      "(the job may go on with MIN hosts)", param, ctx)
+        return (low, high) if match.group(2) else low
+
+
+class NumberOption(click.Option):
+    """A number option whose help shows its metavar (N, SECONDS) only, not click's `[x>=1]`: the
+    bounds are said in words where they matter, and a value out of them is refused anyway."""
+
+    def get_help_extra(self, ctx: click.Context) -> Any:
+        extra = super().get_help_extra(ctx)
+        extra.pop("range", None)
+        return extra

@@ -1,7 +1,7 @@
 """Flight Recorder dumps of a hung job: which ranks have not entered the collective the others wait in.
 
-torch records every collective a rank schedules (TORCH_FR_BUFFER_SIZE for gloo,
-TORCH_NCCL_TRACE_BUFFER_SIZE for NCCL; distrun sets both for a job with `hang_timeout`), and a
+torch records every collective a rank schedules (TORCH_FR_BUFFER_SIZE from torch 2.7,
+TORCH_NCCL_TRACE_BUFFER_SIZE before; distrun sets the host's for a job with `hang_timeout`), and a
 rank that runs its main inside `torch.distributed.elastic.control_plane.worker_main()` serves the
 record on its Unix socket (jobs/README.md). The hang watchdog fetches each rank's dump
 (`fr_trace_json`) with its stack; `lags` reads them: per process group, the collective most

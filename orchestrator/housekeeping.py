@@ -1,4 +1,4 @@
-"""`distrun prune`: forget old finished jobs, here and on their hosts.
+"""`distrun prune`: forget old finished jobs, here and on their hosts (`--local`: here only).
 
 A job is removed only once its backend removed what the hosts keep of it (for the SSH backend,
 `~/.distrun/jobs/<id>/` on each host); a job whose hosts could not all be cleaned keeps its
@@ -31,7 +31,7 @@ class PruneResult:
 
 
 def prune(store: Store, older_than: float | None, keep: int | None, dry_run: bool = False,
-          now: float | None = None) -> PruneResult:
+          now: float | None = None, local: bool = False) -> PruneResult:
     """Remove the finished jobs chosen by age and count (see `store.prunable`), hosts' copies first.
 
     Args:
@@ -40,6 +40,7 @@ def prune(store: Store, older_than: float | None, keep: int | None, dry_run: boo
         keep: Keep the newest this many finished jobs whatever their age.
         dry_run: Only say which jobs would go.
         now: The time ages are measured from (default: now).
+        local: Forget the jobs here only, leaving their hosts' copies (hosts that are gone).
 
     Returns:
         The jobs removed (or that would be) and the jobs kept with the reason.
@@ -49,7 +50,7 @@ def prune(store: Store, older_than: float | None, keep: int | None, dry_run: boo
     chosen = prunable(records, older_than, keep, now)
     if dry_run:
         return PruneResult([r.id for r in chosen], dry_run=True)
-    kept = _remove_copies(store, chosen)
+    kept = {} if local else _remove_copies(store, chosen)
     removed = [r.id for r in chosen if r.id not in kept]
     for job_id in removed:
         store.delete(job_id)

@@ -47,7 +47,8 @@ def launch(request: LaunchRequest) -> int:
     Raises:
         DistrunError: bad input (2) or infrastructure (3); nothing of the job was started.
     """
-    job = job_for_launch(request.job_file, request.name, request.nproc_per_node, request.env)
+    job = job_for_launch(request.job_file, request.name, request.nproc_per_node, request.env,
+                         request.nnodes_range)
     cls = backends.get(request.backend or job.backend or backends.DEFAULT)
     options = cls.resolve_options(job, request.options)
     ctx = LaunchContext(request, job, request.job_id or new_job_id(job.name), Store(), terminal_for(request))
@@ -89,6 +90,7 @@ def execute(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Finished:
         The exit code and the job's final metrics.
     """
     with on_signals(ctx.interrupt):
+        _announce(ctx)
         started = backend.submit(ctx, plan)
         if started is None:
             return Finished(ctx.store.get(ctx.job_id).exit_code or 0)
@@ -102,6 +104,14 @@ def execute(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Finished:
             if isinstance(following, int):
                 return Finished(following)
             started = following
+
+
+def _announce(ctx: LaunchContext) -> None:
+    """The first line a launch shows: the job's id and where its files are, as a scheduler's
+    `Submitted job ID` (a pipe or a log file otherwise heard of the id only at the end)."""
+    if ctx.terminal is not None:
+        show(f"Submitted job {ctx.job_id} (its files: {ctx.store.job_dir(ctx.job_id).root})", stream=ctx.terminal,
+             flush=True)
 
 
 def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: Course,
@@ -131,8 +141,11 @@ def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course
         return _end_between(ctx, course, plan, JobState.FAILED, int(failed.exit_code if failed else ExitCode.FAILED),
                             f"job {ctx.job_id} FAILED: attempt {course.number + 1} could not start: {failed}")
     ctx.store.job_dir(ctx.job_id).write_plan(following.to_dict())
-    ctx.store.update(ctx.job_id, hosts=[h.node for h in following.hosts], master_addr=following.master_addr,
-                     master_port=following.master_port)
+    hosts = [h.node for h in following.hosts]
+    command = {} if ctx.request.internal else {
+        "command": ctx.request.reproduce(hosts, following.inventory_path, following.spares)}
+    ctx.store.update(ctx.job_id, hosts=hosts, master_addr=following.master_addr,
+                     master_port=following.master_port, **command)
     return following
 
 

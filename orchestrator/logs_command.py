@@ -76,8 +76,12 @@ def show_logs(request: LogsRequest, out: TextIO | None = None) -> int:
     try:
         if request.follow:
             return follow(store, record, query, style, request.collapse, out)
+        shown = False
         for chunk in read_lines(job_dir.root, query, style, request.collapse):
             show(chunk, stream=out, end="")
+            shown = shown or bool(chunk)
+        if not shown and query.narrowed:
+            show(f"no line of job {record.id} matches {' '.join(filter_words(request))}", err=True)
         if not query.narrowed and query.tail is None:
             show(summary_text(job_dir), stream=out, end="")
         out.flush()
@@ -116,6 +120,15 @@ def build_query(request: LogsRequest, record: JobRecord, job_dir: JobDir) -> Que
     since = parse_since(request.since) if request.since is not None else None
     return Query(nodes=nodes, ranks=ranks, stderr=request.stderr, attempt=request.attempt, since=since, grep=grep,
                  tail=request.tail)
+
+
+def filter_words(request: LogsRequest) -> list[str]:
+    """The filters asked, as they were written (`--rank 1 --grep loss`), to say what matched nothing."""
+    words = [f"--node {n}" for n in request.nodes] + [f"--rank {r}" for r in request.ranks]
+    words += [f"--grep {request.grep!r}"] if request.grep is not None else []
+    words += [f"--since {request.since}"] if request.since is not None else []
+    words += [f"--attempt {request.attempt}"] if request.attempt is not None else []
+    return words + (["--stderr"] if request.stderr else [])
 
 
 def known_ranks(job_dir: JobDir, entries: list[Located]) -> frozenset[int]:

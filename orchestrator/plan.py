@@ -28,8 +28,11 @@ MASK = "***"
 PROBE_MARK = "<probe>"  # in a dry run made without reaching the hosts: a value only their probe gives
 # What a probe fills in -> the torchrun option that carries it.
 PROBED_OPTIONS = {"master_addr": "--master-addr", "master_port": "--master-port", "nproc": "--nproc-per-node"}
-# Flight Recorder entries each rank keeps (gloo reads the first, NCCL both) when a job has hang_timeout.
+# Flight Recorder entries each rank keeps when a job has hang_timeout. torch from 2.7 reads
+# TORCH_FR_BUFFER_SIZE (and warns on every rank that the older name is deprecated when it is set);
+# older torch reads TORCH_NCCL_TRACE_BUFFER_SIZE only. A host whose torch is not known gets both.
 FLIGHT_RECORDER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+FLIGHT_RECORDER_SINCE = (2, 7)
 FLIGHT_RECORDER_ENTRIES = "2000"
 
 
@@ -219,12 +222,23 @@ def host_env(job: JobSpec, node: NodeSpec, iface: str | None, attempt: int = 1) 
     return env
 
 
-def with_flight_recorder(env: dict[str, str], job: JobSpec, job_id: str) -> dict[str, str]:
-    """With hang_timeout: Flight Recorder on in every rank unless the env sizes it, and the directory
-    (host-side job dir; the supervisor makes it) where ranks that opt in serve it (jobs/README.md)."""
+def flight_recorder_vars(torch_version: str | None) -> tuple[str, ...]:
+    """The variables that size the Flight Recorder for this torch version (both when not known)."""
+    try:
+        major, minor = (int(part) for part in (torch_version or "").split("+")[0].split(".")[:2])
+    except ValueError:
+        return FLIGHT_RECORDER_VARS
+    return FLIGHT_RECORDER_VARS[:1] if (major, minor) >= FLIGHT_RECORDER_SINCE else FLIGHT_RECORDER_VARS[1:]
+
+
+def with_flight_recorder(env: dict[str, str], job: JobSpec, job_id: str,
+                         torch_version: str | None = None) -> dict[str, str]:
+    """With hang_timeout: Flight Recorder on in every rank unless the env sizes it (in the variable
+    the host's torch reads), and the directory (host-side job dir; the supervisor makes it) where
+    ranks that opt in serve it (jobs/README.md)."""
     if job.hang_timeout is None:
         return env
-    added = {name: FLIGHT_RECORDER_ENTRIES for name in FLIGHT_RECORDER_VARS if name not in env}
+    added = {name: FLIGHT_RECORDER_ENTRIES for name in flight_recorder_vars(torch_version) if name not in env}
     return {**env, **added, "DISTRUN_WORKER_SOCKETS": f"~/.distrun/jobs/{job_id}/sock"}
 
 
@@ -267,7 +281,8 @@ def build_plan(
         node_facts = facts.get(node.name)
         nproc = resolve_nproc(job, node, node_facts)
         iface = choose_iface(node, node_facts, master_addr) if len(ordered) > 1 else node.iface
-        env = with_flight_recorder(host_env(job, node, iface, attempt), job, job_id)
+        env = with_flight_recorder(host_env(job, node, iface, attempt), job, job_id,
+                                   node_facts.torch_version if node_facts else None)
         argv = torchrun_argv(job, node.python, nnodes=len(ordered), nproc=nproc, node_rank=rank,
                              master_addr=master_addr, master_port=master_port, job_id=job_id,
                              extra_args=extra_args or [], dash_p=takes_dash_p(node_facts))

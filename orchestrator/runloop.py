@@ -77,7 +77,8 @@ class Launcher:
                                          self._on_alert, self._running, title=plan.job_id,
                                          world_size=plan.world_size)
         terminal = self.monitor.terminal(ctx.terminal, ctx.request.live)
-        screen = None if terminal is None else Screen(terminal, ctx.colour(), ctx.request.collapse, plan.job_id)
+        screen = None if terminal is None else Screen(terminal, ctx.colour(), ctx.request.collapse, plan.job_id,
+                                                      job_dir=self.dir.root)
         # The controller's attempts (DISTRUN_ATTEMPT 1, 2, ...) share the job's files; each line keeps its attempt.
         self.sink = LogSink(self.dir, screen, on_metrics=self._on_metrics, secrets=plan.secrets.values(),
                             attempt=plan.attempt)
@@ -309,6 +310,7 @@ class Launcher:
     def _finish_failed(self, failures: list[Failure]) -> int:
         """Stop every host, then record and show the root cause and how each other host ended."""
         root = root_cause(failures)
+        self.sink.failed_rank(root.host, root.rank)
         self._stop_all(f"{root.host} failed" if root.host else "the job failed")
         if root.host in {h.node for h in self.hosts} and root.kind is not FailureKind.LOST:
             # Lines that arrived while the others were stopped belong to the root cause's story too.

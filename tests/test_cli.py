@@ -4,6 +4,7 @@ dry runs that reach no host, bad combinations, prune. No test host and no torchr
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -71,6 +72,14 @@ def test_an_option_has_the_same_words_on_every_command() -> None:
     assert set(words["--nodes"]) == set(words["--exclude"]) == set(words["--label"]) == set(words["--all"])
 
 
+def test_help_names_values_as_users_read_them_never_clicks_types_or_ranges() -> None:
+    for name in commands():
+        text = help_text(name)
+        raw = re.findall(r"INTEGER|FLOAT|TEXT|PATH|(?<!--nodes )(?<!--exclude )RANGE|\[x[<>]", text)
+        assert raw == [], f"distrun {name} --help shows {raw}"
+    assert "--timeout SECONDS" in help_text("exec") and "--tail N" in help_text("logs")
+
+
 # ---------------------------------------------------------------- launch's command line
 
 
@@ -81,6 +90,61 @@ def test_a_script_option_without_the_double_dash_says_to_put_it_after_one(tmp_pa
     assert ("--steps: not an option of distrun launch. Arguments for the training script go after `--`: "
             "distrun launch jobs/train_resnet50.py [OPTIONS] -- --steps ...") in result.stderr
     assert "--time" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_usage_errors_are_one_line_naming_the_commands_help(tmp_path: Path) -> None:
+    for args in (("logs",), ("ps", "--bogus"), ("launch", "jobs/tiny.yaml", "--nnodes", "3:1")):
+        result = distrun(*args, home=tmp_path)
+        assert result.returncode == 2
+        assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith("distrun: error: "), result.stderr
+        assert f"(see `distrun {args[0]} --help`)" in result.stderr
+
+
+@pytest.mark.parametrize(("word", "command"), [("run", "launch"), ("submit", "launch"), ("status", "ps"),
+                                               ("queue", "ps"), ("cancel", "stop")])
+def test_other_tools_words_for_a_command_name_distruns_command(tmp_path: Path, word: str, command: str) -> None:
+    result = distrun(word, "last", home=tmp_path)
+
+    assert result.returncode == 2
+    assert result.stderr == (f"distrun: error: no command {word!r}: distrun's is `{command}` "
+                             f"(distrun {command} --help)\n")
+
+
+def test_a_near_miss_never_suggests_a_command_that_stops_or_removes(tmp_path: Path) -> None:
+    for word in ("prun", "prunes", "stpo", "sto"):
+        result = distrun(word, home=tmp_path)
+        assert result.returncode == 2 and "prune" not in result.stderr.replace(repr(word), "")
+        assert "'stop'" not in result.stderr
+    assert "did you mean 'logs'?" in distrun("lgos", home=tmp_path).stderr
+    assert "--help" in complete("distrun lgos --", tmp_path), "completion after an unknown command is no error"
+
+
+@pytest.mark.parametrize(("args", "hint"), [
+    (("-N", "2"), "Slurm's node count; distrun's is --nnodes K"),
+    (("--standalone",), "for one host give --nnodes 1 or --backend local"),
+    (("--master-port", "29500"), "to fix the port set `rendezvous: {port: N}` in the job file"),
+    (("--master_addr=node0",), "distrun picks the master and a free port itself"),
+    (("--nodes", "2"), "--nodes takes host names (a range like 'node[0-1]'); for 2 hosts give --nnodes 2"),
+])
+def test_torchrun_and_slurm_habits_get_a_hint_naming_the_distrun_flag(tmp_path: Path, args: tuple[str, ...],
+                                                                      hint: str) -> None:
+    result = distrun("launch", "jobs/train_resnet50.py", *args, "--dry-run", home=tmp_path)
+
+    assert result.returncode == 2 and hint in result.stderr and "go after `--`" not in result.stderr
+
+
+def test_torchruns_underscore_spelling_of_nproc_per_node_is_accepted(tmp_path: Path) -> None:
+    result = distrun("launch", "jobs/tiny.yaml", "--nproc_per_node", "3", "--dry-run", home=tmp_path)
+
+    assert result.returncode == 0, result.stderr
+    assert "--nproc-per-node 3 " in result.stdout
+
+
+def test_an_nnodes_range_is_accepted_on_the_command_line_as_in_a_job_file(tmp_path: Path) -> None:
+    result = distrun("launch", "jobs/train_resnet50.py", "--nnodes", "1:3", "--dry-run", home=tmp_path)
+
+    assert result.returncode == 0, result.stderr
+    assert "nnodes: '1:3'" in result.stdout and "1 node(s)" in result.stdout
 
 
 def test_the_local_backend_refuses_an_inventory_it_would_ignore(tmp_path: Path) -> None:
@@ -279,6 +343,18 @@ def test_stop_json_on_a_finished_job_says_so(jobs: Path) -> None:
                                          "messages": ["job tiny-20261121-141109-60ee already ended (succeeded)"]}
 
 
+def test_stop_json_exit_code_is_the_jobs_exit_code_as_ps_shows_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    Store(home).save(JobRecord(id="tiny-20261124-101500-c3d4", name="tiny", spec_path="jobs/tiny.yaml",
+                               inventory="<built-in>", hosts=["node0"], state=JobState.STOPPED, exit_code=143,
+                               backend="slurm"))
+
+    stopped = json.loads(distrun("stop", "last", "--json", home=home).stdout)
+    listed = json.loads(distrun("ps", "--json", home=home).stdout)
+
+    assert stopped["exit_code"] == listed[0]["exit_code"] == 143
+
+
 def test_prune_removes_old_finished_jobs_here_and_on_the_host_never_a_running_one(tmp_path: Path) -> None:
     home, host_home = tmp_path / "home", tmp_path / "host-home"
     store = Store(home)
@@ -309,6 +385,25 @@ def test_prune_removes_old_finished_jobs_here_and_on_the_host_never_a_running_on
     assert sorted(p.name for p in (home / "jobs").iterdir()) == ["recent-1", "running-1"]
     assert sorted(p.name for p in (host_home / ".distrun" / "jobs").iterdir()) == ["recent-1", "running-1"]
     assert [r.id for r in Store(home).list()] == ["recent-1", "running-1"]
+
+
+def test_prune_of_jobs_whose_hosts_are_gone_names_local_which_forgets_them_here_only(tmp_path: Path) -> None:
+    home, inventory = tmp_path / "home", tmp_path / "gone.yaml"
+    inventory.write_text(CLOSED_PORT_INVENTORY)
+    ended = time.time() - 10 * 86400
+    Store(home).save(JobRecord(id="gone-1", name="gone", spec_path="j.yaml", inventory=str(inventory),
+                               hosts=["node0", "node1"], backend="ssh", state=JobState.SUCCEEDED, started=ended,
+                               ended=ended + 60))
+    Store(home).job_dir("gone-1").create()
+    slow = {"DISTRUN_SSH_TIMEOUT": "2"}
+
+    refused = distrun("prune", home=home, env=slow)
+    forgotten = distrun("prune", "--local", home=home, env=slow)
+
+    assert refused.returncode == 3 and refused.stderr.startswith("kept gone-1: ")
+    assert "`distrun prune --local` with the same options forgets those jobs here only" in refused.stderr
+    assert forgotten.returncode == 0 and forgotten.stdout == "removed 1 job(s)\n  gone-1\n", forgotten.stderr
+    assert Store(home).list() == [] and not (home / "jobs" / "gone-1").exists()
 
 
 def test_the_background_controller_gets_the_script_arguments_untouched() -> None:

@@ -10,7 +10,7 @@ import pytest
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.errors import UsageError
 from orchestrator.spec import HostSelection, job_from_text, load_job
-from orchestrator.spec.overrides import apply_overrides, is_script, job_from_script, job_to_yaml
+from orchestrator.spec.overrides import apply_overrides, is_script, job_for_launch, job_from_script, job_to_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,6 +51,9 @@ def test_flags_go_over_the_jobs_own_values() -> None:
     ({"env": ["NOEQUALS"]}, "--env 'NOEQUALS': expected KEY=VALUE"),
     ({"env": ["1BAD=x"]}, "--env '1BAD=x': '1BAD' is not a variable name"),
     ({"env": ["A=pre-${env:X}"]}, "must be the whole value"),
+    ({"env": ["TOKEN=${DISTRUN_TEST_UNSET}"]}, "--env 'TOKEN=${DISTRUN_TEST_UNSET}': $DISTRUN_TEST_UNSET is not set "
+                                               "in this shell, and distrun passes values as written"),
+    ({"env": ["P=a-$DISTRUN_TEST_UNSET"]}, "write P='${env:DISTRUN_TEST_UNSET}' to pass it as a secret"),
 ])
 def test_a_bad_flag_value_names_the_flag(kwargs: dict, message: str) -> None:
     with pytest.raises(UsageError) as caught:
@@ -89,12 +92,35 @@ def test_the_recorded_command_names_the_hosts_as_a_range_and_every_flag_that_cha
 
     args = request.reproduce(["node0", "node2"], "/srv/lab.yaml")
 
-    assert args == [str(REPO / "jobs" / "tiny.yaml"), "-i", "/srv/lab.yaml", "--nodes", "node[0,2]",
+    assert args == [str(REPO / "jobs" / "tiny.yaml"), "-i", "/srv/lab.yaml", "--nodes", "node[0,2]", "--nnodes", "2",
                     "--backend", "ssh", "-o", "k=v", "--env", "A=1", "--name", "t2", "--nproc-per-node", "1",
                     "--", "--steps", "20"]
     assert request.reproduce([], "<built-in>")[1:] == ["--nnodes", "2", "--backend", "ssh", "-o", "k=v", "--env",
                                                        "A=1", "--name", "t2", "--nproc-per-node", "1", "--",
                                                        "--steps", "20"]
+
+
+def test_the_command_of_a_restarted_job_names_its_current_hosts_and_spares_and_keeps_nnodes() -> None:
+    ranged = LaunchRequest("jobs/tiny.yaml", nnodes_range=(1, 2))
+    counted = LaunchRequest("jobs/tiny.yaml")
+
+    assert ranged.reproduce(["node0", "node2"], "/srv/lab.yaml", ["node3"])[3:] == [
+        "--nodes", "node[0,2-3]", "--nnodes", "1:2"]
+    assert counted.reproduce(["node0", "node2"], "/srv/lab.yaml", ["node3"])[3:] == [
+        "--nodes", "node[0,2-3]", "--nnodes", "2"]
+    assert counted.reproduce(["node0"], "/srv/lab.yaml")[3:] == ["--nodes", "node0"]
+
+
+def test_an_nnodes_range_on_the_command_line_goes_over_the_jobs_nnodes() -> None:
+    job = job_for_launch(str(REPO / "jobs" / "tiny.yaml"), nnodes_range=(1, 3))
+
+    assert (job.min_nnodes, job.nnodes) == (1, 3)
+
+
+def test_a_secret_reference_is_not_taken_for_an_unexpanded_shell_variable() -> None:
+    job = apply_overrides(load_job(REPO / "jobs" / "tiny.yaml"), env=["B=${env:DISTRUN_TEST_UNSET}"])
+
+    assert job.secrets == {"B": "DISTRUN_TEST_UNSET"}
 
 
 def test_yaml_of_a_job_with_restarts_spares_and_an_nnodes_range_reads_back_the_same() -> None:

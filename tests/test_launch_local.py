@@ -43,6 +43,12 @@ def test_local_launch_succeeds_with_two_ranks_and_a_throughput_summary(finished_
     assert "succeeded" in result.stdout and "samples/s" in result.stdout
 
 
+def test_the_first_line_on_a_pipe_is_the_job_id_and_where_its_files_are(finished_job):
+    home, result = finished_job
+    root = job_dir(home)
+    assert result.stdout.splitlines()[0] == f"Submitted job {root.name} (its files: {root})"
+
+
 def test_local_launch_keeps_each_ranks_lines_once_with_an_index_in_arrival_order_and_metrics(finished_job):
     home, _ = finished_job
     root = job_dir(home)

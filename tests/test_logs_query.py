@@ -81,6 +81,16 @@ def test_node_and_rank_filters_intersect(home: Path) -> None:
                                                                 "[node1 r2 err] warning: slow"]
 
 
+def test_filters_that_match_no_line_say_so_on_stderr_and_exit_0(home: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert logs(ranks=("1",), grep="loss 9") == ""
+    assert capsys.readouterr().err == "no line of job demo-1 matches --rank 1 --grep 'loss 9'\n"
+    assert logs(nodes=("node1",), ranks=("0",)) == ""
+    assert "matches --node node1 --rank 0" in capsys.readouterr().err
+    assert logs(ranks=("1",), grep="loss") != ""
+    assert capsys.readouterr().err == ""
+
+
 def test_repeated_and_comma_separated_ranks_accumulate(home: Path) -> None:
     shown = logs(ranks=("0", "2,1"), grep="step")
     assert shown.splitlines() == ["[node0 r0] step 1 loss 2.0", "[node1 r2] step 1 loss 2.0",

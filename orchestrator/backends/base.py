@@ -76,6 +76,7 @@ class LaunchRequest:
     inventory: str | None = None
     selection: HostSelection = field(default_factory=HostSelection)
     nnodes: int | None = None
+    nnodes_range: tuple[int, int] | None = None  # `--nnodes MIN:MAX`, over the job's nnodes (nnodes is then None)
     dry_run: bool = False
     probe: bool = False  # with dry_run: reach the hosts to fill in what only a probe knows
     skip_preflight: bool = False
@@ -92,19 +93,24 @@ class LaunchRequest:
     guard: Guard | None = None  # the rule for an implicit selection of many hosts; None: none
     internal: bool = False  # a run distrun makes for itself: never `last`
 
-    def reproduce(self, hosts: Sequence[str], inventory: str) -> list[str]:
+    def reproduce(self, hosts: Sequence[str], inventory: str, spares: Sequence[str] = ()) -> list[str]:
         """The `distrun launch` arguments that start this job again on `hosts` (the report's
-        "Launched as"): the job, the inventory, the hosts as one range, and every flag that
-        changed the job; `--nnodes N` instead of the hosts when no hosts are known yet.
+        "Launched as"): the job, the inventory, the hosts and spares as one range, and every flag
+        that changed the job; `--nnodes` whenever it was given or spares follow the hosts.
 
         Args:
-            hosts: The job's hosts.
+            hosts: The job's hosts (of its current attempt).
             inventory: The inventory's path as recorded (`<built-in>` for this machine's).
+            spares: The hosts kept aside for restarts, not used yet.
         """
         args = [os.path.abspath(self.job_file)]
         if not inventory.startswith("<"):
             args += ["-i", inventory]
-        args += ["--nodes", fold_hosts(hosts)] if hosts else (["--nnodes", str(self.nnodes)] if self.nnodes else [])
+        args += ["--nodes", fold_hosts([*hosts, *spares])] if hosts else []
+        if self.nnodes_range is not None:
+            args += ["--nnodes", f"{self.nnodes_range[0]}:{self.nnodes_range[1]}"]
+        elif self.nnodes or spares:
+            args += ["--nnodes", str(len(hosts) if hosts else self.nnodes)]
         args += ["--backend", self.backend] if self.backend else []
         for flag, values in (("-o", self.options), ("--env", self.env)):
             for value in values:
@@ -146,7 +152,7 @@ class LaunchContext:
             **fields,
         }
         if not self.request.internal:
-            values.setdefault("command", self.request.reproduce(values["hosts"], plan.inventory_path))
+            values.setdefault("command", self.request.reproduce(values["hosts"], plan.inventory_path, plan.spares))
         record = JobRecord(id=plan.job_id, name=plan.job_name, spec_path=plan.spec_path,
                            inventory=plan.inventory_path, backend=plan.backend, state=JobState.PENDING,
                            controller_pid=os.getpid(), controller_start=process_start(os.getpid()),

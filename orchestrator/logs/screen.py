@@ -1,15 +1,17 @@
 """The operator's terminal: lines through a queue of their own, noise folded, identical lines collapsed.
 
 Nothing that decides a job's fate waits on the terminal. Lines are formatted where they arrive
-(per batch: one decode, one escape check, one replace) and handed to `TerminalWriter`, a bounded
-queue written by a thread of its own; when the terminal does not keep up (a paused pager, a slow
-link) lines it has no room for are counted, not waited for: the job's files still get every
-line, and the job's summary says how many the terminal missed.
+(per batch: one decode, one escape check, one replace) and handed to `TerminalWriter` (writer.py),
+a queue written by a thread of its own. When stdout does not keep up, a pipe or a file catches
+up later from a spill file in the job's directory (late, but every line, in order); an
+interactive terminal skips ahead, says where, and the job's summary counts what it missed.
 
 Noise (files keep everything):
-- after distrun began stopping a host, what the stop makes torchrun and the ranks say on stderr
-  (SignalException tracebacks, "Sending process ... closing signal") is folded into one line
-  for that host when it ended;
+- a failure's aftermath (fold.py): the other ranks' tracebacks, torchrun's ChildFailedError
+  blocks and exit-barrier errors, and what distrun's stop makes a host say on stderr
+  (SignalException, "Sending process ... closing signal") are folded into one counted line per
+  host, `[node0] 52 lines of shutdown output (distrun logs ID --node node0)`; the first failed
+  rank's traceback stays, whole (or the root cause's, shown when it is known);
 - known-harmless warnings that repeat (`HARMLESS`) are shown once, then counted.
 
 `Collapser` folds identical lines printed by several ranks within a moment into one
@@ -20,95 +22,19 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TextIO
 
+from orchestrator.logs.fold import ShutdownFold
 from orchestrator.logs.format import COLOURS, group_label, label, paint, prefixed, shown
-from orchestrator.terminal import show
+from orchestrator.logs.writer import QUEUE_BYTES, TerminalWriter
 
-QUEUE_BYTES = 16 << 20  # text waiting for the terminal before lines are left out
-TICK = 0.1
+SPILL = "screen.spill"  # in the job directory: what a pipe that fell behind has still to get
 COLLAPSE_WINDOW = 0.5  # seconds within which identical lines from several ranks are folded
 # Warnings known to be harmless and to repeat: shown once per job, then counted.
 HARMLESS = ("The hostname of the client socket cannot be retrieved",)
-
-
-class TerminalWriter:
-    """Writes text to a terminal from a thread of its own; `offer` never waits.
-
-    Args:
-        terminal: Where lines go.
-        limit: Characters queued before new lines are left out (and counted).
-        tick: Called about every TICK seconds from the writer's thread (to let held lines go).
-    """
-
-    def __init__(self, terminal: TextIO, limit: int = QUEUE_BYTES, tick: Callable[[], None] | None = None) -> None:
-        self.terminal = terminal
-        self.limit = limit
-        self.tick = tick
-        self.items: deque[tuple[str, int]] = deque()
-        self.size = 0
-        self.missed = 0
-        self.cond = threading.Condition()
-        self.closing = False
-        self.broken = False
-        self.thread = threading.Thread(target=self._run, name="distrun-terminal", daemon=True)
-        self.thread.start()
-
-    def offer(self, text: str, nlines: int) -> bool:
-        """Queue `text` (`nlines` lines) for the terminal; False when it had no room (counted)."""
-        with self.cond:
-            if self.broken or (self.items and self.size + len(text) > self.limit):
-                self.missed += nlines
-                return False
-            self.items.append((text, nlines))
-            self.size += len(text)
-            self.cond.notify()
-            return True
-
-    def close(self, timeout: float | None = 10.0) -> None:
-        """Write what is queued (waiting at most `timeout` seconds), then stop; what could not be
-        written counts as missed."""
-        with self.cond:
-            self.closing = True
-            self.cond.notify()
-        self.thread.join(timeout)
-        with self.cond:
-            self.missed += sum(n for _, n in self.items)
-            self.items.clear()
-            self.broken = True
-
-    def _take(self) -> tuple[str, int] | None:
-        with self.cond:
-            if not self.items and not self.closing:
-                self.cond.wait(TICK)
-            if not self.items:
-                return None
-            text = "".join(t for t, _ in self.items)
-            count = sum(n for _, n in self.items)
-            self.items.clear()
-            self.size = 0
-            return text, count
-
-    def _run(self) -> None:
-        while True:
-            if self.tick is not None:
-                self.tick()
-            taken = self._take()
-            if taken is None:
-                if self.closing:
-                    return
-                continue
-            try:
-                show(taken[0], stream=self.terminal, end="", flush=not self.items)
-            except (OSError, ValueError):
-                with self.cond:
-                    self.broken = True
-                    self.missed += taken[1] + sum(n for _, n in self.items)
-                    self.items.clear()
-                return
 
 
 @dataclass
@@ -193,19 +119,26 @@ class Screen:
         collapse: Fold identical lines of several ranks (`launch --collapse`).
         job_id: The job, named in the hints of folded lines.
         clock: Seconds (time.time) for the collapse window.
+        limit: Characters held in memory for a terminal that fell behind.
+        job_dir: Where a pipe or file that fell behind catches up from (None: skip ahead as a terminal).
     """
 
     def __init__(self, terminal: TextIO, colour: bool = False, collapse: bool = False, job_id: str = "",
-                 clock: Callable[[], float] | None = None, limit: int = QUEUE_BYTES) -> None:
+                 clock: Callable[[], float] | None = None, limit: int = QUEUE_BYTES,
+                 job_dir: Path | None = None) -> None:
         self.colour = colour
         self.job_id = job_id
         self.clock = clock or time.time
         self.colours: dict[str, int] = {}
         self.lock = threading.Lock()
         self.collapser = Collapser() if collapse else None
-        self.stopping_hosts: dict[str, int] = {}  # host being stopped by distrun -> lines folded so far
+        self.fold = ShutdownFold()
         self.harmless: dict[str, Folded] = {}
-        self.writer = TerminalWriter(terminal, limit, tick=self._tick if collapse else None)
+        # A pipe or a file gets every line, late when it fell behind; a terminal skips ahead.
+        interactive = getattr(terminal, "isatty", lambda: False)()
+        spill = None if interactive or job_dir is None else job_dir / SPILL
+        self.writer = TerminalWriter(terminal, limit, tick=self._tick if collapse else None, spill=spill,
+                                     marker=self._skipped)
 
     @property
     def missed(self) -> int:
@@ -216,9 +149,10 @@ class Screen:
         """Show a batch of a host's `nlines` lines (each ending in a newline)."""
         text = shown(data)
         with self.lock:
-            if node in self.stopping_hosts and (rank is None or stream == "e"):
-                self.stopping_hosts[node] += nlines
-                return
+            if stream == "e" or rank is None:
+                text = self.fold.take(node, rank, stream, text)
+                if not text:
+                    return
             if any(pattern in text for pattern in HARMLESS):
                 text = self._fold_harmless(node, text)
                 if not text:
@@ -238,20 +172,27 @@ class Screen:
     def stopping(self, node: str) -> None:
         """distrun began stopping `node`: fold what the stop makes it print on stderr."""
         with self.lock:
-            self.stopping_hosts.setdefault(node, 0)
+            self.fold.stopping(node)
+
+    def failed_rank(self, node: str, rank: int | None) -> None:
+        """The root cause is `rank` on `node`: its traceback shows (once) if it was folded."""
+        with self.lock:
+            text = self.fold.release(node, rank)
+            if text:
+                self.writer.offer(prefixed(text, self._label(node, rank, "e", False) + " "), text.count("\n"))
 
     def ended(self, node: str) -> None:
-        """`node` reported its exit: one line for what its stop printed, if anything was folded."""
+        """`node` reported its exit: one line for what was folded of its output, if anything."""
         with self.lock:
-            count = self.stopping_hosts.pop(node, 0)
-        if count:
-            self.note(node, f"stopped; {count} line(s) of shutdown output on stderr not shown: "
-                            f"distrun logs {self.job_id} --node {node}")
+            count = self.fold.said(node)
+            if count:
+                self.writer.offer(f"{self._label(node, None, 'o', False)} {count} line{'s' if count > 1 else ''} "
+                                  f"of shutdown output (distrun logs {self.job_id} --node {node})\n", 1)
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Let held lines go, say what was folded, and write what is queued (at most `timeout` s)."""
-        for node in list(self.stopping_hosts):
-            self.ended(node)  # a host that never reported its exit (lost while stopping)
+        for node in self.fold.pending():
+            self.ended(node)  # a host that never reported its exit (lost while stopping), or folded after it
         with self.lock:
             if self.collapser is not None:
                 self._show_groups(self.collapser.drain())
@@ -261,6 +202,10 @@ class Screen:
                     self.writer.offer(f"{where} distrun: {folded.count} more \"{pattern}\" warning(s) not shown "
                                       f"(known to be harmless; they are in the job's files)\n", 1)
         self.writer.close(timeout)
+
+    def _skipped(self, count: int) -> str:
+        return (f"[distrun] {count} line{'s' if count > 1 else ''} skipped here: the terminal fell behind "
+                f"(distrun logs {self.job_id} has every line)\n")
 
     def _label(self, node: str, rank: int | None, stream: str, partial: bool) -> str:
         text = label(node, rank, stream, partial)

@@ -109,6 +109,11 @@ class LogSink:
         if self.screen is not None:
             self.screen.stopping(node)
 
+    def failed_rank(self, node: str, rank: int | None) -> None:
+        """The root cause is `rank` on `node` (its traceback shows on screen, once)."""
+        if self.screen is not None:
+            self.screen.failed_rank(node, rank)
+
     def ended(self, node: str) -> None:
         """`node` reported its exit."""
         if self.screen is not None:

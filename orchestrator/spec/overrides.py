@@ -7,6 +7,7 @@ values; `job_to_yaml` writes a job back as a job file (`--dry-run` prints it, re
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import replace
@@ -20,6 +21,8 @@ from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT
 from orchestrator.spec.job import JOB_NAME, SECRET_REF, load_job, missing_file
 from orchestrator.spec.model import JobSpec, Rendezvous, Restarts, Select, Telemetry
 from orchestrator.spec.yamlsrc import Map, Node, Scalar, Seq
+
+SHELL_REF = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")  # ${NAME} or $NAME, as a shell would expand it
 
 SCRIPT_SUFFIX = ".py"
 _DEFAULTS = JobSpec(path="", name="")
@@ -44,15 +47,17 @@ def job_from_script(script: str) -> JobSpec:
 
 
 def job_for_launch(target: str, name: str | None = None, nproc_per_node: str | None = None,
-               env: Sequence[str] = ()) -> JobSpec:
+                   env: Sequence[str] = (), nnodes_range: tuple[int, int] | None = None) -> JobSpec:
     """The job `distrun launch TARGET` runs: the job file read, or the training script's job built,
-    with the command line's `--name`, `--nproc-per-node` and `--env` over it.
+    with the command line's `--name`, `--nproc-per-node`, `--env` and `--nnodes MIN:MAX` over it.
 
     Raises:
         UsageError: the script or a flag's value is wrong.
         SpecError: the job file is wrong.
     """
     job = job_from_script(target) if is_script(target) else load_job(target)
+    if nnodes_range is not None:
+        job = replace(job, min_nnodes=nnodes_range[0], nnodes=nnodes_range[1])
     return apply_overrides(job, name, nproc_per_node, env)
 
 
@@ -106,7 +111,8 @@ def parse_env(pair: str) -> tuple[str, str]:
     """`KEY=VALUE` -> (KEY, VALUE).
 
     Raises:
-        UsageError: no `=`, or KEY is not a variable name.
+        UsageError: no `=`, KEY is not a variable name, or VALUE names a shell variable (`${NAME}`,
+            `$NAME`) that is not set: the shell did not expand it, so it would arrive as written.
     """
     key, equals, value = pair.partition("=")
     if not equals:
@@ -115,6 +121,11 @@ def parse_env(pair: str) -> tuple[str, str]:
         raise UsageError(f"--env {pair!r}: {key!r} is not a variable name ({ENV_NAME_HINT})")
     if "${env:" in value and SECRET_REF.fullmatch(value) is None:
         raise UsageError(f"--env {pair!r}: ${{env:...}} must be the whole value")
+    named = SHELL_REF.findall(value) if SECRET_REF.fullmatch(value) is None else []
+    unset = next((name for name in named if name not in os.environ), None)
+    if unset is not None:
+        raise UsageError(f"--env {pair!r}: ${unset} is not set in this shell, and distrun passes values as written "
+                         f"(export {unset}=... and write {key}='${{env:{unset}}}' to pass it as a secret)")
     return key, value
 
 

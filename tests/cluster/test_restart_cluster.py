@@ -112,6 +112,8 @@ def test_a_cut_training_host_is_replaced_by_the_spare_and_training_goes_on_from_
     assert second["failure"] is None and second["ended"] is not None
     assert second["port"] not in (0, first["port"]), "attempt 2 rendezvous on a fresh port"
     assert rec["hosts"] == ["node0", "node2"]
+    # The recorded command starts the job again where it now runs: the spare, not the quarantined host.
+    assert rec["command"][rec["command"].index("--nodes") + 1] == "node[0,2]"
     assert distrun("logs", job_id, "--node", "node1", home=home).returncode == 0
     assert "attempt 1 on node[0-1]" in out and "attempt 2 on node[0,2]" in out and "node1 quarantined" in out
     # Attempt 2 resumes where attempt 1's last checkpoint was, and runs every later step once on its 4 ranks.

@@ -1,0 +1,74 @@
+"""What `distrun` says to a near-miss: usage errors in one line, the words other tools use for its
+commands (`run`, `submit`, `status`, `cancel`, `queue`), and the launch flags torchrun and Slurm
+users type out of habit. A near-miss never suggests a command that stops or removes anything.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import click
+
+# Other tools' words for distrun's commands (Slurm, SkyPilot, torchrun, pdsh habits).
+OTHER_TOOLS = {
+    "run": "launch", "submit": "launch", "sbatch": "launch", "srun": "launch", "torchrun": "launch",
+    "status": "ps", "queue": "ps", "squeue": "ps", "list": "ps",
+    "cancel": "stop", "scancel": "stop", "kill": "stop",
+    "log": "logs", "tail": "logs",
+}
+# Commands a guess must never offer: they stop jobs or remove files.
+DESTRUCTIVE = frozenset({"stop", "prune"})
+
+PORT_HINT = ("distrun picks the master and a free port itself; to fix the port set `rendezvous: {port: N}` "
+             "in the job file")
+# Launch flags of torchrun and Slurm that distrun spells otherwise or sets itself.
+LAUNCH_FLAGS = {
+    "-N": "Slurm's node count; distrun's is --nnodes K",
+    "--standalone": "distrun sets up the rendezvous itself; for one host give --nnodes 1 or --backend local",
+    "--master-port": PORT_HINT, "--master_port": PORT_HINT, "--master-addr": PORT_HINT,
+    "--master_addr": PORT_HINT, "--rdzv-endpoint": PORT_HINT, "--rdzv_endpoint": PORT_HINT,
+}
+
+
+def one_line(exc: click.ClickException) -> str:
+    """A click error as distrun's other errors read: `distrun: error: what (see `distrun CMD --help`)`."""
+    message = exc.format_message().strip()
+    ctx = exc.ctx if isinstance(exc, click.UsageError) else None
+    where = f" (see `{ctx.command_path} --help`)" if ctx is not None and "--help" not in message else ""
+    return f"distrun: error: {message}{where}"
+
+
+def unknown_command(name: str, commands: list[str]) -> str:
+    """The error for a command distrun does not have: another tool's word mapped, else the
+    closest command that changes nothing."""
+    if name in OTHER_TOOLS:
+        return f"no command {name!r}: distrun's is `{OTHER_TOOLS[name]}` (distrun {OTHER_TOOLS[name]} --help)"
+    safe = [c for c in commands if c not in DESTRUCTIVE]
+    close = difflib.get_close_matches(name, safe, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else "`distrun --help` lists the commands"
+    return f"no command {name!r} ({hint})"
+
+
+def launch_flag_hint(option: str) -> str:
+    """What a torchrun or Slurm user meant by `option` on `distrun launch` ("" when not known)."""
+    return LAUNCH_FLAGS.get(option.split("=", 1)[0], "")
+
+
+def node_count_hint(nodes: tuple[str, ...]) -> str:
+    """The error for `--nodes 2` (Slurm's node count) given as a host range ("" when none is)."""
+    count = next((value for value in nodes if value.strip().isdigit()), None)
+    if count is None:
+        return ""
+    return (f"--nodes {count}: --nodes takes host names (a range like 'node[0-1]'); "
+            f"for {count} hosts give --nnodes {count}")
+
+
+class HintedGroup(click.Group):
+    """The `distrun` group: an unknown command gets `unknown_command`'s answer."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
+                                                                            list[str]]:
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and not ctx.resilient_parsing and self.get_command(ctx, name) is None:
+            raise click.UsageError(unknown_command(name, self.list_commands(ctx)), ctx)
+        return super().resolve_command(ctx, args)

@@ -1,0 +1,121 @@
+"""What a failure makes every other process print, kept off the screen (the job's files keep it).
+
+One rank raising takes the job down: its peers raise in their next collective, each torchrun
+prints a ChildFailedError block with a "Root Cause" of its own, and the processes distrun stops
+print SignalException tracebacks. On screen that is hundreds of lines and several contradicting
+root causes, before distrun's own. `ShutdownFold` decides, line by line, what stays on screen:
+
+- stdout always shows;
+- the first rank whose stderr shows a traceback is the one on screen: all of its lines show,
+  so its traceback is there once and whole;
+- any other rank's tracebacks are folded, each from its `Traceback` line to its exception line
+  (its latest folded lines are held, so that when the root cause turns out to be that rank,
+  `release` shows them after all); its other lines show;
+- a host's torchrun (no rank), from its first traceback, ChildFailedError or exit-barrier error
+  on, is folded; so is everything torchrun and the ranks print on stderr once distrun is
+  stopping the host (`stopping`).
+
+Folded lines are counted per host, for one line each: `[node0] 52 lines of shutdown output
+(distrun logs ID --node node0)`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+
+TRACEBACK = re.compile(r"^(?:\[rank\d+\]:\s*)?Traceback \(most recent call last\):", re.M)
+RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")  # torch's excepthook prefixes each line of a rank's traceback
+# Lines inside a traceback that are not its end: frames (indented), blank lines, chained exceptions.
+CHAINED = ("During handling of the above exception", "The above exception was the direct cause", "Traceback (")
+# What torchrun prints once a worker failed or while it is stopped: the start of a block to fold.
+TORCHRUN_FAILING = ("ChildFailedError", "Error waiting on exit barrier", "SignalException",
+                    "failed (exitcode:", "Sending process")
+HELD_LINES = 200  # per folded rank: enough for a whole traceback should it be the root cause's
+
+
+class ShutdownFold:
+    """Which stderr lines a failure's aftermath keeps off the screen, counted per host."""
+
+    def __init__(self, held_lines: int = HELD_LINES) -> None:
+        self.held_lines = held_lines
+        self.shown: tuple[str, int] | None = None  # the rank whose traceback is on screen
+        self.folding: set[str] = set()  # hosts whose torchrun output is folded from now on
+        # Ranks whose traceback is being folded -> whether its exception line came (a chained one may follow).
+        self.in_traceback: dict[tuple[str, int], bool] = {}
+        self.stopping_hosts: set[str] = set()
+        self.counts: dict[str, int] = {}  # host -> lines folded not yet said
+        self.held: dict[tuple[str, int], deque[str]] = {}
+
+    def take(self, node: str, rank: int | None, stream: str, text: str) -> str:
+        """The part of `text` (whole lines) to show; the rest is folded."""
+        if stream != "e" and rank is not None:
+            return text
+        if node in self.stopping_hosts or (rank is None and self._torchrun_folds(node, text)):
+            self._fold(node, rank, text[:-1].split("\n"))
+            return ""
+        if rank is None or self.shown == (node, rank) or (
+                (node, rank) not in self.in_traceback and not TRACEBACK.search(text)):
+            return text
+        shown = []
+        for line in text[:-1].split("\n"):
+            if self._in_folded_traceback(node, rank, line):
+                self._fold(node, rank, [line])
+            else:
+                shown.append(line + "\n")
+        return "".join(shown)
+
+    def stopping(self, node: str) -> None:
+        """distrun began stopping `node`: fold all of its stderr from now on."""
+        self.stopping_hosts.add(node)
+
+    def release(self, node: str, rank: int | None) -> str:
+        """The held lines of the root cause's rank, when they were folded (its traceback, whole)."""
+        if rank is None or self.shown == (node, rank):
+            return ""
+        held = self.held.pop((node, rank), None)
+        if not held:
+            return ""
+        self.counts[node] = max(self.counts.get(node, 0) - len(held), 0)
+        return "".join(held)
+
+    def said(self, node: str) -> int:
+        """The lines folded for `node` since last said (then counted from zero)."""
+        return self.counts.pop(node, 0)
+
+    def pending(self) -> list[str]:
+        """Hosts with folded lines not yet said."""
+        return [node for node, count in self.counts.items() if count]
+
+    def _fold(self, node: str, rank: int | None, lines: list[str]) -> None:
+        self.counts[node] = self.counts.get(node, 0) + len(lines)
+        if rank is not None:
+            held = self.held.setdefault((node, rank), deque(maxlen=self.held_lines))
+            held.extend(line + "\n" for line in lines)
+
+    def _torchrun_folds(self, node: str, text: str) -> bool:
+        """Whether torchrun's `text` is folded: from its first traceback or failure message on."""
+        if node not in self.folding and (TRACEBACK.search(text) or any(m in text for m in TORCHRUN_FAILING)):
+            self.folding.add(node)
+        return node in self.folding
+
+    def _in_folded_traceback(self, node: str, rank: int, line: str) -> bool:
+        """Whether a rank's `line` belongs to a traceback that is folded (the first one is shown)."""
+        key = (node, rank)
+        if self.shown == key:
+            return False
+        if key not in self.in_traceback:
+            if not TRACEBACK.match(line):
+                return False
+            if self.shown is None:
+                self.shown = key
+                return False
+            self.in_traceback[key] = False
+            return True
+        text = RANK_PREFIX.sub("", line, count=1)
+        inside = not text.strip() or text[0].isspace() or text.startswith(CHAINED)
+        if self.in_traceback[key] and not inside:
+            del self.in_traceback[key]  # the line after the exception line, and no chained exception
+            return False
+        self.in_traceback[key] = not inside  # the exception line ends it, unless a chained one follows
+        return True

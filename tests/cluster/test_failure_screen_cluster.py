@@ -1,0 +1,50 @@
+"""What a failed job's screen shows, on real sshd hosts with real torchrun: one rank's failure fits
+one screen, the failed rank's traceback once, the root cause once; the rest folded into a counted
+line per host that says where it is kept."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, distrun
+
+TRAIN = REPO / "jobs" / "train_resnet50.py"
+SCREEN_AFTER_FAILURE = 40  # the issue's goal: lines on screen from the failed rank's traceback to the end
+
+
+@pytest.fixture
+def inv(cluster3, tmp_path) -> Path:
+    return cluster3.write_inventory(tmp_path / "inv.yaml")
+
+
+def training_job(tmp_path: Path, *args: str) -> Path:
+    path = tmp_path / "fail.yaml"
+    path.write_text(f"name: fail\nscript: {TRAIN}\nnproc_per_node: 2\nenv: {{OMP_NUM_THREADS: '1'}}\n"
+                    "stop_grace: 3\nargs: [--model, tiny, --image-size, '32', --batch-size, '4', --steps, '200', "
+                    f"--log-every, '2', {', '.join(args)}]\n")
+    return path
+
+
+def test_one_rank_failure_on_three_hosts_fits_one_screen_naming_the_rank_once(cluster3, inv, tmp_path):
+    home = tmp_path / "home"
+    job = training_job(tmp_path, "--fail-at-step", "6", "--fail-rank", "3")
+
+    result = distrun("launch", str(job), "-i", str(inv), "--no-live", "--job-id", "screen-1", home=home, timeout=180)
+
+    lines = result.stdout.splitlines()
+    Path("/tmp/nc-explore/screen.txt").write_text(result.stdout)
+    assert result.returncode == 1, result.stdout[-3000:]
+    first = next(i for i, line in enumerate(lines) if "Traceback" in line and "r3" in line.split("]")[0])
+    shown = lines[first:]
+    assert len(shown) <= SCREEN_AFTER_FAILURE, "\n".join(shown)
+    assert sum(line.startswith("[node1 r3 err]") and "Traceback" in line for line in shown) == 1
+    assert not any(re.match(r"\[node[02] r\d err\]", line) for line in shown), "the other ranks' errors are folded"
+    assert result.stdout.count("Root Cause") == 1 and re.findall(r"rank\s*: (\d+)", result.stdout) == ["3"]
+    for node in ("node0", "node2"):
+        assert re.search(rf"^\[{node}\] \d+ lines of shutdown output \(distrun logs screen-1 --node {node}\)$",
+                         result.stdout, re.M), result.stdout
+    everything = distrun("logs", "screen-1", home=home).stdout
+    assert len(everything.splitlines()) > len(lines), "the job's files keep what the screen folded"

@@ -1,0 +1,29 @@
+"""`make demo` as a newcomer sees it: each install step announced, and a "what next" line at the end
+(read from `make -n`, which prints the recipe without running it)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from tests.helpers import REPO
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+
+
+def recipe(target: str, *variables: str) -> list[str]:
+    done = subprocess.run(["make", "-n", "-B", target, *variables], cwd=REPO, capture_output=True, text=True,
+                          check=True)
+    return done.stdout.splitlines()
+
+
+def test_make_demo_announces_every_install_step_and_ends_with_what_to_do_next(tmp_path) -> None:
+    lines = recipe("demo", f"VENV={tmp_path / 'venv'}")
+
+    installs = [i for i, line in enumerate(lines) if " -m venv " in line or "pip install" in line]
+    assert len(installs) == 4
+    assert all(lines[i - 1].startswith("echo \"[") for i in installs), lines
+    assert "torch" in lines[installs[2] - 1] and "minute" in lines[installs[2] - 1]
+    assert lines[-1].startswith("echo \"Next: ") and "distrun logs last" in lines[-1] and "distrun doctor" in lines[-1]
