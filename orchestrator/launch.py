@@ -256,6 +256,7 @@ class HostRun:
     link_up: Callable[[], bool] | None = None  # whether the connection to the host still works (backend's)
     stop_sent: bool = False  # the controller asked this host to stop (before or after its exit)
     workers_at_stop: int | None = None  # the job's processes besides torchrun when the stop came (see supervisor)
+    gpus_freed: list[str] = field(default_factory=list)  # GPU memory the end of the job freed (remote/gpu.py)
     failed_attempts: int = 0
     exited: threading.Event = field(default_factory=threading.Event)
     wake: threading.Event | None = None  # set on exit, so the launcher need not wait for its next poll
@@ -360,6 +361,7 @@ class HostRun:
             self.exit_reason = event.get("reason")
             self.oom_kills = event.get("oom_kills")
             self.workers_at_stop = event.get("workers_at_stop")
+            self.gpus_freed = list(event.get("gpus_freed") or [])
             if self.exit_error:
                 self._guard(self.sink.note)(self.node, self.exit_error)
             self._guard(self.sink.ended)(self.node)
@@ -668,7 +670,7 @@ class Launcher:
             self.backend.stop(self, live)
 
     def _finish(self, state: JobState, code: int, detail: str, failures: list[Failure] | None = None) -> int:
-        extra = self.backend.finish(self)
+        extra = [*self.backend.finish(self), *(f"{h.node}: {line}" for h in self.hosts for line in h.gpus_freed)]
         self.sink.flush()
         # The lines still queued for the terminal go before the summary (or count as missed).
         self.sink.close_screen(SCREEN_DRAIN)

@@ -30,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.logs.sink import job_wide
-from orchestrator.remote.sampler import SHIPPED_NVML
+from orchestrator.remote.gpu import SHIPPED_NVML
 from orchestrator.store import JobDir, JobRecord
 from orchestrator.stragglers import Detector
 from orchestrator.terminal import colour

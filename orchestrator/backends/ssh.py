@@ -29,6 +29,7 @@ from orchestrator.group import Group, GroupError, GroupResult, parallel
 from orchestrator.launch import EXIT_WAIT, POLL, HostRun, Launcher
 from orchestrator.logs.recover import HostCopy, rebuild
 from orchestrator.plan import DEFAULT_PORT, HostPlan, LaunchPlan, build_plan
+from orchestrator.remote.gpu import gpu_lines
 from orchestrator.spec import (
     Inventory,
     JobSpec,
@@ -216,6 +217,8 @@ class SshBackend(Backend):
             else:
                 run.sink.note(node, f"its supervisor died; distrun ended the {result['found']} process(es) of the "
                               f"job left there ({result['killed']} needed SIGKILL)")
+                for line in result.get("gpus_freed", []):
+                    run.sink.note(node, line)
 
     # ---------------------------------------------------------------- recorded jobs
 
@@ -228,14 +231,18 @@ class SshBackend(Backend):
             deadline = time.monotonic() + STOP_WAIT
             while time.monotonic() < deadline and not self.store.get(record.id).state.finished:
                 time.sleep(0.2)
-            if self.store.get(record.id).state.finished:
-                print(f"job {record.id} stopped")
+            ended = self.store.get(record.id)
+            if ended.state.finished:
+                print(f"job {record.id} stopped", *gpu_lines(ended.detail), sep="\n")
                 return int(ExitCode.OK)
         return self.stop_on_hosts(record)
 
     def stop_on_hosts(self, record: JobRecord) -> int:
         """End a job's processes on each of its hosts, found by the job id."""
         results = on_record_hosts(record, lambda t: _cleanup(t, record.id))
+        for node, output in results.succeeded.items():
+            for line in json.loads(output.strip().splitlines()[-1]).get("gpus_freed", []):
+                print(f"{node}: {line}")
         if results.failed:
             print(GroupError(results).render(), file=sys.stderr)
         self.store.settle_lost(record.id, JobState.STOPPED, ended=time.time())

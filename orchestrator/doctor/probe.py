@@ -28,7 +28,7 @@ from orchestrator.spec.model import JobSpec, NodeSpec
 from orchestrator.terminal import Progress
 from orchestrator.transport import RemoteProcess, Transport
 
-PROBE_MODULES = ["output", "pyspy", "probe"]  # what the probe runs, dependencies first
+PROBE_MODULES = ["output", "pyspy", "gpu", "pyenv", "probe"]  # what the probe runs, dependencies first
 PROBE_TIMEOUT = 60.0
 LISTEN_SECONDS = 60.0
 POLL = 0.01

@@ -34,7 +34,7 @@ BOOTSTRAP = SAFE_PATH + "\n" + (
 _PACKAGES = ["orchestrator", "orchestrator.remote"]
 # What remote/supervisor.py imports, dependencies first: shipped before it wherever it runs or
 # where a program finds a job's processes through it.
-SUPERVISOR_IMPORTS = ["private", "flightrec", "leader", "redact", "stream", "linestore", "tail", "relay"]
+SUPERVISOR_IMPORTS = ["gpu", "private", "flightrec", "leader", "redact", "stream", "linestore", "tail", "relay"]
 
 
 def module_source(name: str) -> str:

@@ -7,12 +7,12 @@ import json
 import os
 import sys
 
-from orchestrator.remote.supervisor import end_job, job_processes
+from orchestrator.remote.supervisor import end_job_freeing_gpus, job_processes
 
 
 def main(argv: list[str]) -> None:
     job_id, node = argv[0], argv[1]
     grace = float(argv[2]) if len(argv) > 2 else 5.0
     found = len(job_processes(job_id, os.getpid(), node))
-    killed = end_job(job_id, node, None, grace)
-    sys.stdout.write(json.dumps({"found": found, "killed": killed}) + "\n")
+    killed, freed = end_job_freeing_gpus(job_id, node, None, grace)
+    sys.stdout.write(json.dumps({"found": found, "killed": killed, "gpus_freed": freed}) + "\n")
