@@ -149,6 +149,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step")
     parser.add_argument("--amp", action=argparse.BooleanOptionalAction, default=True,
                         help="mixed precision on CUDA: bf16 where supported, else fp16 with GradScaler")
+    parser.add_argument("--amp-on-cpu", action="store_true",
+                        help="bf16 mixed precision on CPU too: slow, but runs the GPU's AMP code path (tests)")
     parser.add_argument("--log-every", type=int, default=10, help="steps between DISTRUN_METRICS lines")
     parser.add_argument("--warmup-steps", type=int, default=2, help="steps left out of mean throughput")
     parser.add_argument("--checkpoint-dir", type=Path, default=env_checkpoint_dir(),
@@ -202,9 +204,11 @@ def init_runtime(strategy: Strategy) -> Runtime:
     return Runtime(rank=dist.get_rank(), world_size=dist.get_world_size(), device=device, distributed=True)
 
 
-def pick_amp_dtype(device: torch.device, enabled: bool) -> torch.dtype | None:
-    if not enabled or device.type != "cuda":
+def pick_amp_dtype(device: torch.device, enabled: bool, on_cpu: bool) -> torch.dtype | None:
+    if not enabled or (device.type != "cuda" and not on_cpu):
         return None
+    if device.type != "cuda":
+        return torch.bfloat16
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
@@ -271,6 +275,9 @@ def make_loader(args: argparse.Namespace, runtime: Runtime, start_step: int) -> 
                       pin_memory=runtime.device.type == "cuda")
 
 
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
 def apply_fsdp(model: nn.Module, runtime: Runtime, amp_dtype: torch.dtype | None) -> nn.Module:
     try:
         from torch.distributed.device_mesh import init_device_mesh
@@ -281,6 +288,13 @@ def apply_fsdp(model: nn.Module, runtime: Runtime, amp_dtype: torch.dtype | None
     mesh = init_device_mesh(runtime.device.type, (runtime.world_size,))
     policy = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32) if amp_dtype else None
     options: dict[str, Any] = {"mesh": mesh} | ({"mp_policy": policy} if policy else {})
+    if amp_dtype:
+        # The policy casts BatchNorm's weight and bias to amp_dtype but not its running statistics,
+        # and batch_norm refuses the mix: BatchNorm gets units of its own that stay fp32 inside.
+        norm_policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32,
+                                           output_dtype=amp_dtype)
+        for norm in [module for module in model.modules() if isinstance(module, BATCH_NORMS)]:
+            fully_shard(norm, mesh=mesh, mp_policy=norm_policy)
     for block in shard_units(model):
         fully_shard(block, **options)
     fully_shard(model, **options)
@@ -398,7 +412,7 @@ class Trainer:
         # FSDP2 casts through its MixedPrecisionPolicy instead of autocast.
         if self.amp_dtype is None or self.strategy is Strategy.FSDP:
             return nullcontext()
-        return torch.autocast(device_type="cuda", dtype=self.amp_dtype)
+        return torch.autocast(device_type=self.runtime.device.type, dtype=self.amp_dtype)
 
     def grad_sync(self, sync: bool) -> AbstractContextManager[Any]:
         """Skip the gradient all-reduce on all but the last micro-batch of a step."""
@@ -673,7 +687,7 @@ def build_trainer(args: argparse.Namespace, runtime: Runtime) -> Trainer:
     # Same seed on every rank: FSDP2 shards each rank's own copy of the initial weights.
     torch.manual_seed(args.seed)
     model = build_model(args.model, args.num_classes)
-    amp_dtype = pick_amp_dtype(runtime.device, args.amp)
+    amp_dtype = pick_amp_dtype(runtime.device, args.amp, args.amp_on_cpu)
     params = sum(p.numel() for p in model.parameters())
     say(runtime, f"model={args.model} params={params:,} strategy={args.strategy.value} "
                  f"world_size={runtime.world_size} device={runtime.device.type} amp={amp_dtype}")

@@ -50,6 +50,7 @@ class HostRun:
     exit_time: float | None = None  # when the exit event arrived (time.time())
     stop_sent: bool = False  # the controller asked this host to stop (before or after its exit)
     workers_at_stop: int | None = None  # the job's processes besides torchrun when the stop came (see supervisor)
+    gpus_freed: list[str] = field(default_factory=list)  # GPU memory the end of the job freed (remote/gpu.py)
     failed_attempts: int = 0
     exited: threading.Event = field(default_factory=threading.Event)
     wake: threading.Event | None = None  # set on exit, so the launcher need not wait for its next poll
@@ -163,6 +164,7 @@ class HostRun:
             self.exit_reason = event.get("reason")
             self.oom_kills = event.get("oom_kills")
             self.workers_at_stop = event.get("workers_at_stop")
+            self.gpus_freed = list(event.get("gpus_freed") or [])
             if self.exit_error:
                 self._guard(self.sink.note)(self.node, self.exit_error)
             self._guard(self.sink.ended)(self.node)

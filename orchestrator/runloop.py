@@ -275,7 +275,7 @@ class Launcher:
             self.backend.stop(self.view, [h.node for h in live])
 
     def _finish(self, state: JobState, code: int, detail: str, failures: list[Failure] | None = None) -> int:
-        extra = self.backend.finish(self.view)
+        extra = [*self.backend.finish(self.view), *(f"{h.node}: {line}" for h in self.hosts for line in h.gpus_freed)]
         self.sink.flush()
         # The lines still queued for the terminal go before the summary (or count as missed).
         self.sink.close_screen(SCREEN_DRAIN)

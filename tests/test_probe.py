@@ -17,12 +17,13 @@ import pytest
 
 from orchestrator.doctor.probe import ProbeRun
 from orchestrator.errors import InfraError
-from orchestrator.remote import probe
+from orchestrator.remote import gpu as remote_gpu
+from orchestrator.remote import probe, pyenv
 from orchestrator.spec.model import NodeSpec, TransportKind
 from orchestrator.transport import transport_for
 from tests.helpers import plant_module
 
-# `nvidia-smi --query-gpu=<probe.SMI_GPU_FIELDS> --format=csv,noheader,nounits` in the form
+# `nvidia-smi --query-gpu=<remote_gpu.SMI_FACT_FIELDS> --format=csv,noheader,nounits` in the form
 # driver 550 prints it (MiB, Enabled/Disabled, [N/A] where a field is not supported).
 SMI_GPUS = """\
 0, NVIDIA H100 80GB HBM3, 81559, 4, 550.54.15, Enabled, 0, GPU-1f3a6c2e-8d0b-4c1e-9a57-2b8c4d6e0f11
@@ -37,7 +38,7 @@ PYTHON = sys.executable
 
 
 def test_nvidia_smi_csv_gives_driver_devices_ecc_persistence_and_processes():
-    gpu = probe.parse_smi_gpus(SMI_GPUS, probe.parse_smi_apps(SMI_APPS))
+    gpu = remote_gpu.parse_smi_facts(SMI_GPUS, remote_gpu.parse_smi_apps(SMI_APPS))
     assert gpu["source"] == "nvidia-smi"
     assert gpu["driver"] == "550.54.15"
     first, second, third = gpu["devices"]
@@ -49,7 +50,7 @@ def test_nvidia_smi_csv_gives_driver_devices_ecc_persistence_and_processes():
 
 
 def test_nvidia_smi_lines_that_are_not_gpus_are_skipped():
-    gpu = probe.parse_smi_gpus("No devices were found\n", {})
+    gpu = remote_gpu.parse_smi_facts("No devices were found\n", [])
     assert gpu["devices"] == [] and gpu["driver"] is None
 
 
@@ -89,13 +90,13 @@ def fake_pynvml(ecc: dict[int, int | None], processes: dict[int, list[Process]])
 
 def test_nvml_facts_through_the_bindings_call_signatures():
     nv = fake_pynvml({0: 0, 1: None}, {1: [Process(4242, 2 * 1024**3), Process(4243, None)]})
-    gpu = probe.nvml_gpus(nv)
+    gpu = remote_gpu.nvml_facts(nv)
     assert gpu["source"] == "nvml" and gpu["driver"] == "550.54.15"
     first, second = gpu["devices"]
     assert first == {"index": 0, "name": "NVIDIA A100-SXM4-40GB", "memory_total_mib": 40960,
                      "memory_used_mib": 1024, "ecc_uncorrected": 0, "persistence": True, "processes": []}
     assert second["ecc_uncorrected"] is None and second["persistence"] is False
-    assert second["processes"] == [{"pid": 4242, "used_mib": 2048}, {"pid": 4243, "used_mib": 0}]
+    assert second["processes"] == [{"pid": 4242, "used_mib": 2048}, {"pid": 4243, "used_mib": None}]
     assert nv.calls == ["init", "shutdown"]
 
 
@@ -289,7 +290,7 @@ def test_finding_the_jobs_sys_path_imports_nothing_planted_in_its_directory(tmp_
     marker = tmp_path / "imported.txt"
     for name in ("json", "ast", "torch"):
         plant_module(workdir, name, marker)
-    path = probe.job_sys_path(PYTHON, str(workdir), {})
+    path = pyenv.job_sys_path(PYTHON, str(workdir), {})
     assert path is not None and path[0] == str(workdir)
     assert not marker.exists(), marker.read_text()
 

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from orchestrator import telemetry
 from orchestrator.remote import sampler
-from orchestrator.remote.sampler import SHIPPED_NVML
+from orchestrator.remote.gpu import SHIPPED_NVML
 from orchestrator.store import JobDir, JobRecord, JobState
 from orchestrator.telemetry import alerts, top, view
 from orchestrator.telemetry.alerts import Aggregator, AlertRules

@@ -157,6 +157,17 @@ def test_fsdp_on_two_ranks_trains_the_same_weights_as_ddp(ddp_run, fsdp_run) -> 
     assert fsdp_weights[0] == pytest.approx(weights(ddp_run)[0], abs=1e-3)
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_bf16_amp_trains_batchnorm_models_on_two_ranks(strategy: str) -> None:
+    """The GPU's AMP path on CPU: FSDP2's bf16 param policy once crashed on BatchNorm's fp32 running stats."""
+    result = train(*TINY, "--steps", "2", "--log-every", "1", "--print-checksum", "--strategy", strategy,
+                   "--amp-on-cpu", nproc=2)
+    intervals, final = metrics(result)
+    assert {(r["strategy"], r["amp"]) for r in intervals} == {(strategy, "bfloat16")}
+    assert final["steps_run"] == 2 and all(r["loss"] == r["loss"] for r in intervals)
+    assert len(set(weights(result))) == 1
+
+
 def test_injected_failure_on_rank_1_fails_the_whole_job() -> None:
     result = train(*TINY, "--steps", "4", "--fail-at-step", "2", "--fail-rank", "1", nproc=2)
     assert result.returncode != 0

@@ -29,6 +29,7 @@ from orchestrator.group import Group, GroupError, GroupResult, parallel
 from orchestrator.logs.recover import HostCopy, rebuild
 from orchestrator.plan import DEFAULT_PORT, HostPlan, LaunchPlan, build_plan
 from orchestrator.remote.config import SupervisorConfig
+from orchestrator.remote.gpu import gpu_lines
 from orchestrator.spec import (
     Inventory,
     JobSpec,
@@ -234,6 +235,8 @@ class SshBackend(Backend):
             else:
                 run.sink.note(node, f"its supervisor died; distrun ended the {result['found']} process(es) of the "
                               f"job left there ({result['killed']} needed SIGKILL)")
+                for line in result.get("gpus_freed", []):
+                    run.sink.note(node, line)
 
     # ---------------------------------------------------------------- recorded jobs
 
@@ -246,14 +249,18 @@ class SshBackend(Backend):
             deadline = time.monotonic() + STOP_WAIT
             while time.monotonic() < deadline and not self.store.get(record.id).state.finished:
                 time.sleep(0.2)
-            if self.store.get(record.id).state.finished:
-                show(f"job {record.id} stopped")
+            ended = self.store.get(record.id)
+            if ended.state.finished:
+                show("\n".join([f"job {record.id} stopped", *gpu_lines(ended.detail)]))
                 return int(ExitCode.OK)
         return self.stop_on_hosts(record)
 
     def stop_on_hosts(self, record: JobRecord) -> int:
         """End a job's processes on each of its hosts, found by the job id."""
         results = on_record_hosts(record, lambda t: _cleanup(t, record.id))
+        for node, output in results.succeeded.items():
+            for line in json.loads(output.strip().splitlines()[-1]).get("gpus_freed", []):
+                show(f"{node}: {line}")
         if results.failed:
             show(GroupError(results).render(), err=True)
         self.store.settle_lost(record.id, JobState.STOPPED, ended=time.time())

@@ -35,7 +35,7 @@ from orchestrator.spec.model import JobSpec, NodeSpec
 from orchestrator.terminal import Progress
 from orchestrator.transport import RemoteProcess, Transport
 
-PROBE_MODULES = ["output", "pyspy", "probe"]  # what the probe runs, dependencies first
+PROBE_MODULES = ["output", "pyspy", "gpu", "pyenv", "probe"]  # what the probe runs, dependencies first
 PROBE_TIMEOUT = 60.0  # for the master to listen; for another host to report once told where to connect
 BACKSTOP_PER_HOST = 0.5  # seconds a round may take per host before probes stop waiting on their own
 LATE = "the master stopped listening before this host's probe ran"

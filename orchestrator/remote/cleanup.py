@@ -9,7 +9,7 @@ import os
 import sys
 
 from orchestrator.remote.provenance import record_path, recorded
-from orchestrator.remote.supervisor import end_job, job_processes
+from orchestrator.remote.supervisor import end_job_freeing_gpus, job_processes
 
 HOST_JOBS = "~/.distrun/jobs"
 
@@ -19,5 +19,5 @@ def main(argv: list[str]) -> None:
     grace = float(argv[2]) if len(argv) > 2 else 5.0
     roots = recorded(record_path(os.path.expanduser(os.path.join(HOST_JOBS, job_id)), node))
     found = len(job_processes(job_id, os.getpid(), node, roots))
-    killed = end_job(job_id, node, None, grace, roots)
-    sys.stdout.write(json.dumps({"found": found, "killed": killed}) + "\n")
+    killed, freed = end_job_freeing_gpus(job_id, node, None, grace, roots)
+    sys.stdout.write(json.dumps({"found": found, "killed": killed, "gpus_freed": freed}) + "\n")

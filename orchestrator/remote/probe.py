@@ -39,15 +39,12 @@ where the NCCL and cuDNN it loads matter; elsewhere the import's ~1.5 s of CPU i
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import fcntl
-import importlib
 import json
 import os
 import platform
 import resource
-import shutil
 import socket
 import struct
 import subprocess
@@ -57,27 +54,20 @@ import time
 import traceback
 import types
 from collections.abc import Callable
-from importlib import util
 from typing import Any, BinaryIO
 
 from orchestrator.remote import pyspy
+from orchestrator.remote.gpu import gpu_count, nvml_facts, smi_facts
 from orchestrator.remote.output import Output
+from orchestrator.remote.pyenv import entry_facts, import_like_the_job, torch_from_files, torch_imported, torch_version
 
 PORT_SPAN = 200
 CONNECT_TIMEOUT = 2.0
 CONTROL_WAIT = 30.0
 MODULE_WAIT = 10.0
-SUBPROCESS_WAIT = 10.0
 DRAIN_TIMEOUT = 1.0
-MIB = 1 << 20
 SIOCGIFADDR = 0x8915
 SIOCGIFNETMASK = 0x891B
-SMI_GPU_FIELDS = (
-    "index,name,memory.total,memory.used,driver_version,persistence_mode,"
-    "ecc.errors.uncorrected.volatile.total,uuid"
-)
-SMI_APP_FIELDS = "gpu_uuid,pid,used_memory"
-SMI_MISSING = ("", "N/A", "[N/A]", "[Not Supported]", "Not Supported", "[Unknown Error]")
 
 Emit = Callable[[str, dict[str, Any]], None]
 
@@ -277,300 +267,7 @@ def _drain(conn: socket.socket) -> None:
                 pass
 
 
-# ---------------------------------------------------------------- torch
-
-
-TORCH_UNKNOWN = {"cuda": None, "cuda_available": None, "nccl": None, "cudnn": None, "gloo": None,
-                 "nccl_available": None, "error": None}
-
-
-def torch_version_py() -> dict[str, Any] | None:
-    """torch/version.py's literal values without importing torch: {} when it has no such file,
-    None when torch is not installed."""
-    spec = util.find_spec("torch")
-    if spec is None:
-        return None
-    for where in spec.submodule_search_locations or []:
-        values = _assignments(os.path.join(where, "version.py"))
-        if "__version__" in values:
-            return values
-    return {}
-
-
-def torch_version() -> str | None:
-    """The version of the torch `import torch` finds: its version.py, else what the import says."""
-    values = torch_version_py()
-    if values is None:
-        return None
-    return values.get("__version__") or imported_version()
-
-
-def imported_version() -> str | None:
-    """`torch.__version__` of an imported torch (one without version.py); None when it fails."""
-    try:
-        import torch
-    except Exception:  # a broken torch fails in many ways; torch_imported reports how
-        return None
-    version = getattr(torch, "__version__", None)
-    return str(version) if version is not None else None
-
-
-def torch_from_files() -> dict[str, Any]:
-    """torch's version and CUDA version, as `torch.version` has them, importing torch only when
-    it has no version.py."""
-    values = torch_version_py()
-    if values is None:
-        return {**TORCH_UNKNOWN, "imported": False, "version": None, "error": "torch is not installed"}
-    return {**TORCH_UNKNOWN, "imported": False, "version": values.get("__version__") or imported_version(),
-            "cuda": values.get("cuda")}
-
-
-def job_sys_path(python: str, cwd: str | None, env: dict[str, str]) -> list[str] | None:
-    """sys.path of `python` started in `cwd` with `env` over this environment, `cwd` first as a
-    script's directory is (unless the env asks for safe paths); None when that python cannot tell.
-
-    The python asked imports nothing (`sys` is built in, the answer is a repr): a module planted
-    in `cwd` is looked up, never run."""
-    where = os.path.expanduser(cwd) if cwd else None
-    if where is not None and not os.path.isdir(where):
-        where = None  # not made yet (sync makes it): nothing can be imported from it
-    try:
-        result = subprocess.run([python, "-c", "import sys; print(repr(sys.path))"],
-                                env={**os.environ, **env}, cwd=where, capture_output=True, timeout=SUBPROCESS_WAIT,
-                                check=True)
-        found = ast.literal_eval(result.stdout.decode().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, SyntaxError, IndexError):
-        return None
-    return [entry or where for entry in found if entry or where]
-
-
-def import_like_the_job(options: dict[str, Any]) -> None:
-    """Look up modules (torch) from here on as the job's python would (`import_from`)."""
-    context = options.get("import_from")
-    if not context:
-        return
-    python = context.get("python") or sys.executable
-    path = job_sys_path(os.path.expanduser(python), context.get("cwd"), dict(context.get("env") or {}))
-    if path is not None:
-        sys.path[:] = path
-        importlib.invalidate_caches()
-
-
-def _assignments(path: str) -> dict[str, Any]:
-    """Literal `NAME = value` assignments at the top of a Python file; {} when unreadable."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            tree = ast.parse(fh.read())
-    except (OSError, SyntaxError, ValueError):
-        return {}
-    found: dict[str, Any] = {}
-    for node in tree.body:
-        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            for target in targets:
-                if isinstance(target, ast.Name):
-                    with contextlib.suppress(ValueError):
-                        found[target.id] = ast.literal_eval(node.value)
-    return found
-
-
-def torch_imported() -> dict[str, Any]:
-    """What the torch this python imports reports, NCCL and cuDNN as loaded."""
-    try:
-        import torch
-        import torch.distributed as dist
-    except Exception as exc:  # a broken install fails in many ways; all are reported
-        version = (torch_version_py() or {}).get("__version__")
-        return {**TORCH_UNKNOWN, "imported": False, "version": version, "error": _one_line(exc)}
-    cuda_ok = bool(torch.cuda.is_available())
-    return {
-        "imported": True,
-        "version": torch.__version__,
-        "cuda": torch.version.cuda,
-        "cuda_available": cuda_ok,
-        "nccl": _version_text(torch.cuda.nccl.version()) if cuda_ok else None,
-        "cudnn": _version_text(torch.backends.cudnn.version()) if cuda_ok else None,
-        "gloo": bool(dist.is_available() and dist.is_gloo_available()),
-        "nccl_available": bool(dist.is_available() and dist.is_nccl_available()),
-        "error": None,
-    }
-
-
-def _version_text(value: Any) -> str | None:
-    """(2, 21, 5) -> "2.21.5"; numbers as they are; None stays None."""
-    if value is None:
-        return None
-    return ".".join(str(part) for part in value) if isinstance(value, (tuple, list)) else str(value)
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-# ---------------------------------------------------------------- the job's entry
-
-
-def entry_facts(entry: dict[str, Any], cwd: str | None) -> dict[str, Any]:
-    """Whether the job's script or module is there: {kind, name, ok, found, error}.
-
-    Args:
-        entry: {"script": PATH} or {"module": NAME}, as the job names it.
-        cwd: The job's workdir, which a relative script is relative to (None: this directory).
-
-    Returns:
-        `found` is the file (the module's origin) when `ok`; `error` says why not otherwise.
-    """
-    if entry.get("module"):
-        name = str(entry["module"])
-        found, error = find_module(name)
-        return {"kind": "module", "name": name, "ok": error is None, "found": found, "error": error}
-    name = str(entry.get("script") or "")
-    path = os.path.join(os.path.expanduser(cwd or "."), os.path.expanduser(name))
-    error = None
-    if not os.path.exists(path):
-        error = "no such file" if cwd is None or os.path.isdir(os.path.expanduser(cwd)) \
-            else f"no such file (the workdir {cwd} does not exist)"
-    elif not os.path.isfile(path):
-        error = "not a file"
-    elif not os.access(path, os.R_OK):
-        error = "not readable"
-    return {"kind": "script", "name": name, "ok": error is None, "found": os.path.abspath(path), "error": error}
-
-
-def find_module(name: str) -> tuple[str | None, str | None]:
-    """(where the module is, None) or (None, why it cannot be found), as `python -m NAME` would
-    look for it. Parent packages are imported (their output goes to stderr, not the facts)."""
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            spec = util.find_spec(name)
-            if spec is not None and spec.submodule_search_locations is not None:
-                # `python -m package` runs package.__main__
-                main_spec = util.find_spec(f"{name}.__main__")
-                if main_spec is None:
-                    return None, f"{name} is a package without a __main__ module"
-                spec = main_spec
-    except Exception as exc:  # a parent package that fails to import fails in any way; reported
-        return None, _one_line(exc)
-    if spec is None:
-        return None, f"No module named {name!r}"
-    return spec.origin, None
-
-
 # ---------------------------------------------------------------- GPUs
-
-
-def gpu_count() -> int:
-    """GPUs the NVIDIA driver exposes, without loading any library."""
-    try:
-        return len([d for d in os.listdir("/proc/driver/nvidia/gpus") if d])
-    except OSError:
-        return 0
-
-
-def nvml_gpus(nv: Any) -> dict[str, Any]:
-    """Driver and per-GPU facts through an NVML binding module (nvidia-ml-py's `pynvml`).
-
-    Raises:
-        nv.NVMLError: NVML could not be initialised or a required query failed.
-    """
-    nv.nvmlInit()
-    try:
-        driver = _text(nv.nvmlSystemGetDriverVersion())
-        devices = [_nvml_device(nv, index) for index in range(nv.nvmlDeviceGetCount())]
-    finally:
-        nv.nvmlShutdown()
-    return {"source": "nvml", "driver": driver, "devices": devices}
-
-
-def _nvml_device(nv: Any, index: int) -> dict[str, Any]:
-    handle = nv.nvmlDeviceGetHandleByIndex(index)
-    memory = nv.nvmlDeviceGetMemoryInfo(handle)
-
-    def optional(query: Callable[[], Any]) -> Any:
-        try:
-            return query()
-        except nv.NVMLError:
-            return None
-
-    ecc = optional(lambda: nv.nvmlDeviceGetTotalEccErrors(
-        handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC))
-    persistence = optional(lambda: nv.nvmlDeviceGetPersistenceMode(handle))
-    processes = optional(lambda: nv.nvmlDeviceGetComputeRunningProcesses(handle)) or []
-    return {
-        "index": index,
-        "name": _text(nv.nvmlDeviceGetName(handle)),
-        "memory_total_mib": int(memory.total) // MIB,
-        "memory_used_mib": int(memory.used) // MIB,
-        "ecc_uncorrected": None if ecc is None else int(ecc),
-        "persistence": None if persistence is None else persistence == 1,
-        "processes": [{"pid": int(p.pid), "used_mib": int(p.usedGpuMemory or 0) // MIB} for p in processes],
-    }
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _smi_value(text: str) -> str | None:
-    text = text.strip()
-    return None if text in SMI_MISSING else text
-
-
-def _smi_int(text: str) -> int | None:
-    value = _smi_value(text)
-    try:
-        return None if value is None else int(float(value))
-    except ValueError:
-        return None
-
-
-def parse_smi_apps(text: str) -> dict[str, list[dict[str, Any]]]:
-    """`nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory` CSV -> uuid -> processes."""
-    found: dict[str, list[dict[str, Any]]] = {}
-    for line in text.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) == 3 and _smi_int(fields[1]) is not None:
-            found.setdefault(fields[0], []).append({"pid": _smi_int(fields[1]), "used_mib": _smi_int(fields[2]) or 0})
-    return found
-
-
-def parse_smi_gpus(text: str, apps: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """`nvidia-smi --query-gpu=SMI_GPU_FIELDS --format=csv,noheader,nounits` -> gpu facts."""
-    devices = []
-    driver = None
-    for line in text.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) != 8 or _smi_int(fields[0]) is None:
-            continue
-        index, name, total, used, version, persistence, ecc, uuid = fields
-        driver = driver or _smi_value(version)
-        mode = _smi_value(persistence)
-        devices.append({
-            "index": _smi_int(index),
-            "name": name,
-            "memory_total_mib": _smi_int(total),
-            "memory_used_mib": _smi_int(used),
-            "ecc_uncorrected": _smi_int(ecc),
-            "persistence": None if mode is None else mode.lower() == "enabled",
-            "processes": apps.get(uuid, []),
-        })
-    return {"source": "nvidia-smi", "driver": driver, "devices": devices}
-
-
-def smi_gpus() -> dict[str, Any] | None:
-    """GPU facts from nvidia-smi, or None when it is missing or fails."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        gpus = subprocess.run([smi, f"--query-gpu={SMI_GPU_FIELDS}", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=20, check=True).stdout
-        apps = subprocess.run([smi, f"--query-compute-apps={SMI_APP_FIELDS}", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=20, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return parse_smi_gpus(gpus, parse_smi_apps(apps))
 
 
 def load_pynvml(inbox: Inbox, emit: Emit) -> Any:
@@ -599,10 +296,10 @@ def gpu_facts(inbox: Inbox, emit: Emit) -> dict[str, Any]:
         nv = load_pynvml(inbox, emit)
         if nv is not None:
             try:
-                return nvml_gpus(nv)
+                return nvml_facts(nv)
             except Exception:  # no driver library, driver/library mismatch: fall back
                 pass
-    found = smi_gpus()
+    found = smi_facts()
     return found if found is not None else {"source": "none", "driver": None, "devices": []}
 
 

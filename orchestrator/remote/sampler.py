@@ -47,7 +47,6 @@ or driver does not expose is null. Every sample has:
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import shutil
@@ -58,11 +57,20 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, TextIO
 
+from orchestrator.remote.gpu import (
+    SMI_APP_FIELDS,
+    import_nvml,
+    parse_smi_apps,
+    parse_smi_csv,
+    smi_cell,
+    smi_int,
+    smi_number,
+    used_bytes,
+)
 from orchestrator.remote.private import open_private
 
 MIN_INTERVAL = 0.25
 REDISCOVER_EVERY = 5  # samples between scans of /proc for the job's processes
-SHIPPED_NVML = "distrun_pynvml"  # the name the controller ships nvidia-ml-py's module under
 SMI_TIMEOUT = 10.0
 XID_DRAIN_MAX = 64
 MB = 1024 * 1024
@@ -81,7 +89,6 @@ SMI_GPU_FIELDS = (
     "index", "uuid", "utilization.gpu", "memory.used", "memory.total", "temperature.gpu", "power.draw",
     "power.limit", "clocks.sm", "clocks_throttle_reasons.active", "ecc.errors.uncorrected.volatile.total",
 )
-SMI_APP_FIELDS = ("gpu_uuid", "pid", "used_memory")
 
 
 def throttle_names(mask: int | None) -> list[str] | None:
@@ -369,8 +376,8 @@ class NvmlGpus:
             "ecc_uncorrected": get("ecc", index, nvml.nvmlDeviceGetTotalEccErrors, handle,
                                    nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC),
             "xid": xid, "xid_last": xid_last,
-            "job_mem_mb": None if procs is None else _round(
-                sum(p.usedGpuMemory or 0 for p in procs if p.pid in job_pids) / MB),
+            "job_mem_mb": None if procs is None else job_memory(
+                [None if used_bytes(p) is None else used_bytes(p) / MB for p in procs if p.pid in job_pids]),
         }
 
     def close(self) -> None:
@@ -394,15 +401,15 @@ def _throttle_function(nvml: Any, handles: list[Any]) -> Callable[[Any], int] | 
     return None
 
 
-def _smi_value(text: str) -> str | None:
-    text = text.strip()
-    return None if not text or text.startswith("[") or text == "N/A" else text
+def job_memory(used_mb: list[float | None]) -> float | None:
+    """MB the job's processes hold on one GPU: unknown (None) when one's memory is."""
+    return None if None in used_mb else _round(sum(mb for mb in used_mb if mb is not None))
 
 
-def _smi_number(text: str) -> float | None:
-    value = _smi_value(text)
+def _smi_hex(text: str) -> int | None:
+    value = smi_cell(text)
     try:
-        return None if value is None else float(value)
+        return None if value is None else int(value, 16)
     except ValueError:
         return None
 
@@ -414,40 +421,25 @@ def parse_smi_gpus(text: str) -> list[dict[str, Any]]:
     the uuid under `uuid`, for matching the compute-apps query.
     """
     samples = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) != len(SMI_GPU_FIELDS) or not cells[0].isdigit():
+    for row in parse_smi_csv(text, SMI_GPU_FIELDS):
+        index = smi_int(row["index"])
+        if index is None:
             continue
-        row = dict(zip(SMI_GPU_FIELDS, cells, strict=True))
-        mask = _smi_value(row["clocks_throttle_reasons.active"])
-        ecc = _smi_number(row["ecc.errors.uncorrected.volatile.total"])
-        util, temp, clock = (_smi_number(row[k]) for k in ("utilization.gpu", "temperature.gpu", "clocks.sm"))
+        mask = _smi_hex(row["clocks_throttle_reasons.active"])
+        ecc, util, temp, clock = (smi_int(row[k]) for k in (
+            "ecc.errors.uncorrected.volatile.total", "utilization.gpu", "temperature.gpu", "clocks.sm"))
         samples.append({
-            "gpu": int(row["index"]), "source": "nvidia-smi", "uuid": row["uuid"],
-            "util": None if util is None else int(util),
-            "mem_used_mb": _smi_number(row["memory.used"]), "mem_total_mb": _smi_number(row["memory.total"]),
-            "temp_c": None if temp is None else int(temp),
-            "power_w": _smi_number(row["power.draw"]), "power_limit_w": _smi_number(row["power.limit"]),
-            "sm_clock_mhz": None if clock is None else int(clock),
-            "throttle": throttle_names(int(mask, 16) if mask else None),
-            "ecc_uncorrected": None if ecc is None else int(ecc),
+            "gpu": index, "source": "nvidia-smi", "uuid": row["uuid"],
+            "util": util,
+            "mem_used_mb": smi_number(row["memory.used"]), "mem_total_mb": smi_number(row["memory.total"]),
+            "temp_c": temp,
+            "power_w": smi_number(row["power.draw"]), "power_limit_w": smi_number(row["power.limit"]),
+            "sm_clock_mhz": clock,
+            "throttle": throttle_names(mask),
+            "ecc_uncorrected": ecc,
             "xid": None, "xid_last": None,
         })
     return samples
-
-
-def parse_smi_apps(text: str) -> list[tuple[str, int, float]]:
-    """(gpu uuid, pid, MB) from `nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory
-    --format=csv,noheader,nounits`; processes whose memory is not shown are left out."""
-    apps = []
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) != len(SMI_APP_FIELDS) or not cells[1].isdigit():
-            continue
-        used = _smi_number(cells[2])
-        if used is not None:
-            apps.append((cells[0], int(cells[1]), used))
-    return apps
 
 
 class SmiGpus:
@@ -471,21 +463,11 @@ class SmiGpus:
         pids = set(job_pids)
         for gpu in gpus:
             uuid = gpu.pop("uuid")
-            gpu["job_mem_mb"] = sum(mb for app_uuid, pid, mb in apps if app_uuid == uuid and pid in pids)
+            gpu["job_mem_mb"] = job_memory([app.used_mib for app in apps if app.uuid == uuid and app.pid in pids])
         return gpus
 
     def close(self) -> None:
         """Nothing is held between queries."""
-
-
-def import_nvml() -> Any:
-    """The host's own NVML bindings, else the copy the controller shipped, else None."""
-    for name in ("pynvml", SHIPPED_NVML):
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            continue
-    return None
 
 
 def open_gpus(nvml: Any = None) -> GpuReader | None:

@@ -11,6 +11,8 @@ job's fate (the watchdog, a stop) waits on stdout. An `exit` after a stop carrie
 `workers_at_stop`: how many of the job's processes besides torchrun were alive when the stop
 came while torchrun still ran (0: every worker had exited and torchrun waited in its exit
 barrier for the other hosts); null when torchrun had already exited or no stop came.
+Every `exit` carries `gpus_freed`: for each GPU's memory a process of the job held when the
+supervisor ended it, the line remote/gpu.py words ("freed 2.1 GB on gpu0 held by pid 4242").
 
 The job's processes are found two ways: torchrun's process group, and every process whose
 environment carries `DISTRUN_JOB_ID=<id>` and `DISTRUN_NODE=<node>` (torchrun starts each
@@ -35,6 +37,7 @@ from typing import BinaryIO
 
 from orchestrator.remote.config import SupervisorConfig
 from orchestrator.remote.flightrec import socket_dir
+from orchestrator.remote.gpu import GpuHolders
 from orchestrator.remote.leader import Leader
 from orchestrator.remote.private import make_private_dirs
 from orchestrator.remote.provenance import Root, become_subreaper, own_roots, proven, record, record_path, root_of
@@ -151,6 +154,21 @@ def end_job(job_id: str, node: str, leader: Leader | None, grace: float, roots: 
     return len(left)
 
 
+def end_job_freeing_gpus(job_id: str, node: str, leader: Leader | None, grace: float,
+                         roots: list[Root] | None = None) -> tuple[int, list[str]]:
+    """`end_job`, and a line for each GPU's memory a process of the job held ("freed 2.1 GB on
+    gpu0 held by pid 4242", or that it was not freed); no lines on a host without NVIDIA GPUs."""
+    holders = GpuHolders.open()
+    if holders is None:
+        return end_job(job_id, node, leader, grace, roots), []
+    try:
+        held = holders.held_by(set(job_processes(job_id, os.getpid(), node, roots)))
+        left = end_job(job_id, node, leader, grace, roots)
+        return left, holders.released(held)
+    finally:
+        holders.close()
+
+
 def make_dirs(paths: list[str], cwd: str | None) -> None:
     """Create each directory the job needs (its checkpoint_dir), relative to its workdir, where no
     other user can write (remote/safedirs.py).
@@ -176,6 +194,7 @@ class Supervisor:
         self.oom_at_start = oom_kills()
         self.stop_reason: str | None = None
         self.workers_at_stop: int | None = None
+        self.gpus_freed: list[str] = []
         self.stopping = threading.Event()
         self.done = threading.Event()
         self.child: subprocess.Popen[bytes] | None = None
@@ -268,8 +287,14 @@ class Supervisor:
         if self.child is not None and self.child.poll() is None:
             workers = job_processes(self.job_id, os.getpid(), self.node)
             self.workers_at_stop = len([p for p in workers if p != self.child.pid and _alive(p)])
-        left = end_job(self.job_id, self.node, self.leader, self.grace)
+        left, freed = end_job_freeing_gpus(self.job_id, self.node, self.leader, self.grace)
         self.out.event("note", msg=f"job processes ended ({self.stop_reason}); {left} needed SIGKILL")
+        self._freed(freed)
+
+    def _freed(self, lines: list[str]) -> None:
+        for line in lines:
+            self.warn(line)
+        self.gpus_freed += lines
 
     def _catch_signals(self) -> None:
         for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
@@ -297,6 +322,7 @@ class Supervisor:
             rc = self._finish(sampler)
         self.out.end("exit", self.last_words_wait(), rc=rc, reason=self.stop_reason,
                      oom_kills=self._oom_kills_since_start(), workers_at_stop=self.workers_at_stop,
+                     gpus_freed=self.gpus_freed,
                      **({"error": error} if error else {}))
         return 0
 
@@ -311,7 +337,7 @@ class Supervisor:
             self.ender.join()
         if self.leader is not None:
             # Whatever the job left behind (a worker in its own session) goes with it.
-            end_job(self.job_id, self.node, self.leader, min(self.grace, 2.0))
+            self._freed(end_job_freeing_gpus(self.job_id, self.node, self.leader, min(self.grace, 2.0))[1])
         rc = self.leader.wait() if self.leader is not None else 127
         self.relay.finish()
         self.done.set()

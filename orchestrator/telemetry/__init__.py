@@ -19,7 +19,7 @@ from functools import cache
 from importlib import util as import_util
 from pathlib import Path
 
-from orchestrator.remote.sampler import SHIPPED_NVML
+from orchestrator.remote.gpu import SHIPPED_NVML
 from orchestrator.telemetry.alerts import Alert, summary_lines
 from orchestrator.telemetry.view import Monitor
 
