@@ -21,7 +21,9 @@ import pynvml
 import pytest
 
 from orchestrator.remote import cleanup, gpu, sampler, supervisor
+from orchestrator.remote.config import SupervisorConfig
 from orchestrator.remote.stream import StreamWriter
+from tests.helpers import record_this_process_as_the_jobs_root
 from tests.test_probe import Process, fake_pynvml
 from tests.test_sampler_nvml import FakeGpu, FakeHandle, FakeNvml
 from tests.test_supervisor_lifecycle import config, decode
@@ -140,8 +142,11 @@ def test_a_host_without_an_nvidia_driver_is_not_checked(monkeypatch: pytest.Monk
     assert gpu.GpuHolders.open() is None
 
 
-def test_stop_without_a_controller_reports_the_gpu_memory_it_freed(on_gpu_host, capsys) -> None:
+def test_stop_without_a_controller_reports_the_gpu_memory_it_freed(on_gpu_host, capsys, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     job_id = f"gpu-stop-{os.getpid()}"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    record_this_process_as_the_jobs_root(tmp_path, job_id, "n0")  # where the supervisor records itself
     worker = subprocess.Popen(["sleep", "300"], env=job_env(job_id), start_new_session=True)
     try:
         started(worker, job_id)
@@ -172,7 +177,7 @@ def test_a_dataloader_worker_left_on_a_gpu_after_torchrun_exits_is_killed_and_in
 
     on_gpu_host["nvml"] = LeftWorker(1, {})
     out = io.BytesIO()
-    supervisor.Supervisor(cfg, StreamWriter(out)).run(io.BytesIO())
+    supervisor.Supervisor(SupervisorConfig.from_dict(cfg), StreamWriter(out)).run(io.BytesIO())
 
     pid = int(pidfile.read_text())
     _, events = decode(out.getvalue())

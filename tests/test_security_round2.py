@@ -130,7 +130,7 @@ def test_another_users_process_with_the_jobs_markers_is_not_a_rank_nor_counted(j
 def test_stop_never_signals_another_users_process_with_the_jobs_markers(job_beside_an_impostor, capsys) -> None:
     rank, impostor = job_beside_an_impostor
     cleanup.main(["imp-1", "n0", "1"])
-    assert json.loads(capsys.readouterr().out) == {"found": 1, "killed": 0}
+    assert json.loads(capsys.readouterr().out) == {"found": 1, "killed": 0, "gpus_freed": []}
     assert rank.wait(timeout=5) == -signal.SIGTERM
     assert impostor.poll() is None
 
