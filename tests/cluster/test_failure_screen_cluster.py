@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, distrun
+from tests.helpers import REPO, distrun, unique_job_id
 
 TRAIN = REPO / "jobs" / "train_resnet50.py"
 SCREEN_AFTER_FAILURE = 40  # the issue's goal: lines on screen from the failed rank's traceback to the end
@@ -29,13 +29,13 @@ def training_job(tmp_path: Path, *args: str) -> Path:
 
 
 def test_one_rank_failure_on_three_hosts_fits_one_screen_naming_the_rank_once(cluster3, inv, tmp_path):
+    job_id = unique_job_id("screen-1")
     home = tmp_path / "home"
     job = training_job(tmp_path, "--fail-at-step", "6", "--fail-rank", "3")
 
-    result = distrun("launch", str(job), "-i", str(inv), "--no-live", "--job-id", "screen-1", home=home, timeout=180)
+    result = distrun("launch", str(job), "-i", str(inv), "--no-live", "--job-id", job_id, home=home, timeout=180)
 
     lines = result.stdout.splitlines()
-    Path("/tmp/nc-explore/screen.txt").write_text(result.stdout)
     assert result.returncode == 1, result.stdout[-3000:]
     first = next(i for i, line in enumerate(lines) if "Traceback" in line and "r3" in line.split("]")[0])
     shown = lines[first:]
@@ -44,7 +44,7 @@ def test_one_rank_failure_on_three_hosts_fits_one_screen_naming_the_rank_once(cl
     assert not any(re.match(r"\[node[02] r\d err\]", line) for line in shown), "the other ranks' errors are folded"
     assert result.stdout.count("Root Cause") == 1 and re.findall(r"rank\s*: (\d+)", result.stdout) == ["3"]
     for node in ("node0", "node2"):
-        assert re.search(rf"^\[{node}\] \d+ lines of shutdown output \(distrun logs screen-1 --node {node}\)$",
+        assert re.search(rf"^\[{node}\] \d+ lines of shutdown output \(distrun logs {job_id} --node {node}\)$",
                          result.stdout, re.M), result.stdout
-    everything = distrun("logs", "screen-1", home=home).stdout
+    everything = distrun("logs", job_id, home=home).stdout
     assert len(everything.splitlines()) > len(lines), "the job's files keep what the screen folded"
