@@ -160,7 +160,7 @@ def test_a_rank_aborting_after_its_last_step_fails_and_the_summary_says_the_work
     assert (root["host"], root["rank"], root["signal"]) == ("node2", 2, "SIGABRT")
     assert root["after_final"] is True and root["barrier_hosts"] == ["node0", "node1"]
     # Every other rank waited in torchrun's exit barrier, and rank 2 printed no traceback: a crash at exit.
-    top = result.stdout[result.stdout.index("job abort-1 FAILED"):].splitlines()
+    top = result.stdout[result.stdout.index(f"job {job_id} FAILED"):].splitlines()
     assert top[1] == "the work finished on every rank; rank 2 crashed at interpreter exit (SIGABRT)", top
     assert root["when"] == "at exit"
 
