@@ -14,8 +14,9 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is no
 
 
 def recipe(target: str, *variables: str) -> list[str]:
-    done = subprocess.run(["make", "-n", "-B", target, *variables], cwd=REPO, capture_output=True, text=True,
-                          check=True)
+    # Under `make test` this runs in a sub-make, which would print "Entering/Leaving directory" lines.
+    done = subprocess.run(["make", "--no-print-directory", "-n", "-B", target, *variables], cwd=REPO,
+                          capture_output=True, text=True, check=True)
     return done.stdout.splitlines()
 
 
