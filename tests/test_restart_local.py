@@ -26,6 +26,22 @@ def record(home: Path) -> dict:
     return json.loads(distrun("ps", "--json", home=home).stdout)[0]
 
 
+def interrupted_launch(tmp_path: Path, job: Path, home: Path, when: str, sig: signal.Signals) -> tuple[int, str]:
+    """`distrun launch JOB` on this machine, sent `sig` once its output shows `when`; its exit code and output."""
+    env = {**os.environ, "DISTRUN_HOME": str(home), "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "out.txt"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "launch", str(job), "--backend", "local",
+                                 "--no-live"], cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        assert wait_for(lambda: when in out.read_text(), 120), out.read_text()[-3000:]
+        proc.send_signal(sig)
+        return proc.wait(timeout=30), out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_a_rank_that_fails_once_restarts_on_the_same_host_from_the_checkpoint(tmp_path: Path) -> None:
     home = tmp_path / "home"
     job = write_job(tmp_path, ["--steps", "8", "--step-time", "0.05", "--fail-rank", "1", "--fail-at", "3",
@@ -50,18 +66,8 @@ def test_sigterm_during_the_backoff_stops_the_job_before_its_next_attempt(tmp_pa
     home = tmp_path / "home"
     job = write_job(tmp_path, ["--steps", "8", "--step-time", "0.05", "--fail-rank", "0", "--fail-at", "1"],
                     "{max: 3, backoff: 120}")
-    env = {**os.environ, "DISTRUN_HOME": str(home), "OMP_NUM_THREADS": "1"}
-    out = tmp_path / "out.txt"
-    with open(out, "w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "launch", str(job), "--backend", "local",
-                                 "--no-live"], cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    try:
-        assert wait_for(lambda: "restarting: attempt 2" in out.read_text(), 120), out.read_text()[-3000:]
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 143, out.read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    code, text = interrupted_launch(tmp_path, job, home, "restarting: attempt 2", signal.SIGTERM)
+    assert code == 143, text[-3000:]
     rec = record(home)
     assert rec["state"] == "stopped" and len(rec["attempts"]) == 1
     assert rec["detail"].startswith(f"job {rec['id']} stopped (SIGTERM) before attempt 2\nAttempts (1 of at most 4):")
@@ -70,22 +76,11 @@ def test_sigterm_during_the_backoff_stops_the_job_before_its_next_attempt(tmp_pa
 def test_sigint_during_a_restartable_attempt_shows_the_attempt_as_stopped(tmp_path: Path) -> None:
     home = tmp_path / "home"
     job = write_job(tmp_path, ["--steps", "100000", "--step-time", "0.2"], "{max: 3, backoff: 0}")
-    env = {**os.environ, "DISTRUN_HOME": str(home), "OMP_NUM_THREADS": "1"}
-    out = tmp_path / "out.txt"
-    with open(out, "w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "launch", str(job), "--backend", "local",
-                                 "--no-live"], cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    try:
-        assert wait_for(lambda: "step 2 attempt 1" in out.read_text(), 120), out.read_text()[-3000:]
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 130, out.read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    code, text = interrupted_launch(tmp_path, job, home, "step 2 attempt 1", signal.SIGINT)
+    assert code == 130, text[-3000:]
     rec = record(home)
     assert rec["state"] == "stopped"
     assert [(a["number"], a["state"], a["failure"]) for a in rec["attempts"]] == [(1, "stopped", None)]
-    text = out.read_text()
     assert f"job {rec['id']} stopped (SIGINT)" in text
     attempt = next(line for line in text.splitlines() if line.strip().startswith("attempt 1 on localhost"))
     assert attempt.endswith(": stopped"), attempt
