@@ -258,8 +258,8 @@ def _states(value: str | None) -> set[JobState] | None:
               "(doctor --bandwidth's), not only the latest 20.")
 @click.option("--state", metavar="STATES", help="Only jobs in these states, e.g. running or 'failed,lost' "
               "(pending, running, succeeded, failed, stopped, lost).")
-@click.option("--since", metavar="WHEN", help="Only jobs started since then: a time ago (30m, 2h, 7d) or a "
-              "local date and time ('2026-11-21 14:30').")
+@click.option("--since", metavar="WHEN", help="Only jobs started since WHEN: a time ago (30m, 2h, 7d), a time today "
+              "(14:30) or a local date and time ('2026-11-21 14:30').")
 @color_option
 def ps(as_json: bool, show_all: bool, state: str | None, since: str | None) -> None:
     """List jobs, newest first: state, start, run time, exit code, hosts as a range.
@@ -324,8 +324,8 @@ def _ps_lines(records: list[JobRecord], colour: bool) -> list[str]:
 @click.option("--rank", "ranks", multiple=True, metavar="R[,R...]",
               help="Only these global ranks' lines (repeatable, or comma-separated).")
 @click.option("--grep", "pattern", metavar="REGEX", help="Only lines whose text matches this regular expression.")
-@click.option("--since", metavar="TIME", help="Only lines that arrived since TIME: 90s, 10m, 2h, 1d ago, 14:30 today, "
-              "or 2026-11-21T14:30.")
+@click.option("--since", metavar="TIME", help="Only lines that arrived since TIME: a time ago (90s, 2h, 7d), a time "
+              "today (14:30) or a local date and time ('2026-11-21 14:30').")
 @click.option("--tail", cls=NumberOption, type=click.IntRange(min=1), metavar="N",
               help="Only the last N lines (after the other filters).")
 @click.option("--stderr", is_flag=True, help="Only the lines the ranks and hosts wrote to stderr.")
@@ -640,8 +640,8 @@ def bench(ctx: click.Context, jobs: tuple[str, ...], inventory: str | None, sele
 
 
 @cli.command(short_help="Remove old finished jobs, here and on their hosts.")
-@click.option("--older-than", metavar="AGE", help="Only jobs that ended longer ago than AGE (30m, 12h, 7d); "
-              "default 7d unless --keep is given.")
+@click.option("--older-than", metavar="AGE", help="Only jobs that ended before AGE: a time ago (30m, 12h, 7d), a time "
+              "today (14:30) or a local date ('2026-11-21'); default 7d unless --keep is given.")
 @click.option("--keep", cls=NumberOption, type=click.IntRange(min=0), metavar="N",
               help="Keep the newest N finished jobs whatever their age.")
 @click.option("--dry-run", is_flag=True, help="Only list the jobs that would be removed.")
@@ -663,9 +663,9 @@ def prune(older_than: str | None, keep: int | None, dry_run: bool, local: bool, 
       distrun prune --local              # hosts are gone: forget their jobs here only
     """
     from orchestrator.housekeeping import prune as prune_jobs
-    from orchestrator.timespec import parse_duration
+    from orchestrator.timespec import parse_since
 
-    age = parse_duration(older_than or "7d", "--older-than") if older_than or keep is None else None
+    age = time.time() - parse_since(older_than or "7d", "--older-than") if older_than or keep is None else None
     result = prune_jobs(Store(), age, keep, dry_run, local=local)
     if as_json:
         terminal.show(json.dumps(result.to_dict(), indent=2))

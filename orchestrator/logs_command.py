@@ -22,7 +22,6 @@ from orchestrator.logs.query import (
     Renderer,
     Style,
     parse_ranks,
-    parse_since,
     read_lines,
     split_lines,
 )
@@ -31,6 +30,7 @@ from orchestrator.remote.linestore import Located
 from orchestrator.remote.redact import escape_controls
 from orchestrator.store import JobDir, JobRecord, JobState, Store
 from orchestrator.terminal import show
+from orchestrator.timespec import parse_since
 
 FOLLOW_POLL = 0.2
 

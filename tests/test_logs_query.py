@@ -18,11 +18,13 @@ import pytest
 
 from orchestrator.errors import UsageError
 from orchestrator.logs import recover as recover_module
-from orchestrator.logs.query import parse_ranks, parse_since
+from orchestrator.logs.query import parse_ranks
 from orchestrator.logs.recover import HostCopy, rebuild
 from orchestrator.logs_command import LogsRequest, show_logs
 from orchestrator.remote.linestore import INDEX, Entry, LineStore
 from orchestrator.store import JobRecord, JobState, Store, process_start
+from orchestrator.timespec import parse_since
+from tests.helpers import distrun
 
 T0 = 1_800_000_000.0  # when the job's first line arrived
 JOB = "demo-1"
@@ -187,11 +189,27 @@ def test_follow_prints_lines_as_they_come_and_exits_with_the_jobs_exit_code(home
 
 def test_since_takes_durations_clock_times_and_dates_and_refuses_the_rest() -> None:
     now = 1_800_000_000.0
-    assert parse_since("90s", now) == now - 90 and parse_since("2h", now) == now - 7200
-    assert parse_since("2026-11-21T14:30", now) == time.mktime((2026, 11, 21, 14, 30, 0, 0, 0, -1))
-    assert abs(parse_since("00:00", now) - now) < 86400
+    assert parse_since("90s", now=now) == now - 90 and parse_since("2h", now=now) == now - 7200
+    assert parse_since("2w", now=now) == parse_since("14 d", now=now) == now - 14 * 86400
+    assert parse_since("2026-11-21T14:30", now=now) == time.mktime((2026, 11, 21, 14, 30, 0, 0, 0, -1))
+    assert parse_since("2026-11-21", now=now) == time.mktime((2026, 11, 21, 0, 0, 0, 0, 0, -1))
+    assert 0 <= now - parse_since("00:00", now=now) < 86400
     with pytest.raises(UsageError, match="--since 'yesterday': not a time"):
-        parse_since("yesterday", now)
+        parse_since("yesterday", now=now)
+
+
+SINCE_TEXTS = ("90s", "2 h", "7d", "2w", "1.5h", "14:30", "14:30:05", "2026-11-21", "2026-11-21 14:30",
+               "2026-11-21T14:30:05")
+
+
+@pytest.mark.parametrize("text", [*SINCE_TEXTS, "yesterday", "14h30"])
+def test_ps_and_logs_since_accept_the_same_strings(home: Path, text: str) -> None:
+    ps = distrun("ps", "--since", text, home=home)
+    shown = distrun("logs", JOB, "--since", text, home=home)
+    codes = (ps.returncode, shown.returncode)
+    assert codes == ((0, 0) if text in SINCE_TEXTS else (2, 2)), (ps.stderr, shown.stderr)
+    if text not in SINCE_TEXTS:
+        assert f"--since {text!r}: not a time" in ps.stderr and f"--since {text!r}: not a time" in shown.stderr
 
 
 def test_rank_values_accumulate_over_repeats_and_commas() -> None:

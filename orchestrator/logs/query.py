@@ -10,49 +10,15 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from orchestrator.errors import UsageError
 from orchestrator.logs.format import label, prefixed, shown, stamp
 from orchestrator.logs.screen import Collapser, Group
 from orchestrator.remote.linestore import INDEX, Entry, Located, Locator, parse_entries
-
-_AGO = re.compile(r"^(\d+(?:\.\d+)?)\s*(s|m|h|d)$")
-_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-_CLOCK_FORMATS = ("%H:%M", "%H:%M:%S")
-_DATE_FORMATS = ("%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d")
-
-
-def parse_since(text: str, now: float | None = None) -> float:
-    """`--since`: seconds since the epoch from `90s`, `10m`, `2h`, `1d` (ago), `14:30[:05]` (today,
-    local time) or `2026-11-21T14:30[:05]`.
-
-    Raises:
-        UsageError: the text is none of these.
-    """
-    now = time.time() if now is None else now
-    value = text.strip()
-    match = _AGO.match(value)
-    if match:
-        return now - float(match.group(1)) * _SECONDS[match.group(2)]
-    for fmt in _CLOCK_FORMATS:
-        try:
-            clock = datetime.strptime(value, fmt).time()
-        except ValueError:
-            continue
-        return datetime.combine(datetime.fromtimestamp(now).date(), clock).timestamp()
-    for fmt in _DATE_FORMATS:
-        try:
-            return datetime.strptime(value, fmt).timestamp()
-        except ValueError:
-            continue
-    raise UsageError(f"--since {text!r}: not a time (give 90s, 10m, 2h or 1d ago, 14:30 today, or "
-                     "2026-11-21T14:30)")
 
 
 def parse_ranks(values: Iterable[str]) -> frozenset[int] | None:
