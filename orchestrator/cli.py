@@ -6,8 +6,6 @@ with one wording each; the config file ($XDG_CONFIG_HOME/distrun/config.yaml) gi
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 import subprocess
@@ -425,15 +423,16 @@ def _with_labels(rec: JobRecord, hosts: list[str], labels: tuple[str, ...]) -> l
 
 
 def _stop_one(store: Store, rec: JobRecord, as_json: bool) -> int:
-    if not as_json:
-        return for_record(store, rec).stop_job(rec)
-    said = io.StringIO()
-    with contextlib.redirect_stdout(said):
-        code = for_record(store, rec).stop_job(rec)
-    after = store.get(rec.id)
-    terminal.show(json.dumps({"id": rec.id, "state": after.state.value, "exit_code": after.exit_code,
-                           "messages": said.getvalue().splitlines()}))
-    return code
+    stopped = for_record(store, rec).stop_job(rec)
+    for error in stopped.errors:
+        terminal.show(error, err=True)
+    if as_json:
+        after = store.get(rec.id)
+        terminal.show(json.dumps({"id": rec.id, "state": after.state.value, "exit_code": after.exit_code,
+                                  "messages": list(stopped.messages), "gpus_freed": list(stopped.gpus_freed)}))
+    else:
+        terminal.show("\n".join([*stopped.messages, *stopped.gpus_freed]))
+    return stopped.code
 
 
 @cli.command(short_help="Dump every rank's Python stack, ranks with the same stack folded.")

@@ -16,7 +16,7 @@ import click
 import pytest
 
 from orchestrator import backends, launch
-from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest
+from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Stopped
 from orchestrator.backends.options import Option, OptionType, from_command_line
 from orchestrator.backends.run import HostEvents, RunView
 from orchestrator.backends.slurm import SlurmBackend
@@ -195,8 +195,8 @@ class ScriptedBackend(Backend):
     def release(self) -> None:
         self.calls.append("release")
 
-    def stop_job(self, record: JobRecord) -> int:
-        return 0
+    def stop_job(self, record: JobRecord) -> Stopped:
+        return Stopped(0)
 
 
 @pytest.fixture
@@ -414,8 +414,9 @@ def test_stop_job_waits_for_nothing_on_a_finished_job(tmp_path: Path, capsys):
     rec = record(store, "done-1", "ssh", None)
     store.end("done-1", JobState.SUCCEEDED, 0, "ok")
     began = time.monotonic()
-    assert for_record(store, rec).stop_job(store.get("done-1")) == 0
-    assert time.monotonic() - began < 2 and "already ended (succeeded)" in capsys.readouterr().out
+    stopped = for_record(store, rec).stop_job(store.get("done-1"))
+    assert time.monotonic() - began < 2
+    assert stopped == Stopped(0, ("job done-1 already ended (succeeded)",)) and capsys.readouterr().out == ""
 
 
 def test_a_dry_run_with_a_spare_names_it_and_its_hosts_beyond_nnodes_stay_out(tmp_path: Path):
@@ -427,3 +428,18 @@ def test_a_dry_run_with_a_spare_names_it_and_its_hosts_beyond_nnodes_stay_out(tm
     assert result.returncode == 0, result.stderr
     assert "spares: c (take a failed host's place when the job restarts)" in result.stdout
     assert "[c]" not in result.stdout and result.stdout.count("DISTRUN_CHECKPOINT_DIR=/ck") == 2
+
+
+def test_stop_on_hosts_returns_the_unreachable_host_as_data_and_prints_nothing(tmp_path: Path, capsys):
+    inventory = tmp_path / "lab.yaml"
+    inventory.write_text("nodes:\n  - {name: n0, host: 127.0.0.1, port: 1}\n")  # nothing listens on port 1
+    store = Store(tmp_path)
+    rec = JobRecord(id="gone-1", name="x", spec_path="x.yaml", inventory=str(inventory), hosts=["n0"],
+                    backend="ssh", state=JobState.LOST)
+    store.save(rec)
+
+    stopped = for_record(store, rec).stop_job(rec)
+
+    assert (stopped.code, stopped.messages) == (3, ("job gone-1 stopped on 0 of 1 host(s)",))
+    assert len(stopped.errors) == 1 and "n0" in stopped.errors[0] and stopped.gpus_freed == ()
+    assert capsys.readouterr() == ("", "") and store.get("gone-1").state is JobState.STOPPED

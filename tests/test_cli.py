@@ -340,7 +340,8 @@ def test_stop_json_on_a_finished_job_says_so(jobs: Path) -> None:
 
     assert result.returncode == 0
     assert json.loads(result.stdout) == {"id": "tiny-20261121-141109-60ee", "state": "succeeded", "exit_code": 0,
-                                         "messages": ["job tiny-20261121-141109-60ee already ended (succeeded)"]}
+                                         "messages": ["job tiny-20261121-141109-60ee already ended (succeeded)"],
+                                         "gpus_freed": []}
 
 
 def test_stop_json_exit_code_is_the_jobs_exit_code_as_ps_shows_it(tmp_path: Path) -> None:

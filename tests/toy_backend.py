@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from orchestrator.backends.base import Backend, LaunchContext
+from orchestrator.backends.base import Backend, LaunchContext, Stopped
 from orchestrator.backends.run import EXIT_WAIT, RunView
 from orchestrator.failures import Failure
 from orchestrator.plan import HostPlan, LaunchPlan, build_plan
@@ -129,5 +129,5 @@ class ToyBackend(Backend):
         for node in self.procs:
             self._signal(node, signal.SIGKILL)
 
-    def stop_job(self, record: JobRecord) -> int:
-        return 0  # its hosts lived and died with the controller
+    def stop_job(self, record: JobRecord) -> Stopped:
+        return Stopped(0)  # its hosts lived and died with the controller

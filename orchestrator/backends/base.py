@@ -25,7 +25,7 @@ A launch calls, in this order (`launch.launch` and `runloop.Launcher`):
 
 Per-job operations, for jobs recorded earlier (their controller may be gone):
 
-    stop_job(record) -> exit code         `distrun stop`
+    stop_job(record) -> Stopped           `distrun stop`: its exit code and what to say
     job_alive(record) -> bool             whether the job still runs (its controller, or its scheduler)
     ended_as(record) -> Settled           how a job that no longer runs ended; `ps` records it (default: lost)
     recover(record) -> {node: lines}      `distrun logs --recover`
@@ -180,6 +180,23 @@ class Ending:
 
 
 @dataclass(frozen=True)
+class Stopped:
+    """What `stop_job` did, for `distrun stop` to print or render as JSON.
+
+    Attributes:
+        code: The exit code of `distrun stop` for this job.
+        messages: What happened, a line each.
+        errors: The hosts that could not be reached, rendered (`GroupError.render`).
+        gpus_freed: `node: line` for each GPU's memory the stop freed (remote/gpu.py).
+    """
+
+    code: int
+    messages: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+    gpus_freed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Settled:
     """How a recorded job that no longer runs ended, as far as its backend can tell (`ended_as`).
 
@@ -314,8 +331,8 @@ class Backend(ABC):
     # ---------------------------------------------------------------- recorded jobs
 
     @abstractmethod
-    def stop_job(self, record: JobRecord) -> int:
-        """Stop a recorded job: through its controller when alive, else directly. Returns the exit code."""
+    def stop_job(self, record: JobRecord) -> Stopped:
+        """Stop a recorded job: through its controller when alive, else directly; what it did."""
 
     def job_alive(self, record: JobRecord) -> bool:
         """Whether an unfinished job still runs. By default a job lives with its controller

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import remote, telemetry
-from orchestrator.backends.base import Backend, Ending, LaunchContext, LaunchRequest, Settled
+from orchestrator.backends.base import Backend, Ending, LaunchContext, LaunchRequest, Settled, Stopped
 from orchestrator.backends.options import Option, OptionType
 from orchestrator.backends.run import EXIT_WAIT, RunView
 from orchestrator.backends.slurm_commands import (
@@ -506,11 +506,10 @@ class SlurmBackend(Backend):
 
     # ---------------------------------------------------------------- recorded jobs
 
-    def stop_job(self, record: JobRecord) -> int:
+    def stop_job(self, record: JobRecord) -> Stopped:
         """scancel the job; its controller, when alive, records the end, else this does."""
         if record.state.finished:
-            show(f"job {record.id} already ended ({record.state.value})")
-            return int(ExitCode.OK)
+            return Stopped(int(ExitCode.OK), (f"job {record.id} already ended ({record.state.value})",))
         if record.backend_ref is None:
             raise UsageError(f"job {record.id} has no Slurm job id yet (it is being submitted); try again")
         cancel(record.backend_ref)
@@ -522,8 +521,7 @@ class SlurmBackend(Backend):
         if not alive:
             self.store.settle_lost(record.id, JobState.STOPPED, ended=time.time(),
                                    detail=f"Slurm job {record.backend_ref} cancelled by `distrun stop`")
-        show(f"job {record.id} stopped (Slurm job {record.backend_ref} cancelled)")
-        return int(ExitCode.OK)
+        return Stopped(int(ExitCode.OK), (f"job {record.id} stopped (Slurm job {record.backend_ref} cancelled)",))
 
     def _stopped(self, record: JobRecord, controller: bool) -> bool:
         """Whether the stop is complete: the controller recorded it, or (no controller) Slurm is done."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from orchestrator import remote, telemetry
-from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest
+from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Stopped
 from orchestrator.backends.run import EXIT_WAIT, RunView
 from orchestrator.doctor.probe import import_options, probe_round
 from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
@@ -240,32 +240,30 @@ class SshBackend(Backend):
 
     # ---------------------------------------------------------------- recorded jobs
 
-    def stop_job(self, record: JobRecord) -> int:
+    def stop_job(self, record: JobRecord) -> Stopped:
         """Stop through the live controller; when it is gone, end the job's processes on its hosts."""
         if record.state.finished and record.state is not JobState.LOST:
-            show(f"job {record.id} already ended ({record.state.value})")
-            return int(ExitCode.OK)
+            return Stopped(int(ExitCode.OK), (f"job {record.id} already ended ({record.state.value})",))
         if signal_controller(record, signal.SIGTERM):
             deadline = time.monotonic() + STOP_WAIT
             while time.monotonic() < deadline and not self.store.get(record.id).state.finished:
                 time.sleep(0.2)
             ended = self.store.get(record.id)
             if ended.state.finished:
-                show("\n".join([f"job {record.id} stopped", *gpu_lines(ended.detail)]))
-                return int(ExitCode.OK)
+                freed = tuple(gpu_lines(ended.detail))
+                return Stopped(int(ExitCode.OK), (f"job {record.id} stopped",), gpus_freed=freed)
         return self.stop_on_hosts(record)
 
-    def stop_on_hosts(self, record: JobRecord) -> int:
+    def stop_on_hosts(self, record: JobRecord) -> Stopped:
         """End a job's processes on each of its hosts, found by the job id."""
         results = on_record_hosts(record, lambda t: _cleanup(t, record.id))
-        for node, output in results.succeeded.items():
-            for line in json.loads(output.strip().splitlines()[-1]).get("gpus_freed", []):
-                show(f"{node}: {line}")
-        if results.failed:
-            show(GroupError(results).render(), err=True)
+        freed = tuple(f"{node}: {line}" for node, output in results.succeeded.items()
+                      for line in json.loads(output.strip().splitlines()[-1]).get("gpus_freed", []))
         self.store.settle_lost(record.id, JobState.STOPPED, ended=time.time())
-        show(f"job {record.id} stopped on {len(results.succeeded)} of {len(results)} host(s)")
-        return int(ExitCode.INFRA) if results.failed else int(ExitCode.OK)
+        said = (f"job {record.id} stopped on {len(results.succeeded)} of {len(results)} host(s)",)
+        if results.failed:
+            return Stopped(int(ExitCode.INFRA), said, (GroupError(results).render(),), freed)
+        return Stopped(int(ExitCode.OK), said, gpus_freed=freed)
 
     def recover(self, record: JobRecord) -> dict[str, int]:
         """Rebuild a job's lines, metrics and telemetry from the copies its hosts kept.
