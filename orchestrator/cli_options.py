@@ -86,6 +86,12 @@ def guard(config: Config) -> Guard:
     return Guard(above, terminal.ask_yes_no if terminal.can_ask() else None)
 
 
+def context_guard(ctx: click.Context) -> Guard:
+    """`guard` with the config file main() read (the defaults when the group is invoked some other way)."""
+    config = (ctx.find_root().obj or {}).get("config")
+    return guard(config if isinstance(config, Config) else Config())
+
+
 # ---------------------------------------------------------------- shell completion
 
 

@@ -408,7 +408,7 @@ def test_prune_of_jobs_whose_hosts_are_gone_names_local_which_forgets_them_here_
 
 
 def test_the_background_controller_gets_the_script_arguments_untouched() -> None:
-    from orchestrator.cli import _child_argv
+    from orchestrator.cli_launch import _child_argv
 
     assert _child_argv(["launch", "t.py", "--detach", "--json", "--", "--json", "--detach"]) == \
         ["launch", "t.py", "--", "--json", "--detach"]
