@@ -40,11 +40,11 @@ def exec_command(ctx: click.Context, inventory: str | None, selection: HostSelec
       distrun exec -i lab.yaml --nodes 'node[0-1]' -- nvidia-smi -L
       distrun exec -i lab.yaml --label h100 -x node3 --timeout 10 -- sh -c 'df -h /tmp'
     """
-    from orchestrator.execute import ExecRequest, execute
+    from orchestrator.execute import ExecRequest, exec_on_hosts
 
     request = ExecRequest(argv=command, inventory=inventory, selection=selection,
                           guard=context_guard(ctx), timeout=timeout, as_json=as_json)
-    sys.exit(execute(request))
+    sys.exit(exec_on_hosts(request))
 
 
 @click.command(short_help="Check the hosts for what makes multi-host jobs hang.")

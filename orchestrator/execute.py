@@ -43,7 +43,7 @@ from orchestrator.interrupts import on_signals
 from orchestrator.remote.redact import escape_controls, escape_json
 from orchestrator.spec.model import NodeSpec
 from orchestrator.spec.select import Guard, HostSelection, select_hosts
-from orchestrator.terminal import Progress, show
+from orchestrator.terminal import ProgressCounter, show
 from orchestrator.transport import RemoteProcess, Transport
 from orchestrator.transport.base import ConnectError, reach_hint
 
@@ -64,7 +64,7 @@ class ExecRequest:
 
 
 @dataclass(frozen=True)
-class HostResult:
+class ExecResult:
     """How the command went on one host.
 
     `failure` is the summary's few words for a host that did not succeed ("exit code 2",
@@ -82,12 +82,12 @@ class HostResult:
     exception: Exception | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def finished(cls, node: NodeSpec, rc: int, stdout: str, stderr: str) -> HostResult:
+    def finished(cls, node: NodeSpec, rc: int, stdout: str, stderr: str) -> ExecResult:
         """The command ran to its end with status `rc`."""
         return cls(node.name, node.host, rc, stdout, stderr, failure="" if rc == 0 else f"exit code {rc}")
 
     @classmethod
-    def failed(cls, node: NodeSpec, exc: Exception) -> HostResult:
+    def failed(cls, node: NodeSpec, exc: Exception) -> ExecResult:
         """The command could not run; a ConnectError means the host was not reached at all."""
         message = one_line(exc)
         if isinstance(exc, ConnectError):
@@ -100,7 +100,7 @@ class HostResult:
                 "stderr": self.stderr, "error": self.error}
 
 
-def execute(request: ExecRequest, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def exec_on_hosts(request: ExecRequest, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
     """Run the command on the selected hosts in parallel and print the results.
 
     Args:
@@ -128,7 +128,7 @@ def execute(request: ExecRequest, out: TextIO = sys.stdout, err: TextIO = sys.st
     return int(exit_code(results))
 
 
-def run_on_all(nodes: Sequence[NodeSpec], argv: Sequence[str], timeout: float | None) -> list[HostResult]:
+def run_on_all(nodes: Sequence[NodeSpec], argv: Sequence[str], timeout: float | None) -> list[ExecResult]:
     """Connect to every node and run `argv` there, all at once; one host's failure is its result.
 
     SIGINT or SIGTERM ends every command, then stops as it would have (130 or 143).
@@ -137,12 +137,12 @@ def run_on_all(nodes: Sequence[NodeSpec], argv: Sequence[str], timeout: float | 
         One result per node, in the nodes' order.
     """
     running = _Running()
-    with Group(nodes, progress=Progress(len(nodes), "connected")) as group, on_signals(running.interrupt):
+    with Group(nodes, progress=ProgressCounter(len(nodes), "connected")) as group, on_signals(running.interrupt):
         results = group.run(lambda t: _run_on(t, argv, timeout, running))
     return [_as_result(node, results[node.name]) for node in nodes]
 
 
-def _run_on(transport: Transport, argv: Sequence[str], timeout: float | None, running: _Running) -> HostResult:
+def _run_on(transport: Transport, argv: Sequence[str], timeout: float | None, running: _Running) -> ExecResult:
     node = transport.node
     proc = running.add(start_guarded(transport, argv))
     out: list[str] = []
@@ -152,9 +152,9 @@ def _run_on(transport: Transport, argv: Sequence[str], timeout: float | None, ru
     if rc is None:
         proc.terminate()
         proc.wait(STOP_WAIT)
-        return HostResult(node.name, node.host, None, "\n".join(out), "\n".join(errs),
+        return ExecResult(node.name, node.host, None, "\n".join(out), "\n".join(errs),
                           error=f"{node.name}: timed out after {timeout:g} s", failure="timed out")
-    return HostResult.finished(node, rc, "\n".join(out), "\n".join(errs))
+    return ExecResult.finished(node, rc, "\n".join(out), "\n".join(errs))
 
 
 def start_guarded(transport: Transport, argv: Sequence[str]) -> RemoteProcess:
@@ -171,8 +171,8 @@ def start_guarded(transport: Transport, argv: Sequence[str]) -> RemoteProcess:
     return proc
 
 
-def _as_result(node: NodeSpec, outcome: HostResult | Exception) -> HostResult:
-    return outcome if isinstance(outcome, HostResult) else HostResult.failed(node, outcome)
+def _as_result(node: NodeSpec, outcome: ExecResult | Exception) -> ExecResult:
+    return outcome if isinstance(outcome, ExecResult) else ExecResult.failed(node, outcome)
 
 
 class _Running:
@@ -209,7 +209,7 @@ class _Running:
         raise SystemExit(int(ExitCode.TERMINATED))
 
 
-def report(results: Sequence[HostResult], out: TextIO, err: TextIO) -> None:
+def report(results: Sequence[ExecResult], out: TextIO, err: TextIO) -> None:
     """Print gathered blocks to `out` and, when some host failed, the summary line to `err`."""
     show(render_blocks(gather({r.node: _shown(r) for r in results})), stream=out, end="", flush=True)
     summary = failure_summary({r.node: r.failure for r in results if r.failure}, len(results))
@@ -220,7 +220,7 @@ def report(results: Sequence[HostResult], out: TextIO, err: TextIO) -> None:
         show(f"distrun: fix: {hint}", stream=err)
 
 
-def _shown(result: HostResult) -> HostOutput:
+def _shown(result: ExecResult) -> HostOutput:
     lines = [*_lines(result.stdout), *_lines(result.stderr)]
     if result.error is not None:
         # Without its host name, so that hosts with the same error share one block.
@@ -232,7 +232,7 @@ def _lines(text: str) -> list[str]:
     return text.split("\n") if text else []
 
 
-def exit_code(results: Sequence[HostResult]) -> ExitCode:
+def exit_code(results: Sequence[ExecResult]) -> ExitCode:
     """3 if a host was not reached, else 1 if the command failed on a host, else 0."""
     if any(r.unreachable for r in results):
         return ExitCode.INFRA

@@ -25,7 +25,7 @@ from typing import Generic, TypeVar
 from orchestrator.display import fold_hosts
 from orchestrator.errors import DistrunError, ExitCode, InfraError, one_line
 from orchestrator.spec.model import NodeSpec
-from orchestrator.terminal import Progress
+from orchestrator.terminal import ProgressCounter
 from orchestrator.transport import Transport, transport_for
 from orchestrator.transport.base import reach_hint
 
@@ -174,7 +174,7 @@ class Group:
     """
 
     def __init__(self, nodes: Iterable[NodeSpec], make: Callable[[NodeSpec], Transport] = transport_for,
-                 progress: Progress | None = None) -> None:
+                 progress: ProgressCounter | None = None) -> None:
         self.transports: dict[str, Transport] = {node.name: make(node) for node in nodes}
         self.progress = progress
 

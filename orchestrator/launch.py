@@ -2,8 +2,8 @@
 attempt after attempt (the restart loop).
 
 `launch` picks the backend (the request's, else the job's), has it prepare, preflight and stage
-the job, and `execute` follows it: each attempt is one `runloop.Launcher`. With the job's
-`restarts`, a failure it lists ends only the attempt: `execute` asks the policy (restarts.py)
+the job, and `run_attempts` follows it: each attempt is one `runloop.Launcher`. With the job's
+`restarts`, a failure it lists ends only the attempt: `run_attempts` asks the policy (restarts.py)
 whether and where the next attempt runs, re-plans it through the backend's `replan` (a spare in
 place of a quarantined host, a fresh rendezvous port), preflights and stages it, and follows it
 with a new `Launcher` writing into the same job directory, each line with its attempt. The record
@@ -28,7 +28,7 @@ from orchestrator.group import GroupError
 from orchestrator.interrupts import on_signals
 from orchestrator.plan import LaunchPlan
 from orchestrator.remote.redact import Masker
-from orchestrator.restarts import Course, Verdict, refill
+from orchestrator.restarts import AttemptHistory, Verdict, refill
 from orchestrator.runloop import POLL, Launcher, masked_attempts
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.overrides import is_script, job_for_launch, job_to_yaml
@@ -60,7 +60,7 @@ def launch(request: LaunchRequest) -> int:
         if not request.skip_preflight:
             backend.preflight(ctx, plan)
         backend.stage(ctx, plan)
-        return execute(backend, ctx, plan).code
+        return run_attempts(backend, ctx, plan).code
 
 
 def dry_run_text(job: JobSpec, request: LaunchRequest, plan_text: str) -> str:
@@ -82,7 +82,7 @@ class Finished:
     final_metrics: dict[str, Any] | None = None
 
 
-def execute(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Finished:
+def run_attempts(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Finished:
     """Submit a prepared job and follow it to its end, attempt after attempt when the job's
     `restarts` allow; SIGINT/SIGTERM stop it on every host.
 
@@ -94,7 +94,7 @@ def execute(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Finished:
         started = backend.submit(ctx, plan)
         if started is None:
             return Finished(ctx.store.get(ctx.job_id).exit_code or 0)
-        course = Course(ctx.job.restarts, ctx.job.min_nnodes or len(started.hosts), started.spares)
+        course = AttemptHistory(ctx.job.restarts, ctx.job.min_nnodes or len(started.hosts), started.spares)
         while True:
             launcher = _launcher(backend, ctx, started, course)
             code = launcher.run()
@@ -114,7 +114,7 @@ def _announce(ctx: LaunchContext) -> None:
              flush=True)
 
 
-def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: Course,
+def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: AttemptHistory,
                   verdict: Verdict) -> LaunchPlan | int:
     """After the backoff, plan the next attempt on the verdict's hosts, preflight and stage it.
 
@@ -149,7 +149,7 @@ def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course
     return following
 
 
-def _plan_next(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: Course, hosts: Sequence[str],
+def _plan_next(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: AttemptHistory, hosts: Sequence[str],
                spares: Sequence[str]) -> LaunchPlan:
     """Plan, preflight and stage the next attempt on `hosts`; a host that cannot be reached or
     probed is set aside, and the next spare (else fewer hosts, as `nnodes: MIN:MAX` allows)
@@ -181,7 +181,7 @@ def _tell(ctx: LaunchContext, text: str) -> None:
     show(text, stream=ctx.terminal or sys.stderr, flush=True)
 
 
-def _end_between(ctx: LaunchContext, course: Course, plan: LaunchPlan, state: JobState, code: int,
+def _end_between(ctx: LaunchContext, course: AttemptHistory, plan: LaunchPlan, state: JobState, code: int,
                  detail: str) -> int:
     """Record and say the end of a job that ended between two attempts (secrets masked); its exit code."""
     mask = Masker(plan.secrets.values())
@@ -195,7 +195,7 @@ def _end_between(ctx: LaunchContext, course: Course, plan: LaunchPlan, state: Jo
     return code
 
 
-def _launcher(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: Course | None = None) -> Launcher:
+def _launcher(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: AttemptHistory | None = None) -> Launcher:
     """The launcher of a recorded job, its files open; nothing has started on the hosts yet.
 
     Raises:

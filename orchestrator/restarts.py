@@ -169,7 +169,7 @@ def attempts_lines(attempts: Sequence[Attempt], policy: Restarts) -> list[str]:
 
 
 @dataclass
-class Course:
+class AttemptHistory:
     """A job's attempts so far, across the launchers that run them one after another.
 
     Attributes:

@@ -32,7 +32,7 @@ from orchestrator.logs.sink import TAIL_LINES, job_wide
 from orchestrator.plan import LaunchPlan
 from orchestrator.remote.redact import Masker
 from orchestrator.remote.stream import Batch
-from orchestrator.restarts import Course, Verdict
+from orchestrator.restarts import AttemptHistory, Verdict
 from orchestrator.store import JobDir, JobRecord, JobState
 from orchestrator.terminal import show
 from orchestrator.watchdog import Progress, Watchdog, diagnose
@@ -52,7 +52,7 @@ def masked(failure: Failure, mask: Masker) -> Failure:
                    last_lines=tuple(mask.text(line) for line in failure.last_lines))
 
 
-def masked_attempts(course: Course, mask: Masker) -> list[dict[str, Any]]:
+def masked_attempts(course: AttemptHistory, mask: Masker) -> list[dict[str, Any]]:
     """The record's attempts, each failure's reason and lines masked."""
     records = course.records()
     for record, attempt in zip(records, course.attempts, strict=True):
@@ -65,7 +65,8 @@ def masked_attempts(course: Course, mask: Masker) -> list[dict[str, Any]]:
 class Launcher:
     """Follows a submitted job to its end through its backend's hooks, and records how it ended."""
 
-    def __init__(self, backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: Course | None = None) -> None:
+    def __init__(self, backend: Backend, ctx: LaunchContext, plan: LaunchPlan,
+                 course: AttemptHistory | None = None) -> None:
         self.backend = backend
         self.ctx = ctx
         self.plan = plan
@@ -82,7 +83,7 @@ class Launcher:
         # The controller's attempts (DISTRUN_ATTEMPT 1, 2, ...) share the job's files; each line keeps its attempt.
         self.sink = LogSink(self.dir, screen, on_metrics=self._on_metrics, secrets=plan.secrets.values(),
                             attempt=plan.attempt)
-        self.course = course or Course(ctx.job.restarts, len(plan.hosts), plan.spares)
+        self.course = course or AttemptHistory(ctx.job.restarts, len(plan.hosts), plan.spares)
         self.course.begin([h.node for h in plan.hosts], plan.master_port)
         self.verdict: Verdict | None = None  # set when this attempt failed: whether and where the next runs
         self.telemetry_lock = threading.Lock()

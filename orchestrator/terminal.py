@@ -5,12 +5,12 @@ Every write of distrun to a terminal goes through `show` (tests/test_terminal_es
 every other module to it): text from a host may carry escape sequences that retitle the window,
 move the cursor or clear the screen, and `show` writes every control character as `\\xNN`
 (remote/redact.py's `escape_controls`) but newline, tab and the SGR colour sequences
-(`ESC [ digits m`) of distrun's own styling. `Progress` and `ask_yes_no` write their own fixed
+(`ESC [ digits m`) of distrun's own styling. `ProgressCounter` and `ask_yes_no` write their own fixed
 sequences here.
 
 Colour follows one rule for every command: `--color always|never` wins, then the config file's
 `color:`, then `NO_COLOR` (set to anything non-empty: no colour), then whether the stream is a
-terminal. Progress (`connected 41/64`) is written to stderr only when stderr is a terminal, and
+terminal. ProgressCounter (`connected 41/64`) is written to stderr only when stderr is a terminal, and
 erased before anything else is printed.
 """
 
@@ -85,7 +85,7 @@ def is_terminal(stream: TextIO | None) -> bool:
         return False
 
 
-class Progress:
+class ProgressCounter:
     """A count that rewrites one terminal line: `connected 41/64`.
 
     Args:

@@ -18,7 +18,7 @@ from orchestrator.doctor.bandwidth import BandwidthReport, SizeResult, parse_res
 from orchestrator.doctor.bandwidth_check import bandwidth_check
 from orchestrator.doctor.checks import NOT_TOLD, Check, Context, Status, run_checks
 from orchestrator.doctor.command import exit_code
-from orchestrator.doctor.probe import LATE, HostResult, import_options, probe_round
+from orchestrator.doctor.probe import LATE, ProbeResult, import_options, probe_round
 from orchestrator.doctor.render import render_table, to_json
 from orchestrator.facts import Connect, Entry, HostFacts, Listen
 from orchestrator.group import Group
@@ -74,14 +74,14 @@ def set_in(facts: dict[str, Any], path: str, value: Any) -> None:
 
 def make(n: int = 3, gpus: int = 0, changes: dict[int, dict[str, Any]] | None = None,
          job: JobSpec | None = None, inventory_gpus: int | None = None,
-         iface: str | None = "eth0") -> tuple[dict[str, HostResult], Context]:
+         iface: str | None = "eth0") -> tuple[dict[str, ProbeResult], Context]:
     """n healthy hosts, then `changes` {host index: {"dotted.path": value}} applied."""
     results = {}
     for i in range(n):
         facts = host_facts(i, gpus)
         for path, value in (changes or {}).get(i, {}).items():
             set_in(facts, path, value)
-        results[f"node{i}"] = HostResult(f"node{i}", facts=HostFacts.from_probe(f"node{i}", facts))
+        results[f"node{i}"] = ProbeResult(f"node{i}", facts=HostFacts.from_probe(f"node{i}", facts))
     nodes = tuple(NodeSpec(name=f"node{i}", host=f"10.0.0.{10 + i}", iface=iface, gpus=inventory_gpus)
                   for i in range(n))
     return results, Context(nodes, "node0", MASTER_ADDR, None, "node0", job)
@@ -91,7 +91,7 @@ def by_name(checks: list[Check]) -> dict[str, Check]:
     return {c.name: c for c in checks}
 
 
-def check(name: str, results: dict[str, HostResult], ctx: Context) -> Check:
+def check(name: str, results: dict[str, ProbeResult], ctx: Context) -> Check:
     return by_name(run_checks(results, ctx))[name]
 
 
@@ -159,7 +159,7 @@ def test_torch_missing_on_one_host_is_named():
 
 def test_an_unreachable_host_is_an_error_and_the_others_are_still_checked():
     results, ctx = make()
-    results["node2"] = HostResult("node2", error="node2 (10.0.0.12:22): connection timed out after 10 s",
+    results["node2"] = ProbeResult("node2", error="node2 (10.0.0.12:22): connection timed out after 10 s",
                                   unreachable=True)
     checks = by_name(run_checks(results, ctx))
     assert checks["reachable"].status is Status.ERROR and checks["reachable"].hosts == ["node2"]
@@ -170,7 +170,7 @@ def test_an_unreachable_host_is_an_error_and_the_others_are_still_checked():
 
 def test_a_probe_that_failed_on_a_reachable_host_is_reported_apart():
     results, ctx = make()
-    results["node1"] = HostResult("node1", error="node1: probe failed using python '/opt/venv/bin/python': "
+    results["node1"] = ProbeResult("node1", error="node1: probe failed using python '/opt/venv/bin/python': "
                                   "No such file or directory")
     checks = by_name(run_checks(results, ctx))
     assert checks["reachable"].status is Status.OK
@@ -300,11 +300,11 @@ def test_hosts_that_cannot_connect_to_the_master_port_are_named_with_port_and_re
     assert "allow TCP port 29500 into node0" in found.hint
 
 
-def untried(results: dict[str, HostResult], host: str, why: str) -> None:
+def untried(results: dict[str, ProbeResult], host: str, why: str) -> None:
     """Mark `host`'s connection as one it could not try, as the probe round does."""
     facts = results[host].facts
     assert facts is not None and facts.connect is not None
-    results[host] = HostResult(host, facts=replace(facts, connect=replace(facts.connect, ok=False,
+    results[host] = ProbeResult(host, facts=replace(facts, connect=replace(facts.connect, ok=False,
                                                                            error="connection refused", skipped=why)))
 
 
@@ -322,7 +322,7 @@ def test_a_host_whose_probe_got_no_address_to_connect_to_is_skipped_not_failed()
     results, ctx = make()
     facts = results["node2"].facts
     assert facts is not None
-    results["node2"] = HostResult("node2", facts=replace(facts, connect=None))
+    results["node2"] = ProbeResult("node2", facts=replace(facts, connect=None))
     found = check("port-reachable", results, ctx)
     assert found.status is Status.SKIP and found.hosts == ["node2"]
     assert found.detail.startswith(f"node2: skipped: {NOT_TOLD}; ")
@@ -347,7 +347,7 @@ def test_a_loopback_master_address_for_several_hosts_is_an_error():
 
 def test_with_the_master_unreachable_the_port_and_name_checks_are_skipped():
     results, ctx = make()
-    results["node0"] = HostResult("node0", error="node0 (10.0.0.10:22): connection refused", unreachable=True)
+    results["node0"] = ProbeResult("node0", error="node0 (10.0.0.10:22): connection refused", unreachable=True)
     ctx = Context(ctx.nodes, "node0")
     checks = by_name(run_checks(results, ctx))
     for name in ("port-free", "master-resolves"):
@@ -359,7 +359,7 @@ def test_with_the_master_unreachable_the_port_and_name_checks_are_skipped():
 
 def test_exit_status_is_3_when_a_host_is_unreachable_even_with_other_errors():
     results, ctx = make(changes={1: {"python": "3.10.0"}})
-    results["node2"] = HostResult("node2", error="timed out", unreachable=True)
+    results["node2"] = ProbeResult("node2", error="timed out", unreachable=True)
     assert exit_code(run_checks(results, ctx), results, strict=False) == 3
 
 
@@ -490,7 +490,7 @@ def test_preflight_refuses_a_missing_entry_with_exit_2_naming_the_host():
 
 def test_the_entry_check_says_why_it_did_not_look():
     results, ctx = make()
-    results = {name: HostResult(name, facts=replace(r.facts, entry=None)) for name, r in results.items()}
+    results = {name: ProbeResult(name, facts=replace(r.facts, entry=None)) for name, r in results.items()}
     skipped = check("entry", results, ctx)
     assert skipped.status is Status.SKIP and skipped.detail.startswith("skipped: no job given")
     job = job_from_text("name: j\nmodule: train\nsync: true\n", "job.yaml")
@@ -602,7 +602,7 @@ def test_the_master_is_the_inventorys_when_selected():
 def test_with_no_host_reached_every_check_is_skipped_and_none_is_ok():
     results, ctx = make()
     for name in results:
-        results[name] = HostResult(name, error=f"{name} ({name}.lab:22): connection timed out after 3 s",
+        results[name] = ProbeResult(name, error=f"{name} ({name}.lab:22): connection timed out after 3 s",
                                    unreachable=True)
     checks = run_checks(results, ctx)
     statuses = {c.name: c.status for c in checks}
@@ -615,7 +615,7 @@ def test_with_no_host_reached_every_check_is_skipped_and_none_is_ok():
 def test_hosts_unreachable_for_the_same_reason_share_one_line_with_the_fix():
     results, ctx = make()
     for i in (1, 2):
-        results[f"node{i}"] = HostResult(f"node{i}", unreachable=True, error=(
+        results[f"node{i}"] = ProbeResult(f"node{i}", unreachable=True, error=(
             f"node{i} (10.0.0.1{i}:22): authentication failed as root with key /k (check identity_file / user)"))
     found = check("reachable", results, ctx)
     assert found.status is Status.ERROR and found.hosts == ["node1", "node2"]

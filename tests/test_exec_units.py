@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ExitCode, InfraError
-from orchestrator.execute import ExecRequest, HostResult, execute, exit_code, report
+from orchestrator.execute import ExecRequest, ExecResult, exec_on_hosts, exit_code, report
 from orchestrator.spec import inventory_from_text
 from orchestrator.spec.model import NodeSpec
 from orchestrator.transport.base import REACH_HINT, ConnectError, ConnectFailure
@@ -47,9 +47,9 @@ def names(nodes: list[NodeSpec]) -> list[str]:
 
 
 def test_exit_code_is_zero_only_when_every_host_succeeded() -> None:
-    ok = HostResult.finished(NODE, 0, "", "")
-    failed = HostResult.finished(NODE, 2, "", "")
-    down = HostResult.failed(NODE, ConnectError("node1 (10.0.0.11:22): unreachable: x", ConnectFailure.UNREACHABLE))
+    ok = ExecResult.finished(NODE, 0, "", "")
+    failed = ExecResult.finished(NODE, 2, "", "")
+    down = ExecResult.failed(NODE, ConnectError("node1 (10.0.0.11:22): unreachable: x", ConnectFailure.UNREACHABLE))
     assert exit_code([ok, ok]) is ExitCode.OK
     assert exit_code([ok, failed]) is ExitCode.FAILED
     assert exit_code([ok, down]) is ExitCode.INFRA
@@ -57,17 +57,17 @@ def test_exit_code_is_zero_only_when_every_host_succeeded() -> None:
 
 
 def test_a_failure_after_connecting_is_not_an_unreachable_host() -> None:
-    result = HostResult.failed(NODE, InfraError("node1: cannot start x: channel closed"))
+    result = ExecResult.failed(NODE, InfraError("node1: cannot start x: channel closed"))
     assert (result.unreachable, result.failure, result.rc) == (False, "error", None)
     assert exit_code([result]) is ExitCode.FAILED
 
 
 def test_report_gathers_output_and_summarises_failures() -> None:
     results = [
-        HostResult.finished(NodeSpec("node0", "a"), 0, "same", ""),
-        HostResult.finished(NodeSpec("node1", "b"), 0, "same", ""),
-        HostResult.finished(NodeSpec("node2", "c"), 1, "", "boom"),
-        HostResult.failed(NodeSpec("node3", "d"), ConnectError("node3 (d:22): authentication failed as root with k "
+        ExecResult.finished(NodeSpec("node0", "a"), 0, "same", ""),
+        ExecResult.finished(NodeSpec("node1", "b"), 0, "same", ""),
+        ExecResult.finished(NodeSpec("node2", "c"), 1, "", "boom"),
+        ExecResult.failed(NodeSpec("node3", "d"), ConnectError("node3 (d:22): authentication failed as root with k "
                                                                "(check identity_file / user)", ConnectFailure.AUTH)),
     ]
     out, err = io.StringIO(), io.StringIO()
@@ -83,7 +83,7 @@ def test_report_gathers_output_and_summarises_failures() -> None:
 
 
 def test_hosts_that_failed_to_connect_alike_share_one_block() -> None:
-    results = [HostResult.failed(NodeSpec(f"node{i}", f"10.0.0.{i}"), ConnectError(
+    results = [ExecResult.failed(NodeSpec(f"node{i}", f"10.0.0.{i}"), ConnectError(
         f"node{i} (10.0.0.{i}:22): authentication failed as root with k", ConnectFailure.AUTH)) for i in range(3)]
     out, err = io.StringIO(), io.StringIO()
     report(results, out, err)
@@ -95,7 +95,7 @@ def test_hosts_that_failed_to_connect_alike_share_one_block() -> None:
 def test_json_lists_every_documented_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DISTRUN_INVENTORY", raising=False)
     out = io.StringIO()
-    code = execute(ExecRequest(argv=("sh", "-c", "echo a; echo b; echo e >&2; exit 3"), as_json=True), out=out)
+    code = exec_on_hosts(ExecRequest(argv=("sh", "-c", "echo a; echo b; echo e >&2; exit 3"), as_json=True), out=out)
     assert code == ExitCode.FAILED
     assert json.loads(out.getvalue()) == [
         {"node": "localhost", "host": "localhost", "rc": 3, "stdout": "a\nb", "stderr": "e", "error": None}
@@ -105,7 +105,7 @@ def test_json_lists_every_documented_key(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_runs_on_the_built_in_local_inventory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DISTRUN_INVENTORY", raising=False)
     out, err = io.StringIO(), io.StringIO()
-    assert execute(ExecRequest(argv=("echo", "$(hostname)")), out=out, err=err) == ExitCode.OK
+    assert exec_on_hosts(ExecRequest(argv=("echo", "$(hostname)")), out=out, err=err) == ExitCode.OK
     assert out.getvalue() == "---------------\nlocalhost (1)\n---------------\n$(hostname)\n"
     assert err.getvalue() == ""
 
@@ -163,7 +163,7 @@ def test_timeout_ends_the_command_and_every_process_it_started(monkeypatch: pyte
     monkeypatch.delenv("DISTRUN_INVENTORY", raising=False)
     out, err = io.StringIO(), io.StringIO()
     script = "echo started; sleep 301 & sleep 302"
-    assert execute(ExecRequest(argv=("sh", "-c", script), timeout=1.0), out=out, err=err) == ExitCode.FAILED
+    assert exec_on_hosts(ExecRequest(argv=("sh", "-c", script), timeout=1.0), out=out, err=err) == ExitCode.FAILED
     assert "started" in out.getvalue() and "timed out after 1 s" in out.getvalue()
     deadline = time.monotonic() + 10
     while (with_arg("301") or with_arg("302")) and time.monotonic() < deadline:
@@ -188,14 +188,14 @@ def test_ctrl_c_ends_the_command_and_every_process_it_started() -> None:
 def test_a_command_killed_by_a_signal_exits_as_a_shell_says(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DISTRUN_INVENTORY", raising=False)
     out = io.StringIO()
-    execute(ExecRequest(argv=("sh", "-c", "kill -9 $$"), as_json=True), out=out)
+    exec_on_hosts(ExecRequest(argv=("sh", "-c", "kill -9 $$"), as_json=True), out=out)
     assert json.loads(out.getvalue())[0]["rc"] == 128 + signal.SIGKILL
 
 
 def test_a_missing_command_exits_127_saying_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DISTRUN_INVENTORY", raising=False)
     out = io.StringIO()
-    execute(ExecRequest(argv=("no-such-command-here",), as_json=True), out=out)
+    exec_on_hosts(ExecRequest(argv=("no-such-command-here",), as_json=True), out=out)
     entry = json.loads(out.getvalue())[0]
     assert entry["rc"] == 127
     assert entry["stderr"] == "distrun: cannot run no-such-command-here: No such file or directory"

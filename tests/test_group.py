@@ -21,7 +21,7 @@ import pytest
 from orchestrator.errors import ExitCode, InfraError, UsageError
 from orchestrator.group import Group, GroupError, GroupResult, parallel
 from orchestrator.spec.model import NodeSpec, TransportKind
-from orchestrator.terminal import Progress
+from orchestrator.terminal import ProgressCounter
 from orchestrator.transport import RemoteProcess, Transport, transport_for
 from orchestrator.transport.base import REACH_HINT, ConnectError, ConnectFailure
 from tests.helpers import REPO
@@ -192,7 +192,7 @@ def test_connecting_shows_how_many_hosts_answered_on_a_terminal_then_erases_it()
     errors: dict[str, Exception | None] = {"node0": None, "node1": refused("node1", "10.0.0.11"), "node2": None}
     FakeTransport.closed = []
     group = Group([NodeSpec(name=n, host=n) for n in errors], make=lambda node: FakeTransport(node, errors[node.name]),
-                  progress=Progress(3, "connected", out))
+                  progress=ProgressCounter(3, "connected", out))
     with group:
         group.connect(strict=False)
         group.run(lambda _t: None)

@@ -16,7 +16,7 @@ from orchestrator.spec import resolve_inventory_path
 from orchestrator.spec.config import config_path, load_config
 from orchestrator.spec.model import JobSpec
 from orchestrator.store import Store
-from orchestrator.terminal import ColorMode, Progress
+from orchestrator.terminal import ColorMode, ProgressCounter
 from orchestrator.timespec import parse_duration, parse_since
 
 
@@ -138,7 +138,7 @@ def test_colour_follows_the_flag_then_no_color_then_the_terminal(colour_mode, mo
 
 def test_progress_counts_each_host_once_on_a_terminal_and_erases_itself() -> None:
     out = Tty()
-    progress = Progress(3, "connected", out)
+    progress = ProgressCounter(3, "connected", out)
     for name in ("a", "b", "a", "c"):
         progress.tick(name)
     progress.clear()
@@ -148,7 +148,7 @@ def test_progress_counts_each_host_once_on_a_terminal_and_erases_itself() -> Non
 
 def test_progress_writes_nothing_when_not_a_terminal_or_for_one_host() -> None:
     for out, total in ((io.StringIO(), 64), (Tty(), 1)):
-        progress = Progress(total, "connected", out)
+        progress = ProgressCounter(total, "connected", out)
         progress.tick("a")
         progress.clear()
         assert out.getvalue() == ""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.failures import Failure, FailureKind
-from orchestrator.restarts import Attempt, Course, after_failure, blames_host, refill, trigger
+from orchestrator.restarts import Attempt, AttemptHistory, after_failure, blames_host, refill, trigger
 from orchestrator.spec.model import Restarts
 
 POLICY = Restarts(max=2, backoff=0)
@@ -66,7 +66,7 @@ def test_a_failure_that_restarts_on_does_not_list_ends_the_job() -> None:
 
 
 def test_a_course_records_every_attempt_and_lists_them_for_the_summary() -> None:
-    course = Course(POLICY, min_hosts=2, spares=("node2",))
+    course = AttemptHistory(POLICY, min_hosts=2, spares=("node2",))
     course.begin(["node0", "node1"], 29501)
     verdict = course.verdict(LOST)
     assert verdict is not None and verdict.hosts == ("node0", "node2")
@@ -85,7 +85,7 @@ def test_a_course_records_every_attempt_and_lists_them_for_the_summary() -> None
 
 
 def test_an_attempt_ended_by_a_stop_shows_stopped_not_succeeded() -> None:
-    course = Course(POLICY, min_hosts=2)
+    course = AttemptHistory(POLICY, min_hosts=2)
     course.begin(["node0", "node1"])
     course.end(None, state="stopped")
     (attempt,) = course.attempts
@@ -94,7 +94,7 @@ def test_an_attempt_ended_by_a_stop_shows_stopped_not_succeeded() -> None:
 
 
 def test_a_job_that_allows_no_restart_has_no_verdict_and_no_attempt_list() -> None:
-    course = Course(Restarts(), min_hosts=1)
+    course = AttemptHistory(Restarts(), min_hosts=1)
     course.begin(["node0"])
     assert course.verdict(EXIT) is None
     course.end(EXIT)
@@ -109,7 +109,7 @@ def test_refill_puts_spares_in_the_place_of_bad_hosts_and_skips_bad_spares() -> 
 
 
 def test_a_course_lists_unreachable_spares_with_its_quarantined_hosts() -> None:
-    course = Course(POLICY, min_hosts=1)
+    course = AttemptHistory(POLICY, min_hosts=1)
     course.begin(["node0"])
     course.end(SEGV, "node0")
     course.unreachable.append("node1")

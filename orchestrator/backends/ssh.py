@@ -41,7 +41,7 @@ from orchestrator.spec import (
 )
 from orchestrator.spec.model import DEFAULT_STOP_GRACE
 from orchestrator.store import JobRecord, JobState, signal_controller
-from orchestrator.terminal import Progress, show
+from orchestrator.terminal import ProgressCounter, show
 from orchestrator.transport import REMOTE_TIMEOUT, CommandResult, RemoteProcess, Transport, run_remote
 
 STOP_WAIT = 30.0
@@ -143,14 +143,14 @@ class SshBackend(Backend):
             UsageError: the plan cannot be built from these inputs (a master only reachable by loopback).
         """
         self.group.close()
-        self.group = Group(nodes, progress=Progress(len(nodes), "connected"))
+        self.group = Group(nodes, progress=ProgressCounter(len(nodes), "connected"))
         master = inventory.master_of(nodes)
         # torch as the job will import it (the node's python, in the workdir, with the job's env),
         # so that the preflight compares the torch each host will really run.
         probed = probe_round(self.group, master, {}, job.rendezvous.port, None,
                              port_from=port_from or auto_port_start(), resolve=False,
                              per_host=import_options(nodes, job, job.workdir or os.getcwd()),
-                             progress=Progress(len(nodes), "probed"))
+                             progress=ProgressCounter(len(nodes), "probed"))
         self.facts = probed.check()
         if probed.master_addr is None:
             raise UsageError(probed.master_addr_error or f"{master.name}: no address for the master")
@@ -390,7 +390,7 @@ def _remove_copies(inventory_path: str, jobs: list[JobRecord]) -> dict[str, str]
     ids_on = {name: [job.id for job in jobs if name in job.every_host] for name in known}
     ids_on = {name: ids for name, ids in ids_on.items() if ids}
     nodes = [inventory.node(name) for name in ids_on]
-    with Group(nodes, progress=Progress(len(nodes), "connected")) as group:
+    with Group(nodes, progress=ProgressCounter(len(nodes), "connected")) as group:
         done = group.run(lambda t: run_remote(t, "prune", ["prune"], b"", *ids_on[t.name]))
     failed = done.failed
     left = {job.id: f"{job.every_host[0]}: not in inventory {inventory_path} any more" for job in jobs

@@ -22,7 +22,7 @@ from orchestrator.backends.base import LaunchContext, LaunchRequest
 from orchestrator.backends.ssh import SshBackend
 from orchestrator.errors import InfraError
 from orchestrator.group import GroupError
-from orchestrator.launch import execute
+from orchestrator.launch import run_attempts
 from orchestrator.plan import LaunchPlan
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec, Select, Telemetry
 from orchestrator.store import Store, new_job_id
@@ -175,7 +175,7 @@ def _ship(transport: Transport) -> str:
 def _run(ssh: SshBackend, ctx: LaunchContext, plan: LaunchPlan, report: BandwidthReport) -> BandwidthReport:
     captured = io.StringIO()
     ctx.terminal = captured
-    finished = execute(ssh, ctx, plan)
+    finished = run_attempts(ssh, ctx, plan)
     # Rank 0 prints only after every size was timed: with its line, the measurement is whole,
     # whatever became of the job's teardown.
     ranks, results = parse_results(finished.final_metrics)

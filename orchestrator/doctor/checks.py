@@ -14,7 +14,7 @@ from enum import Enum
 from typing import Any
 
 from orchestrator.display import fold_hosts, size_text
-from orchestrator.doctor.probe import HostResult
+from orchestrator.doctor.probe import ProbeResult
 from orchestrator.facts import HostFacts, Listen
 from orchestrator.group import fold_errors
 from orchestrator.plan import DEFAULT_PORT
@@ -69,7 +69,7 @@ class Context:
         return next(n for n in self.nodes if n.name == name)
 
 
-def run_checks(results: Mapping[str, HostResult], ctx: Context) -> list[Check]:
+def run_checks(results: Mapping[str, ProbeResult], ctx: Context) -> list[Check]:
     """Every check over the hosts' facts; hosts without facts are left out of all but the first two.
 
     Args:
@@ -127,7 +127,7 @@ def consistency(name: str, values: Mapping[str, str], hint: str, broken: frozens
     return Check(name, Status.OK, list(values), listing(labelled))
 
 
-def check_reachable(results: Mapping[str, HostResult]) -> Check:
+def check_reachable(results: Mapping[str, ProbeResult]) -> Check:
     down = {name: r.error or f"{name}: unreachable" for name, r in results.items() if r.unreachable}
     if down:
         return Check("reachable", Status.ERROR, list(down), "; ".join(fold_errors(down)),
@@ -135,7 +135,7 @@ def check_reachable(results: Mapping[str, HostResult]) -> Check:
     return Check("reachable", Status.OK, list(results), f"{fold_hosts(results)}: connected")
 
 
-def check_probe(results: Mapping[str, HostResult]) -> Check:
+def check_probe(results: Mapping[str, ProbeResult]) -> Check:
     failed = {name: r.error or f"{name}: no facts" for name, r in results.items()
               if not r.unreachable and r.facts is None}
     ran = [name for name, r in results.items() if r.facts is not None]

@@ -31,13 +31,13 @@ from orchestrator.doctor.checks import (
     skipped,
 )
 from orchestrator.doctor.firewall import with_forward_note
-from orchestrator.doctor.probe import HostResult, import_options, probe_round
+from orchestrator.doctor.probe import ProbeResult, import_options, probe_round
 from orchestrator.doctor.render import render_table, to_json
 from orchestrator.errors import DistrunError, ExitCode
 from orchestrator.group import Group
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec
 from orchestrator.spec.select import Guard, HostSelection
-from orchestrator.terminal import Progress
+from orchestrator.terminal import ProgressCounter
 
 if TYPE_CHECKING:
     from orchestrator.doctor.bandwidth import BandwidthReport
@@ -94,7 +94,7 @@ def run_doctor(request: DoctorRequest, out: TextIO = sys.stdout) -> int:
     return code
 
 
-def _bandwidth(checks: list[Check], results: Mapping[str, HostResult], inventory: Inventory,
+def _bandwidth(checks: list[Check], results: Mapping[str, ProbeResult], inventory: Inventory,
                nodes: list[NodeSpec], ctx: Context, min_busbw: float | None) -> tuple[Check, BandwidthReport | None]:
     """Run the all-reduce when every check passed; a job on broken hosts would only hang."""
     from orchestrator.doctor.bandwidth import BandwidthReport, measure
@@ -110,7 +110,7 @@ def _bandwidth(checks: list[Check], results: Mapping[str, HostResult], inventory
     return bandwidth_check(report, busbw_threshold(backend, min_busbw), [n.name for n in nodes]), report
 
 
-def collect(nodes: list[NodeSpec], master: NodeSpec, job: JobSpec | None) -> tuple[dict[str, HostResult], Context]:
+def collect(nodes: list[NodeSpec], master: NodeSpec, job: JobSpec | None) -> tuple[dict[str, ProbeResult], Context]:
     """Reach every node at once, run the full probe round, and build the checks' context.
 
     Returns:
@@ -118,15 +118,16 @@ def collect(nodes: list[NodeSpec], master: NodeSpec, job: JobSpec | None) -> tup
     """
     workdir = (job.workdir if job else None) or os.getcwd()
     base = {"full": True, "workdir": workdir}
-    with Group(nodes, progress=Progress(len(nodes), "connected")) as group:
+    with Group(nodes, progress=ProgressCounter(len(nodes), "connected")) as group:
         outcome = probe_round(group, master, base, job.rendezvous.port if job else None, None,
-                              per_host=import_options(nodes, job, workdir), progress=Progress(len(nodes), "probed"))
+                              per_host=import_options(nodes, job, workdir),
+                              progress=ProgressCounter(len(nodes), "probed"))
     ctx = Context(tuple(nodes), master.name, outcome.master_addr, outcome.master_addr_error,
                   outcome.master_hostname, job)
     return outcome.results, ctx
 
 
-def exit_code(checks: list[Check], results: Mapping[str, HostResult], strict: bool) -> int:
+def exit_code(checks: list[Check], results: Mapping[str, ProbeResult], strict: bool) -> int:
     """3 when a host could not be reached; else 1 on an error (or a warning with `strict`); else 0."""
     if any(r.unreachable for r in results.values()):
         return int(ExitCode.INFRA)

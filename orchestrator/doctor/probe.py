@@ -32,7 +32,7 @@ from orchestrator.facts import Connect, HostFacts
 from orchestrator.group import Group, GroupResult, parallel
 from orchestrator.plan import DEFAULT_PORT, choose_master_addr
 from orchestrator.spec.model import JobSpec, NodeSpec
-from orchestrator.terminal import Progress
+from orchestrator.terminal import ProgressCounter
 from orchestrator.transport import RemoteProcess, Transport
 
 PROBE_MODULES = ["output", "pyspy", "gpu", "pyenv", "probe"]  # what the probe runs, dependencies first
@@ -45,7 +45,7 @@ EVENT = "\x1e"
 
 
 @dataclass
-class HostResult:
+class ProbeResult:
     """What became of one host: its facts, or why there are none."""
 
     node: str
@@ -203,7 +203,7 @@ class ConnectRelay:
 class Round:
     """A probe on every host, the master listening while the others connect."""
 
-    results: dict[str, HostResult]
+    results: dict[str, ProbeResult]
     master_addr: str | None = None
     master_addr_error: str | None = None
     master_hostname: str | None = None
@@ -254,7 +254,7 @@ def import_options(nodes: Sequence[NodeSpec], job: JobSpec | None, workdir: str)
 
 def probe_round(group: Group, master: NodeSpec, base: dict[str, Any], port: int | None,
                 master_addr: str | None, port_from: int = DEFAULT_PORT, resolve: bool = True,
-                per_host: Mapping[str, dict[str, Any]] | None = None, progress: Progress | None = None) -> Round:
+                per_host: Mapping[str, dict[str, Any]] | None = None, progress: ProgressCounter | None = None) -> Round:
     """Run the probe on every host at once; the master listens until each other host has tried
     to connect to it (or its probe ended, or PROBE_TIMEOUT passed since it was told where to).
 
@@ -280,7 +280,7 @@ def probe_round(group: Group, master: NodeSpec, base: dict[str, Any], port: int 
             for name, t in group.transports.items()}
     outcome = Round({})
     started = _start_all(group, master, runs, outcome, master_addr, resolve)
-    results = {name: HostResult(name, error=one_line(exc), unreachable=name in started.unreached, exception=exc)
+    results = {name: ProbeResult(name, error=one_line(exc), unreachable=name in started.unreached, exception=exc)
                for name, exc in started.failed.items()}
     live = {name: run for name, run in runs.items() if name not in results}
     master_run = live.pop(master.name, None)
@@ -290,8 +290,8 @@ def probe_round(group: Group, master: NodeSpec, base: dict[str, Any], port: int 
     if master_run is not None:
         live[master.name] = master_run
     for name, value in _finish_all(live.values(), progress).items():
-        results[name] = HostResult(name, error=one_line(value), exception=value) if isinstance(value, Exception) \
-            else HostResult(name, facts=_facts(runs[name], value, closed_at if name != master.name else math.inf))
+        results[name] = ProbeResult(name, error=one_line(value), exception=value) if isinstance(value, Exception) \
+            else ProbeResult(name, facts=_facts(runs[name], value, closed_at if name != master.name else math.inf))
     outcome.results = {name: results[name] for name in group.names}
     return outcome
 
@@ -325,7 +325,7 @@ def _start_all(group: Group, master: NodeSpec, runs: Mapping[str, ProbeRun], out
     return started
 
 
-def _finish_all(runs: Iterable[ProbeRun], progress: Progress | None) -> GroupResult[dict[str, Any]]:
+def _finish_all(runs: Iterable[ProbeRun], progress: ProgressCounter | None) -> GroupResult[dict[str, Any]]:
     """Every probe's facts (or why none came), once each has exited."""
     def finish(run: ProbeRun) -> dict[str, Any]:
         try:

@@ -38,7 +38,7 @@ from typing import Any
 
 from orchestrator.display import fold_hosts
 from orchestrator.doctor.checks import Check, Context, Status
-from orchestrator.doctor.probe import HostResult
+from orchestrator.doctor.probe import ProbeResult
 from orchestrator.remote.redact import escape_controls
 
 SCHEMA = 1
@@ -82,7 +82,7 @@ def render_table(checks: list[Check], ctx: Context, seconds: float, colour: bool
     return "\n".join(lines)
 
 
-def to_json(results: Mapping[str, HostResult], checks: list[Check], ctx: Context, seconds: float,
+def to_json(results: Mapping[str, ProbeResult], checks: list[Check], ctx: Context, seconds: float,
             code: int, bandwidth: dict[str, Any] | None) -> dict[str, Any]:
     """The `--json` document (schema in this module's docstring)."""
     master = results.get(ctx.master)

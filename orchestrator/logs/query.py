@@ -17,7 +17,7 @@ from pathlib import Path
 
 from orchestrator.errors import UsageError
 from orchestrator.logs.format import label, prefixed, shown, stamp
-from orchestrator.logs.screen import Collapser, Group
+from orchestrator.logs.screen import Collapser, FoldedLines
 from orchestrator.remote.linestore import INDEX, Entry, Located, Locator, parse_entries
 
 
@@ -187,7 +187,7 @@ class Renderer:
         for line in text[:-1].split("\n"):
             yield from self._groups(collapser.add(entry.time, entry.node, entry.rank, entry.stream, line))
 
-    def _groups(self, groups: list[Group]) -> Iterator[str]:
+    def _groups(self, groups: list[FoldedLines]) -> Iterator[str]:
         for group in groups:
             when = stamp(group.first) + " " if self.style.timestamps else ""
             yield when + (group.text if self.style.bare else group.render()) + "\n"

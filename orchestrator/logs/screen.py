@@ -38,7 +38,7 @@ HARMLESS = ("The hostname of the client socket cannot be retrieved",)
 
 
 @dataclass
-class Group:
+class FoldedLines:
     """Identical lines from one or more ranks, as `Collapser` folds them."""
 
     first: float
@@ -62,9 +62,9 @@ class Collapser:
 
     def __init__(self, window: float = COLLAPSE_WINDOW) -> None:
         self.window = window
-        self.open: dict[tuple[str, str], Group] = {}
+        self.open: dict[tuple[str, str], FoldedLines] = {}
 
-    def add(self, t: float, node: str, rank: int | None, stream: str, text: str) -> list[Group]:
+    def add(self, t: float, node: str, rank: int | None, stream: str, text: str) -> list[FoldedLines]:
         """Take one line arriving at `t`; returns the groups it made due."""
         ready = self.due(t)
         key = (stream, text)
@@ -73,11 +73,11 @@ class Collapser:
             ready += self._until(key)  # the same rank again: a new line, not a copy
             group = None
         if group is None:
-            group = self.open[key] = Group(t, stream, text)
+            group = self.open[key] = FoldedLines(t, stream, text)
         group.members.append((node, rank))
         return ready
 
-    def due(self, now: float) -> list[Group]:
+    def due(self, now: float) -> list[FoldedLines]:
         """The groups whose window has passed by `now`, oldest first."""
         ready = []
         while self.open:
@@ -87,12 +87,12 @@ class Collapser:
             ready.append(self.open.pop(key))
         return ready
 
-    def drain(self) -> list[Group]:
+    def drain(self) -> list[FoldedLines]:
         ready = list(self.open.values())
         self.open.clear()
         return ready
 
-    def _until(self, key: tuple[str, str]) -> list[Group]:
+    def _until(self, key: tuple[str, str]) -> list[FoldedLines]:
         """Close the groups up to and including `key`'s, keeping their order."""
         ready = []
         for other in list(self.open):
@@ -243,6 +243,6 @@ class Screen:
             if self.collapser is not None:
                 self._show_groups(self.collapser.due(self.clock()))
 
-    def _show_groups(self, groups: list[Group]) -> None:
+    def _show_groups(self, groups: list[FoldedLines]) -> None:
         if groups:
             self.writer.offer("".join(g.render() + "\n" for g in groups), len(groups))
