@@ -1,6 +1,6 @@
 """The fixed cost of a launch: distrun vs pdsh + torchrun, launch to exit, on 3 and 16 namespace hosts.
 
-A trivial job (bench/allreduce_job.py: init, one all-reduce, one line per rank, a barrier, exit)
+A trivial job (bench/launch_cost_job.py: init, one all-reduce, one line per rank, a barrier, exit)
 runs on N hosts (real sshd per network namespace, tests/cluster/), in alternating rounds:
 - pdsh -R ssh -w <hosts> running torchrun with `--node-rank %n` (DeepSpeed's way), and
 - distrun launch of the same job (same static rendezvous, same processes per host).
@@ -21,6 +21,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -33,10 +34,10 @@ from common import REPO, alternate, checkout, children_cpu, median, write_sectio
 
 sys.path.insert(0, str(REPO))
 
-JOB = REPO / "bench" / "allreduce_job.py"
+JOB = REPO / "bench" / "launch_cost_job.py"
 PYTHON = sys.executable
 HEADING = "Fixed cost of a launch: 3 and 16 hosts"
-RANK_MARK = " line 0 "  # the one line each rank of allreduce_job.py prints with its argument 1
+RANK_MARK = re.compile(rb"rank \d+ ready cpu=([\d.]+)")  # each rank's one line
 PORTS = iter(range(29600, 29999))
 # distrun's steps, stamped by --phases, in the order they happen.
 STEPS = ("imported", "prepared", "preflighted", "staged", "submitted", "started", "watched", "finished")
@@ -96,6 +97,7 @@ class Run:
     last: float
     total: float
     cpu: float  # the launcher's own CPU seconds (pdsh: with its ssh clients)
+    rank_cpu: float  # CPU seconds each rank had used by its line (imports, rendezvous), median of the ranks
     steps: dict[str, float] = field(default_factory=dict)
 
 
@@ -106,7 +108,13 @@ def stamped(argv: list[str], env: dict[str, str], ranks: int, steps_file: Path |
     proc = subprocess.Popen(argv, env={**os.environ, **env, "BENCH_BEGAN": repr(began)}, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert proc.stdout is not None
-    seen = [time.monotonic() - began for line in proc.stdout if RANK_MARK.encode() in line]
+    seen: list[float] = []
+    rank_cpu: list[float] = []
+    for line in proc.stdout:
+        found = RANK_MARK.search(line)
+        if found:
+            seen.append(time.monotonic() - began)
+            rank_cpu.append(float(found.group(1)))
     rc = proc.wait()
     total = time.monotonic() - began
     cpu = sum(children_cpu()) - cpu
@@ -115,19 +123,19 @@ def stamped(argv: list[str], env: dict[str, str], ranks: int, steps_file: Path |
     steps = {}
     if steps_file is not None:
         steps = {k: v - began for k, v in json.loads(steps_file.read_text()).items() if k not in ("began", "epoch")}
-    return Run(seen[0], seen[-1], total, cpu, steps)
+    return Run(seen[0], seen[-1], total, cpu, median(rank_cpu), steps)
 
 
 def pdsh_argv(addrs: list[str], nproc: int, port: int) -> list[str]:
     remote = (f"cd {REPO} && OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=eth0 {PYTHON} -m torch.distributed.run "
               f"--nnodes {len(addrs)} --nproc-per-node {nproc} --node-rank %n --master-addr {addrs[0]} "
-              f"--master-port {port} --max-restarts 0 {JOB} 1")
+              f"--master-port {port} --max-restarts 0 {JOB}")
     return ["pdsh", "-R", "ssh", "-f", "256", "-w", ",".join(addrs), remote]
 
 
 def job_file(tmp: Path, nproc: int) -> Path:
     path = tmp / f"cost-{nproc}.yaml"
-    path.write_text(f"name: cost\nscript: {JOB}\nargs: ['1']\nnproc_per_node: {nproc}\n"
+    path.write_text(f"name: cost\nscript: {JOB}\nnproc_per_node: {nproc}\n"
                     "env: {OMP_NUM_THREADS: '1'}\n")
     return path
 
@@ -158,8 +166,9 @@ def series(addrs: list[str], inv: Path, tmp: Path, nproc: int, rounds: int, env:
     def one(name: str) -> float:
         run = contenders[name]()
         runs[name].append(run)
+        steps = {k: round(v, 2) for k, v in run.steps.items()}
         print(f"{nnodes} hosts {name}: {run.total:.2f} s (first line {run.first:.2f}, last {run.last:.2f}, "
-              f"cpu {run.cpu:.2f}) { {k: round(v, 2) for k, v in run.steps.items()} }", flush=True)
+              f"cpu {run.cpu:.2f}, rank cpu {run.rank_cpu:.2f}) {steps}", flush=True)
         return run.total
 
     alternate({name: lambda name=name: one(name) for name in contenders}, rounds)
@@ -189,13 +198,14 @@ def table(results: Results) -> list[str]:
 
 
 def breakdown(results: Results) -> list[str]:
-    rows = ["| hosts | launcher | start -> first rank line s | first -> last rank line s | last rank line -> exit s |",
-            "|---|---|---|---|---|"]
+    rows = ["| hosts | launcher | start -> first rank line s | first -> last rank line s | last rank line -> exit s | "
+            "CPU s of a rank by its line |", "|---|---|---|---|---|---|"]
     for (nnodes, _), runs in results.items():
         for name, values in runs.items():
             first, spread = med(values, lambda r: r.first), med(values, lambda r: r.last - r.first)
             tail = med(values, lambda r: r.total - r.last)
-            rows.append(f"| {nnodes} | {name} | {first:.2f} | {spread:.2f} | {tail:.2f} |")
+            rank_cpu = med(values, lambda r: r.rank_cpu)
+            rows.append(f"| {nnodes} | {name} | {first:.2f} | {spread:.2f} | {tail:.2f} | {rank_cpu:.2f} |")
     return rows
 
 
@@ -241,7 +251,7 @@ def main() -> None:
             nproc = 2 if nnodes <= 4 else 1
             addrs = [cluster.addr(i) for i in range(nnodes)]
             results[(nnodes, nproc)] = series(addrs, inv, tmp, nproc, args.rounds, env, baseline)
-    body = [f"Trivial all-reduce job ({JOB.relative_to(REPO)} 1), static rendezvous, {args.rounds} alternating "
+    body = [f"Trivial all-reduce job ({JOB.relative_to(REPO)}), static rendezvous, {args.rounds} alternating "
             "rounds, launch to exit; medians.", "", *table(results), "",
             "Where the time goes (each run's stdout stamped as it is read):", "", *breakdown(results), "",
             "distrun's own steps (median seconds between stamps; `--phases`):", "", *steps_table(results)]
