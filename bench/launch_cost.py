@@ -111,8 +111,7 @@ def stamped(argv: list[str], env: dict[str, str], ranks: int, steps_file: Path |
     seen: list[float] = []
     rank_cpu: list[float] = []
     for line in proc.stdout:
-        found = RANK_MARK.search(line)
-        if found:
+        for found in RANK_MARK.finditer(line):
             seen.append(time.monotonic() - began)
             rank_cpu.append(float(found.group(1)))
     rc = proc.wait()
