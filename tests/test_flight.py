@@ -29,7 +29,8 @@ import pytest
 from orchestrator.failures import Failure, FailureKind
 from orchestrator.flight import Lag, lags
 from orchestrator.recorded import for_record
-from orchestrator.remote.flightrec import MAX_SOCKET_PATH, fetch, socket_dir, socket_path
+from orchestrator.remote.flightrec import fetch
+from orchestrator.remote.sockdir import MAX_SOCKET_PATH, socket_dir, socket_path
 from orchestrator.store import JobRecord, JobState, Store
 from orchestrator.watchdog import diagnose, with_flight_rank
 from tests.helpers import ready_processes, record_this_process_as_the_jobs_root, wait_for

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import subprocess
 import threading
@@ -32,7 +33,9 @@ from orchestrator.remote.tail import Tailer
 
 CHUNK = 65536
 TAIL_BUSY = 0.002  # seconds between two reads of the rank files while lines flow
-TAIL_IDLE = 0.02  # ... and while they do not
+TAIL_IDLE = 0.02  # ... for QUIET_AFTER seconds after they stopped
+TAIL_QUIET = 0.1  # ... and then: each wake-up costs the host CPU, which a job's ranks share
+QUIET_AFTER = 1.0
 TORCHRUN = "torch.distributed.run"
 
 
@@ -142,6 +145,31 @@ class HostCopy:
             self.store = None
 
 
+class ExitWait:
+    """Pauses that end early when a process exits (a pidfd, on Linux 5.3 and later; plain sleeps
+    elsewhere), so that the relay's longer pauses while a job is quiet never delay its exit."""
+
+    def __init__(self, pid: int) -> None:
+        self.fd: int | None = None
+        self.poll = select.poll()
+        with contextlib.suppress(AttributeError, OSError):
+            self.fd = os.pidfd_open(pid)
+            self.poll.register(self.fd, select.POLLIN)
+
+    def __enter__(self) -> ExitWait:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+    def pause(self, seconds: float) -> None:
+        if self.fd is None:
+            time.sleep(seconds)
+        else:
+            self.poll.poll(seconds * 1000)
+
+
 class Relay:
     """One host's job output, from torchrun to the copy and the controller.
 
@@ -180,8 +208,15 @@ class Relay:
                  for fh, stream in ((child.stdout, STDOUT), (child.stderr, STDERR)) if fh is not None]
         for thread in pipes:
             thread.start()
-        while child.poll() is None:
-            time.sleep(TAIL_BUSY if self.tailer.sweep() else TAIL_IDLE)
+        last_read = time.monotonic()
+        with ExitWait(child.pid) as exited:
+            while child.poll() is None:
+                now = time.monotonic()
+                if self.tailer.sweep():
+                    last_read, pause = now, TAIL_BUSY
+                else:
+                    pause = TAIL_IDLE if now - last_read < QUIET_AFTER else TAIL_QUIET
+                exited.pause(pause)
         for thread in pipes:
             thread.join()
 

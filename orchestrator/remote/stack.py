@@ -27,9 +27,10 @@ import sys
 import threading
 import time
 
-from orchestrator.remote.flightrec import fetch, socket_path
+from orchestrator.remote.flightrec import fetch
 from orchestrator.remote.provenance import Root, proven, record_path, recorded
 from orchestrator.remote.pyspy import find_pyspy
+from orchestrator.remote.sockdir import socket_path
 from orchestrator.remote.supervisor import job_processes
 
 HOST_JOBS = "~/.distrun/jobs"

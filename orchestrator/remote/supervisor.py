@@ -36,13 +36,13 @@ import time
 from typing import BinaryIO
 
 from orchestrator.remote.config import SupervisorConfig
-from orchestrator.remote.flightrec import socket_dir
 from orchestrator.remote.gpu import GpuHolders
 from orchestrator.remote.leader import Leader
 from orchestrator.remote.private import make_private_dirs
 from orchestrator.remote.provenance import Root, become_subreaper, own_roots, proven, record, record_path, root_of
 from orchestrator.remote.relay import Relay
 from orchestrator.remote.safedirs import expand_var, make_safe_dir
+from orchestrator.remote.sockdir import socket_dir
 from orchestrator.remote.stream import StreamWriter
 
 HEARTBEAT_EVERY = 1.0
@@ -244,7 +244,7 @@ class Supervisor:
             record(record_path(self.dir, self.node), roots)
 
     def resolve_sockets(self, env: dict[str, str]) -> None:
-        """DISTRUN_WORKER_SOCKETS made on this host (remote/flightrec.py), or dropped with a note."""
+        """DISTRUN_WORKER_SOCKETS made on this host (remote/sockdir.py), or dropped with a note."""
         wanted = env.get("DISTRUN_WORKER_SOCKETS")
         if wanted is None:
             return

@@ -4,7 +4,7 @@ torchrun started with `--redirects 3 --log-dir DIR` gives every worker its own t
 `DIR/<run>/attempt_<restart>/<local rank>/stdout.log` and `stderr.log`, and no `--tee`: a rank
 writes to its own file, so no two ranks' half lines can meet, and nothing reads those files
 line by line inside torchrun. The supervisor's `Tailer` reads what was added to every file a
-few hundred times a second while lines flow (a few dozen when quiet) and hands on whole lines
+few hundred times a second while lines flow (fifty, then ten when quiet) and hands on whole lines
 only; a line still without its newline waits for it, at most PARTIAL_WAIT seconds, and is then
 handed on marked partial (as is what is left when the job ends). A line longer than LINE_MAX
 is handed on in parts, masked across each cut: the part is masked whole, and its last bytes (one
