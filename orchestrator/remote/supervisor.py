@@ -151,13 +151,14 @@ def end_job(job_id: str, node: str, leader: Leader | None, grace: float, roots: 
         leader: torchrun, when this process started it: its group is signalled too, and it
             is reaped as it exits.
         grace: Seconds between SIGTERM and SIGKILL.
-        roots: What the job's processes descend from (None: this process, the supervisor).
+        roots: What the job's processes descend from (None: this process, the supervisor); each
+            process found is held on to by its pid and start time for the rest of the stop.
 
     Returns:
         How many processes were still alive after the grace period.
     """
     me = os.getpid()
-    known = own_roots() if roots is None else list(roots)  # and every process found on the way
+    known = own_roots() if roots is None else list(roots)
     _signal_all(job_id, node, leader, pin_job_processes(job_id, me, node, known), signal.SIGTERM, known)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
