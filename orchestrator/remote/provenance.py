@@ -5,8 +5,10 @@ The markers the supervisor puts in the job's environment (DISTRUN_JOB_ID, DISTRU
 it is the job's user's (real and effective uid) and descends from a recorded root: the
 supervisor, or the torchrun it started, each known by its pid and start time (a reused pid has
 another start time). The supervisor becomes its children's subreaper, so a worker whose torchrun
-is gone is reparented to it and stays provable. Programs run beside the job later (`stack`, the
-`stop` cleanup) read the roots from the record the supervisor wrote into the host's private job
+is gone is reparented to it and stays provable; a stop (`supervisor.end_job`) adds each process
+it proves to its roots, so one whose torchrun exits while no supervisor is left to adopt it stays
+provable to the end of that stop. Programs run beside the job later (`stack`, the `stop`
+cleanup) read the roots from the record the supervisor wrote into the host's private job
 directory (`record`, `recorded`). Stdlib-only (runs on the hosts).
 """
 
@@ -60,21 +62,30 @@ def _owned(pid: int) -> bool:
 
 def proven(pid: int, roots: Iterable[Root]) -> bool:
     """Whether `pid` is the job's: this user's, and a root or a descendant of one."""
+    return proven_root(pid, roots) is not None
+
+
+def proven_root(pid: int, roots: Iterable[Root]) -> Root | None:
+    """`pid` as a Root (its start time read in the look that proved it) when it is the job's, else
+    None. Added to the roots, it stays provable after its parent exits and nothing of the job
+    adopts it (torchrun gone after its supervisor): how a stop holds on to what it found."""
     wanted = set(roots)
     if not wanted or not _owned(pid):
-        return False
-    current = pid
+        return None
+    current, found = pid, None
     for _ in range(MAX_DEPTH):
         fields = _stat(current)
         if fields is None or len(fields) < 20:
-            return False
-        if Root(current, int(fields[19])) in wanted:
-            return True
+            return None
+        here = Root(current, int(fields[19]))
+        found = found or here
+        if here in wanted:
+            return found
         parent = int(fields[1])
         if parent <= 0 or parent == current:
-            return False
+            return None
         current = parent
-    return False
+    return None
 
 
 def own_roots() -> list[Root]:

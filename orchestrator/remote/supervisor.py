@@ -39,7 +39,7 @@ from orchestrator.remote.config import SupervisorConfig
 from orchestrator.remote.gpu import GpuHolders
 from orchestrator.remote.leader import Leader
 from orchestrator.remote.private import make_private_dirs
-from orchestrator.remote.provenance import Root, become_subreaper, own_roots, proven, record, record_path, root_of
+from orchestrator.remote.provenance import Root, become_subreaper, own_roots, proven_root, record, record_path, root_of
 from orchestrator.remote.relay import Relay
 from orchestrator.remote.safedirs import expand_var, make_safe_dir
 from orchestrator.remote.sockdir import socket_dir
@@ -53,22 +53,38 @@ def _markers(job_id: str, node: str | None) -> tuple[bytes, bytes]:
     return marker, f"DISTRUN_NODE={node}".encode() if node else marker
 
 
-def _is_job_process(pid: int | str, markers: tuple[bytes, bytes], roots: list[Root]) -> bool:
+def _job_root(pid: int | str, markers: tuple[bytes, bytes], roots: list[Root]) -> Root | None:
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             env = fh.read().split(b"\0")
     except OSError:
-        return False
-    return markers[0] in env and markers[1] in env and proven(int(pid), roots)
+        return None
+    return proven_root(int(pid), roots) if markers[0] in env and markers[1] in env else None
+
+
+def _is_job_process(pid: int | str, markers: tuple[bytes, bytes], roots: list[Root]) -> bool:
+    return _job_root(pid, markers, roots) is not None
 
 
 def job_processes(job_id: str, exclude: int, node: str | None = None, roots: list[Root] | None = None) -> list[int]:
     """Pids of every process whose environment has DISTRUN_JOB_ID=job_id (and DISTRUN_NODE=node)
     and that is provably the job's: descends from `roots` (None: from this process)."""
+    return pin_job_processes(job_id, exclude, node, own_roots() if roots is None else list(roots))
+
+
+def pin_job_processes(job_id: str, exclude: int, node: str | None, roots: list[Root]) -> list[int]:
+    """`job_processes`, each also added to `roots` (pid and start time): a process found the job's
+    stays so for the rest of a stop when its parent exits outside the job's tree (a torchrun that
+    dies before its workers while no supervisor is there to adopt them)."""
     markers = _markers(job_id, node)
-    wanted = own_roots() if roots is None else roots
-    return [int(entry) for entry in os.listdir("/proc")
-            if entry.isdigit() and int(entry) != exclude and _is_job_process(entry, markers, wanted)]
+    found = []
+    for entry in os.listdir("/proc"):
+        root = _job_root(entry, markers, roots) if entry.isdigit() and int(entry) != exclude else None
+        if root is not None:
+            found.append(root.pid)
+            if root not in roots:
+                roots.append(root)
+    return found
 
 
 def signal_job_process(pid: int, sig: int, job_id: str, node: str | None, roots: list[Root] | None = None) -> None:
@@ -135,22 +151,24 @@ def end_job(job_id: str, node: str, leader: Leader | None, grace: float, roots: 
         leader: torchrun, when this process started it: its group is signalled too, and it
             is reaped as it exits.
         grace: Seconds between SIGTERM and SIGKILL.
-        roots: What the job's processes descend from (None: this process, the supervisor).
+        roots: What the job's processes descend from (None: this process, the supervisor); each
+            process found is held on to by its pid and start time for the rest of the stop.
 
     Returns:
         How many processes were still alive after the grace period.
     """
     me = os.getpid()
-    _signal_all(job_id, node, leader, job_processes(job_id, me, node, roots), signal.SIGTERM, roots)
+    known = own_roots() if roots is None else list(roots)
+    _signal_all(job_id, node, leader, pin_job_processes(job_id, me, node, known), signal.SIGTERM, known)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
         if leader is not None:
             leader.poll()
-        if not [p for p in job_processes(job_id, me, node, roots) if _alive(p)]:
+        if not [p for p in pin_job_processes(job_id, me, node, known) if _alive(p)]:
             return 0
         time.sleep(0.05)
-    left = [p for p in job_processes(job_id, me, node, roots) if _alive(p)]
-    _signal_all(job_id, node, leader, left, signal.SIGKILL, roots)
+    left = [p for p in pin_job_processes(job_id, me, node, known) if _alive(p)]
+    _signal_all(job_id, node, leader, left, signal.SIGKILL, known)
     return len(left)
 
 
