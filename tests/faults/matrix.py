@@ -145,6 +145,9 @@ SILENT_BOUND = HEARTBEAT + GRACE + 4
 CLOSED_BOUND = GRACE + 5
 # A failure reported by a host: torchrun notices, the controller waits 1.5 s for its echoes, stops the rest.
 REPORTED_BOUND = GRACE + 7
+# A supervisor killed while it stops the job: the other hosts' stop grace runs first, then the
+# controller's cleanup of the dead supervisor's processes takes a grace of its own (6-7 s measured).
+ORPHANS_BOUND = 2 * GRACE + 4
 
 CELLS: tuple[Cell, ...] = (
     # ---------------------------------------------------------------- preflight
@@ -189,7 +192,7 @@ CELLS: tuple[Cell, ...] = (
     Cell(Fault.LINK_CUT, Phase.STOPPING, SILENT_BOUND, Outcome.FAILED, RANK_FAILED, bystander=False),
     Cell(Fault.SSHD_KILLED, Phase.STOPPING, CLOSED_BOUND, Outcome.FAILED, RANK_FAILED, bystander=False),
     Cell(Fault.REBOOT, Phase.STOPPING, CLOSED_BOUND, Outcome.FAILED, RANK_FAILED, bystander=False),
-    Cell(Fault.SUPERVISOR_KILLED, Phase.STOPPING, CLOSED_BOUND, Outcome.FAILED, RANK_FAILED),
+    Cell(Fault.SUPERVISOR_KILLED, Phase.STOPPING, ORPHANS_BOUND, Outcome.FAILED, RANK_FAILED),
     Cell(Fault.TORCHRUN_KILLED, Phase.STOPPING, CLOSED_BOUND, Outcome.FAILED, RANK_FAILED),
     Cell(Fault.WORKER_KILLED, Phase.STOPPING, CLOSED_BOUND, Outcome.FAILED, RANK_FAILED),
     Cell(Fault.CONTROLLER_KILLED, Phase.STOPPING, GRACE + 4, Outcome.LOST),
