@@ -37,6 +37,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import resource
 import struct
 import subprocess
@@ -72,6 +73,7 @@ TELEMETRY_EVERY = 2.0
 HEARTBEAT_EVERY = 1.0
 METRICS_EVERY = 20  # one line in this many is a DISTRUN_METRICS record
 STOP_MESSAGE = b'{"op": "stop"}\n'
+TICKS = os.sysconf("SC_CLK_TCK")
 
 # ---------------------------------------------------------------- the simulated hosts (helper side)
 
@@ -347,13 +349,27 @@ class ViewFile(io.StringIO):
         self.file.flush()
 
 
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of this process's live threads, by name (those of one name added up)."""
+    used: dict[str, float] = {}
+    for thread in threading.enumerate():
+        try:
+            fields = Path(f"/proc/self/task/{thread.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = re.sub(r"-\d+", "", thread.name)
+        used[name] = used.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / TICKS
+    return used
+
+
 def cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(hosts: int, seconds: float, home: Path) -> dict[str, Any]:
-    """Run one job on `hosts` simulated hosts for `seconds`, lose one, and measure it."""
+def measure(hosts: int, seconds: float, home: Path, threads: bool = False) -> dict[str, Any]:
+    """Run one job on `hosts` simulated hosts for `seconds`, lose one, and measure it (`threads`:
+    also say on stderr the cores used while every host ran, and by which threads)."""
     os.environ["DISTRUN_HOME"] = str(home)
     os.environ.setdefault("COLUMNS", "160")
     os.environ.setdefault("LINES", "50")
@@ -365,10 +381,15 @@ def measure(hosts: int, seconds: float, home: Path) -> dict[str, Any]:
     made = SimBackend.made  # the launch makes the backend: the bench reaches it here
     lost_at: list[float] = []
 
+    running: dict[str, Any] = {}
+
     def lose_one() -> None:
         while not made or not made[0].all_running.is_set():
             time.sleep(0.05)
+        running.update(at=time.monotonic(), cpu=cpu_seconds(), threads=thread_cpu())
         time.sleep(seconds)
+        running.update(cores=(cpu_seconds() - running["cpu"]) / (time.monotonic() - running["at"]),
+                       threads={k: v - running["threads"].get(k, 0.0) for k, v in thread_cpu().items()})
         lost_at.append(time.monotonic())
         made[0].lose(f"sim{hosts // 2}")
 
@@ -379,6 +400,10 @@ def measure(hosts: int, seconds: float, home: Path) -> dict[str, Any]:
         launch.launch(LaunchRequest(str(job), backend="sim", job_id="sim-1", nnodes=hosts, live=True,
                                     skip_preflight=True))
     wall, cpu = time.monotonic() - began, cpu_seconds() - cpu0
+    if threads and "cores" in running:
+        print(f"while every host ran: {running['cores']:.2f} cores; CPU s by thread:", file=sys.stderr)
+        for name, used in sorted(running["threads"].items(), key=lambda item: -item[1])[:12]:
+            print(f"  {used:7.2f}  {name}", file=sys.stderr)
     backend = made[0]
     printed = sum(h.total or 0 for h in backend.helpers)
     stored = sum(e.nlines for e in read_index(str(Store().job_dir("sim-1").root)) if e.rank is not None)
@@ -396,12 +421,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", type=int, default=512)
     parser.add_argument("--seconds", type=float, default=20.0, help="how long the job runs before a host is lost")
     parser.add_argument("--json", action="store_true", help="print one JSON line (else a readable one)")
+    parser.add_argument("--threads", action="store_true",
+                        help="also say on stderr the cores used while every host ran, by thread")
     parser.add_argument("--helper", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.helper:
         return helper_main()
     with tempfile.TemporaryDirectory(prefix="scale-sim-") as home:
-        result = measure(args.hosts, args.seconds, Path(home))
+        result = measure(args.hosts, args.seconds, Path(home), args.threads)
     print(json.dumps(result) if args.json else "  ".join(f"{k} {v}" for k, v in result.items()))
     return 0
 
