@@ -167,7 +167,7 @@ def render(aggregator: Aggregator, title: str, now: float | None, alerts: list[s
         elif state.gpus:
             table.add_row(*_gpus_row(state, rules))
     if len(shown) < len(hosts):
-        table.add_row(f"… {len(hosts) - len(shown)} more hosts", "", "", "", "", "", "(distrun top shows all)")
+        table.add_row(f"… {len(hosts) - len(shown)} more hosts", "", "", "", "", "", "")
     return table
 
 
