@@ -75,7 +75,7 @@ class Launcher:
         self.dir: JobDir = ctx.store.job_dir(plan.job_id)
         self.dir.create()
         self.monitor = telemetry.Monitor([h.node for h in plan.hosts], plan.telemetry_interval,
-                                         self._on_alert, self._running, title=plan.job_id,
+                                         self._on_alerts, self._running, title=plan.job_id,
                                          world_size=plan.world_size)
         terminal = self.monitor.terminal(ctx.terminal, ctx.request.live)
         screen = None if terminal is None else Screen(terminal, ctx.colour(), ctx.request.collapse, plan.job_id,
@@ -90,6 +90,7 @@ class Launcher:
         self.telemetry_file = self.dir.open(self.dir.telemetry, "a", encoding="utf-8")  # closed in run()
         self.wake = threading.Event()
         self.hosts = [HostRun(h, self.sink, self._on_telemetry, wake=self.wake) for h in plan.hosts]
+        self.by_node = {h.node: h for h in self.hosts}  # a lookup per host per second is O(n²) as a scan
         self.awake_since = 0.0  # when the controller last woke from a freeze (monotonic; 0: never froze)
         self.ended = threading.Event()
         self.heartbeat = threading.Thread(target=self._heartbeats, daemon=True)
@@ -106,7 +107,7 @@ class Launcher:
         return self.ctx.interrupted
 
     def host(self, node: str) -> HostRun:
-        return next(h for h in self.hosts if h.node == node)
+        return self.by_node[node]
 
     def _on_metrics(self, node: str, _rank: int | None, record: dict[str, Any]) -> None:
         self.monitor.metrics(node, record)
@@ -124,20 +125,23 @@ class Launcher:
             self.telemetry_file.flush()
         self.monitor.sample(node, sample)
 
-    def _on_alert(self, alert: telemetry.Alert) -> None:
-        """An alert is a log line of its host and part of the job's record (a database that
-        cannot be written now is said, and the alert is recorded with the next one or at the end)."""
-        self.sink.note(alert.node, alert.line())
+    def _on_alerts(self, fired: list[telemetry.Alert]) -> None:
+        """An alert is a log line of its host and part of the job's record, alerts that fired
+        together in one write (a database that cannot be written now is said, and the alerts are
+        recorded with the next ones or at the end)."""
+        for alert in fired:
+            self.sink.note(alert.node, alert.line())
         with self.telemetry_lock:
-            self.record.alerts.append(alert.record())
+            self.record.alerts += [alert.record() for alert in fired]
             alerts = list(self.record.alerts)
         try:
             self.store.update(self.plan.job_id, alerts=alerts)
         except DistrunError as exc:
-            self.sink.note(alert.node, f"warning: alert not recorded: {exc}")
+            self.sink.note(fired[0].node, f"warning: alert(s) not recorded: {exc}")
 
     def _running(self, node: str) -> bool:
-        return any(h.node == node and not h.exited.is_set() for h in self.hosts)
+        host = self.by_node.get(node)
+        return host is not None and not host.exited.is_set()
 
     def run(self) -> int:
         """Start every host, follow the job to its end, stop what is left; the exit code.

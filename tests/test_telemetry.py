@@ -226,6 +226,15 @@ def test_too_many_gpus_for_the_screen_fold_into_one_row_per_host(clock: Clock) -
     assert re.search(r"8 gpus\s+54% \(min 50%\)\s+max 49%\s+max 67°C\s+800 W", text)
 
 
+def test_hosts_past_the_screen_are_counted_in_one_row_not_drawn(clock: Clock) -> None:
+    agg = aggregator(clock, tuple(f"node{i}" for i in range(10)))
+    table = view.render(agg, "job-1", clock(), [], max_rows=4)
+    text = rendered(table)
+    assert table.row_count == 4
+    assert re.search(r"node2\s+cpu", text) and "node3 " not in text
+    assert "… 7 more hosts" in text
+
+
 def test_table_renders_on_a_terminal_console_with_colours(clock: Clock) -> None:
     text = rendered(view.render(filled(clock), "job-1", clock(), []), terminal=True)
     assert "\x1b[" in text and "gpu1" in text
@@ -240,7 +249,7 @@ class TTY(io.StringIO):
 
 
 def monitor(alerts: list[alerts.Alert], interval: float | None = 1.0) -> view.Monitor:
-    return view.Monitor(["node0"], interval, alerts.append, lambda _node: True, title="job-1")
+    return view.Monitor(["node0"], interval, alerts.extend, lambda _node: True, title="job-1")
 
 
 def test_live_view_keeps_log_lines_above_the_table() -> None:
@@ -262,6 +271,20 @@ def test_live_view_keeps_log_lines_above_the_table() -> None:
     assert re.search(r"gpu0\s+77%", out)
 
 
+def test_log_lines_flushed_in_quick_succession_go_out_in_one_print_at_its_turn() -> None:
+    screen = TTY()
+    writer = view.ConsoleWriter(Console(file=screen, force_terminal=True), every=0.3)
+    writer.write("step 1\n")
+    writer.flush()
+    writer.write("step 2\n")
+    writer.flush()
+    writer.write("step 3\n")
+    writer.flush()
+    assert "step 1" in screen.getvalue() and "step 2" not in screen.getvalue()  # each print redraws the table
+    time.sleep(0.6)
+    assert screen.getvalue().count("step 2") == 1 and "step 3" in screen.getvalue()
+
+
 def test_no_live_view_when_not_asked_or_not_a_terminal() -> None:
     piped = io.StringIO()
     assert monitor([]).terminal(piped, live=True) is piped
@@ -281,7 +304,7 @@ def test_monitor_hands_alerts_to_its_callback_and_stops_after_stop() -> None:
 
 def test_monitor_names_a_straggler_from_every_ranks_metrics_and_keeps_rank0s_as_the_jobs() -> None:
     alerts: list[alerts.Alert] = []
-    mon = view.Monitor(["node0", "node1"], None, alerts.append, lambda _node: True, title="job-1", world_size=4)
+    mon = view.Monitor(["node0", "node1"], None, alerts.extend, lambda _node: True, title="job-1", world_size=4)
     for step in range(1, 7):
         for rank in range(4):
             record = {"step": step, "rank": rank, "busy_s": 0.5 if rank == 3 else 0.1, "step_time_s": 0.5}
@@ -296,7 +319,7 @@ def test_monitor_names_a_straggler_from_every_ranks_metrics_and_keeps_rank0s_as_
 def test_monitor_reports_a_silent_host_from_its_own_thread(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(view, "TICK", 0.05)
     alerts: list[alerts.Alert] = []
-    mon = view.Monitor(["node0", "node1"], 0.1, alerts.append, lambda node: node == "node0", title="job-1",
+    mon = view.Monitor(["node0", "node1"], 0.1, alerts.extend, lambda node: node == "node0", title="job-1",
                             rules=AlertRules(silent_min_s=0.3, silent_intervals=1))
     mon.sample("node0", host())
     mon.sample("node1", host())
@@ -304,6 +327,21 @@ def test_monitor_reports_a_silent_host_from_its_own_thread(monkeypatch: pytest.M
     time.sleep(0.8)
     mon.stop()
     assert [(a.node, a.rule) for a in alerts] == [("node0", "silent")]
+
+
+def test_hosts_gone_silent_in_one_check_are_handed_on_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One call, so that the launcher records them in one database write, not one per host."""
+    monkeypatch.setattr(view, "TICK", 0.05)
+    calls: list[list[alerts.Alert]] = []
+    nodes = [f"node{i}" for i in range(50)]
+    mon = view.Monitor(nodes, 0.1, calls.append, lambda _node: True, title="job-1",
+                       rules=AlertRules(silent_min_s=0.3, silent_intervals=1))
+    for node in nodes:
+        mon.sample(node, host())
+    mon.start()
+    time.sleep(0.8)
+    mon.stop()
+    assert [len(call) for call in calls] == [50]
 
 
 # ---------------------------------------------------------------- history and `top`

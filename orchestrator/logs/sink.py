@@ -165,13 +165,14 @@ class LogSink:
                 self.store.append(entry, data)
             except OSError as exc:
                 self._unstored(entry.nlines, exc)
+            lines = last_lines(data, TAIL_LINES)  # decoded once for the three tails (a cost per batch)
             for key in {(entry.node, entry.rank), (entry.node, None)}:
                 tail = self.tails.get(key)
                 if tail is None:
                     tail = self.tails[key] = deque(maxlen=TAIL_LINES)
-                tail.extend(last_lines(data, TAIL_LINES))
+                tail.extend(lines)
             if entry.stream != NOTE:
-                self.own_tails.setdefault(entry.node, deque(maxlen=TAIL_LINES)).extend(last_lines(data, TAIL_LINES))
+                self.own_tails.setdefault(entry.node, deque(maxlen=TAIL_LINES)).extend(lines)
 
     def _unstored(self, nlines: int, exc: OSError) -> None:
         self.unstored += nlines

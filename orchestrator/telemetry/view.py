@@ -23,6 +23,7 @@ from orchestrator.terminal import colour, safe_text
 
 TICK = 1.0  # seconds between checks for silent hosts
 TABLE_CHROME = 8  # lines of a rendered table that are not rows (title, header, rules, caption)
+PRINT_EVERY = 0.2  # seconds between two prints of log lines: each print redraws the table under them
 
 
 # ---------------------------------------------------------------- rendering
@@ -140,7 +141,9 @@ def render(aggregator: Aggregator, title: str, now: float | None, alerts: list[s
            max_rows: int | None = None) -> Table:
     """The status table: a row per host (CPU, memory, load, network, the job's processes) and
     a row per GPU (utilisation, memory, temperature, power), or one row for all of a host's
-    GPUs when a row each would pass `max_rows`; the latest throughput and alerts below.
+    GPUs when a row each would pass `max_rows`; the latest throughput and alerts below. Hosts
+    past `max_rows` are one row that counts them: a row the screen cannot show is never built
+    (the live view redraws twice a second, and a table of 4096 hosts cost more than the job's lines).
 
     Args:
         now: the aggregator's clock now, to show each host's last sample as an age; None shows
@@ -154,14 +157,17 @@ def render(aggregator: Aggregator, title: str, now: float | None, alerts: list[s
     for name in ("node", "dev", "util", "memory", "temp", "power"):
         table.add_column(name, justify="right" if name in ("util", "temp", "power") else "left", no_wrap=True)
     table.add_column("", overflow="fold")  # the notes give way first on a narrow terminal
-    per_gpu = max_rows is None or sum(1 + len(h.gpus) for h in hosts) <= max_rows
-    for state in hosts:
+    shown = hosts if max_rows is None or len(hosts) <= max_rows else hosts[:max(max_rows - 1, 1)]
+    per_gpu = max_rows is None or sum(1 + len(h.gpus) for h in shown) <= max_rows
+    for state in shown:
         table.add_row(*_host_row(state, now, rules))
         if per_gpu:
             for index in sorted(state.gpus):
                 table.add_row(*_gpu_row(state.gpus[index], rules))
         elif state.gpus:
             table.add_row(*_gpus_row(state, rules))
+    if len(shown) < len(hosts):
+        table.add_row(f"… {len(hosts) - len(shown)} more hosts", "", "", "", "", "", "")
     return table
 
 
@@ -181,16 +187,19 @@ class RawLines:
 class ConsoleWriter(io.TextIOBase):
     """A text stream that prints whole lines through a rich console, above its live area.
 
-    LogSink writes each line and flushes every few hundred milliseconds; the lines written
-    between flushes go out as one raw print, so a chatty job costs one redraw per flush, not
-    one per line, and no parsing per line (rich's Text costs ~100 µs a line). LogSink's
-    ANSI colours pass through.
+    The lines written between prints go out as one raw print, at most one every `every` seconds
+    (a flush sooner waits for its turn): a chatty job costs a few redraws a second, not one per
+    flush of the terminal's writer, and no parsing per line (rich's Text costs ~100 µs a line).
+    LogSink's ANSI colours pass through.
     """
 
-    def __init__(self, console: Console) -> None:
+    def __init__(self, console: Console, every: float = PRINT_EVERY) -> None:
         super().__init__()
         self.console = console
+        self.every = every
         self.pending = ""
+        self.printed = 0.0  # when the last print was (monotonic)
+        self.timer: threading.Timer | None = None
         self.lock = threading.Lock()
 
     def writable(self) -> bool:
@@ -202,11 +211,28 @@ class ConsoleWriter(io.TextIOBase):
         return len(text)
 
     def flush(self) -> None:
+        """Print the whole lines written, now or (within `every` of the last print) at its turn."""
         with self.lock:
+            wait = self.printed + self.every - time.monotonic()
+            if wait > 0:
+                if self.timer is None:
+                    self.timer = threading.Timer(wait, self.drain)
+                    self.timer.daemon = True
+                    self.timer.start()
+                return
+        self.drain()
+
+    def drain(self) -> None:
+        """Print the whole lines written, now."""
+        with self.lock:
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
             cut = self.pending.rfind("\n") + 1
             lines, self.pending = self.pending[:cut], self.pending[cut:]
             if lines:
                 self.console.print(RawLines(safe_text(lines)), end="", crop=False, soft_wrap=True)
+                self.printed = time.monotonic()
 
     def isatty(self) -> bool:
         return self.console.is_terminal
@@ -218,24 +244,26 @@ class Monitor:
     Args:
         nodes: the job's hosts.
         interval: the samplers' interval; None when the job has telemetry off.
-        on_alert: called with each alert as it fires (from the thread that saw it).
+        on_alerts: called with the alerts that fired together (from the thread that saw them):
+            one call for the hosts that went silent in one check, not one per host.
         active: whether a host still runs the job; only those can go silent.
         title: the live view's title (the job id).
         rules: alert thresholds (default: AlertRules()).
         world_size: the job's ranks, for the straggler detector (None: unknown).
     """
 
-    def __init__(self, nodes: list[str], interval: float | None, on_alert: Callable[[Alert], None],
+    def __init__(self, nodes: list[str], interval: float | None, on_alerts: Callable[[list[Alert]], None],
                  active: Callable[[str], bool], title: str, rules: AlertRules | None = None,
                  world_size: int | None = None) -> None:
         self.aggregator = Aggregator(nodes, interval, rules)
         self.stragglers = Detector(world_size)
         self.nodes = nodes
-        self.on_alert = on_alert
+        self.on_alerts = on_alerts
         self.active = active
         self.title = title
         self.status = ""  # shown after the title (the watchdog's `stalled`)
         self.live: Live | None = None
+        self.writer: ConsoleWriter | None = None
         self.stopped = threading.Event()
         self.ticker = threading.Thread(target=self._tick, daemon=True)
 
@@ -245,7 +273,8 @@ class Monitor:
             return terminal
         console = Console(file=terminal, no_color=not colour(terminal))
         self.live = Live(console=console, get_renderable=self.frame, refresh_per_second=2)
-        return ConsoleWriter(console)
+        self.writer = ConsoleWriter(console)
+        return self.writer
 
     def frame(self) -> Table:
         """The live table now."""
@@ -281,6 +310,8 @@ class Monitor:
         if self.stopped.is_set():
             return
         self.stopped.set()
+        if self.writer is not None:
+            self.writer.drain()  # the last lines go above the last frame
         if self.live is not None:
             self.live.stop()
 
@@ -290,6 +321,5 @@ class Monitor:
 
     def _report(self, alerts: list[Alert]) -> None:
         """Hand alerts on, unless the job's summary is already being written."""
-        for alert in alerts:
-            if not self.stopped.is_set():
-                self.on_alert(alert)
+        if alerts and not self.stopped.is_set():
+            self.on_alerts(alerts)
