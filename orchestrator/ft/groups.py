@@ -15,6 +15,9 @@ from orchestrator.spec.model import FaultTolerance, JobSpec, Rendezvous
 GROUP_ID = "REPLICA_GROUP_ID"
 GROUP_COUNT = "NUM_REPLICA_GROUPS"
 LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
+# A quorum that fails (the lighthouse is being restarted) is tried again this often before the
+# rank raises (torchft's default is 0: the first failed quorum ends the group); the job's env wins.
+QUORUM_RETRIES = {"TORCHFT_QUORUM_RETRIES": "10"}
 
 
 @dataclass(frozen=True)
@@ -64,5 +67,5 @@ def group_job(job: JobSpec, group: ReplicaGroup, count: int, lighthouse: str) ->
     (groups may share a host)."""
     port = job.rendezvous.port + group.index if job.rendezvous.port else None
     return replace(job, name=f"{job.name}{group.job_id_suffix}", nnodes=len(group.hosts), fault_tolerance=None,
-                   env={**job.env, **group_env(group.index, count, lighthouse)},
+                   env={**QUORUM_RETRIES, **job.env, **group_env(group.index, count, lighthouse)},
                    rendezvous=Rendezvous(job.rendezvous.backend, port), spares=None)

@@ -24,9 +24,10 @@ from orchestrator.errors import InfraError
 PR_SET_PDEATHSIG = 1
 RESTART_PAUSE = 0.5  # between the lighthouse's exit and its next start
 STOP_WAIT = 5.0
-# Quorum timings for a job that steps in seconds, not minutes: stragglers get 1 s to join a
-# quorum, and a group silent for 5 s is out of it (torchft's defaults: 60 s and 5 s).
-TUNING = ("--join_timeout_ms", "1000", "--quorum_tick_ms", "100", "--heartbeat_timeout_ms", "5000")
+# Quorum timings for a job that steps in seconds, not minutes: heartbeating stragglers get 5 s to
+# join a quorum (a restarted lighthouse waits that long for every group to come back, not one
+# group alone), and a group silent for 5 s is out of it (torchft's defaults: 60 s and 5 s).
+TUNING = ("--join_timeout_ms", "5000", "--quorum_tick_ms", "100", "--heartbeat_timeout_ms", "5000")
 READY_WAIT = 60.0  # how long a starting lighthouse may take to listen (its python imports torch)
 
 

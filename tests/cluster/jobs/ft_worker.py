@@ -2,9 +2,10 @@
 
 A linear model under torchft's DistributedDataParallel and Optimizer wrapper with
 ProcessGroupGloo; each committed step printed as
-`ft step S group G participants P` (S: the step just committed, torchft's own count, which
+`ft step S group G participants P t SECONDS` (S: the step just committed, torchft's own count, which
 a group that healed from a peer continues from). `--steps N`: stop once step N is committed;
-`--step-time T`: seconds each step sleeps (so that a fault lands mid-run).
+`--step-time T`: seconds each step sleeps (so that a fault lands mid-run);
+`--fail-group G --fail-at S`: group G's ranks exit 3 once step S is committed.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ import torch
 from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "jobs"))
-from quick_exit import quick_exit  # noqa: E402
+from quick_exit import quick_exit
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--step-time", type=float, default=0.2)
+    parser.add_argument("--fail-group", type=int, default=-1, help="this group's ranks exit 3 at --fail-at")
+    parser.add_argument("--fail-at", type=int, default=0)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     group = int(os.environ["REPLICA_GROUP_ID"])
@@ -54,8 +57,12 @@ def main() -> None:
         before = manager.current_step()
         opt.step()
         if manager.current_step() > before:
-            print(f"ft step {manager.current_step()} group {group} participants {manager.num_participants()}",
+            print(f"ft step {manager.current_step()} group {group} participants {manager.num_participants()} "
+                  f"t {time.time():.3f}",
                   flush=True)
+        if group == args.fail_group and manager.current_step() >= args.fail_at:
+            print(f"ft group {group} fails at step {manager.current_step()}", flush=True)
+            quick_exit(3)
         time.sleep(args.step_time)
     manager.shutdown(wait=False)
     quick_exit(0)

@@ -1,0 +1,89 @@
+"""`fault_tolerance:` in a job file: its checks, the replica groups it makes, and the dry run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import UsageError
+from orchestrator.ft.groups import ReplicaGroup, group_job, split
+from orchestrator.spec.job import job_from_text
+from orchestrator.spec.model import FaultTolerance
+from orchestrator.spec.overrides import job_to_yaml
+from tests.helpers import REPO, distrun
+
+WORKER = REPO / "tests" / "cluster" / "jobs" / "ft_worker.py"
+
+
+def ft_job(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(f"name: ft\nscript: {WORKER}\nnproc_per_node: 1\n{body}")
+    return path
+
+
+def local_inventory(tmp_path: Path, names: list[str]) -> Path:
+    """Hosts that are all this machine, through the local transport (no SSH)."""
+    path = tmp_path / "inv.yaml"
+    path.write_text("nodes:\n" + "".join(f"  - {{name: {n}, host: localhost, transport: local}}\n" for n in names))
+    return path
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("nnodes: 3\nfault_tolerance: {hosts_per_group: 2}\n",
+     "fault_tolerance.hosts_per_group: 2 does not divide nnodes 3"),
+    ("nnodes: 2\nfault_tolerance: {min_replicas: 3}\n",
+     "fault_tolerance.min_replicas: 3 is above the 2 replica group(s)"),
+    ("nnodes: '1:2'\nfault_tolerance: {}\n", "fault_tolerance: does not combine with nnodes: MIN:MAX"),
+    ("fault_tolerance: {min_replicas: 0}\n", "fault_tolerance.min_replicas: must be an integer >= 1"),
+    ("fault_tolerance: {replicas: 2}\n", "replicas"),
+])
+def test_a_bad_fault_tolerance_is_one_line_with_exit_2(tmp_path: Path, body: str, message: str) -> None:
+    result = distrun("launch", str(ft_job(tmp_path, body)), "--dry-run", home=tmp_path / "home")
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_selection_that_makes_no_whole_groups_is_refused_at_launch(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path, ["a", "b", "c"])
+    result = distrun("launch", str(ft_job(tmp_path, "fault_tolerance: {hosts_per_group: 2}\n")), "-i", str(inv),
+                     "--dry-run", home=tmp_path / "home")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == ("distrun: error: fault_tolerance: hosts_per_group 2 does not divide the 3 "
+                                     "selected host(s) (select a multiple of 2 with --nodes/--nnodes)")
+
+
+def test_hosts_split_into_groups_in_order_each_free_to_take_every_spare() -> None:
+    groups = split(["n0", "n1", "n2", "n3"], ["s0"], FaultTolerance(min_replicas=2, hosts_per_group=2))
+    assert groups == [ReplicaGroup(0, ("n0", "n1"), ("s0",)), ReplicaGroup(1, ("n2", "n3"), ("s0",))]
+    with pytest.raises(UsageError, match="min_replicas 3 is above the 2 replica group"):
+        split(["n0", "n1", "n2", "n3"], [], FaultTolerance(min_replicas=3, hosts_per_group=2))
+
+
+def test_a_group_job_is_a_plain_job_of_its_hosts_with_torchfts_variables(tmp_path: Path) -> None:
+    job = job_from_text(f"name: ft\nscript: {WORKER}\nnnodes: 4\nenv: {{A: '1', TORCHFT_QUORUM_RETRIES: '3'}}\n"
+                        "rendezvous: {port: 29400}\nfault_tolerance: {hosts_per_group: 2}\n", "job.yaml")
+    one = group_job(job, ReplicaGroup(1, ("n2", "n3")), 2, "http://10.0.0.1:29510")
+    assert (one.name, one.nnodes, one.fault_tolerance, one.rendezvous.port) == ("ft-g1", 2, None, 29401)
+    assert one.env == {"A": "1", "TORCHFT_QUORUM_RETRIES": "3", "REPLICA_GROUP_ID": "1", "NUM_REPLICA_GROUPS": "2",
+                       "TORCHFT_LIGHTHOUSE": "http://10.0.0.1:29510"}
+    assert job_from_text(job_to_yaml(one), "again.yaml").env == one.env
+
+
+def test_dry_run_shows_the_lighthouse_and_every_groups_torchrun_and_env(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path, ["a", "b"])
+    home = tmp_path / "home"
+    result = distrun("launch", str(ft_job(tmp_path, "fault_tolerance: {min_replicas: 1, lighthouse_port: 29577}\n")),
+                     "-i", str(inv), "--dry-run", home=home)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "2 replica group(s), min_replicas 1; lighthouse at http://127.0.0.1:29577" in out
+    assert "--min_replicas 1 --bind 0.0.0.0:29577" in out
+    for index, node in enumerate(["a", "b"]):
+        block = out.split(f"== replica group {index}: {node} ==")[1].split("== replica group")[0]
+        assert f"REPLICA_GROUP_ID={index}" in block and "NUM_REPLICA_GROUPS=2" in block
+        assert "TORCHFT_LIGHTHOUSE=http://127.0.0.1:29577" in block
+        assert "--nnodes 1 --nproc-per-node 1" in block and str(WORKER) in block
+    assert not (home / "jobs").exists() or not any((home / "jobs").iterdir()), "a dry run writes no job"
