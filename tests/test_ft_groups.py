@@ -13,7 +13,7 @@ from orchestrator.spec.model import FaultTolerance
 from orchestrator.spec.overrides import job_to_yaml
 from tests.helpers import REPO, distrun
 
-WORKER = REPO / "tests" / "cluster" / "jobs" / "ft_worker.py"
+WORKER = REPO / "jobs" / "train_ft.py"
 
 
 def ft_job(tmp_path: Path, body: str) -> Path:

@@ -30,6 +30,7 @@ from orchestrator.backends.base import LaunchRequest
 from orchestrator.errors import DistrunError, ExitCode, UsageError
 from orchestrator.ft import lighthouse
 from orchestrator.ft.groups import ReplicaGroup, group_job, split
+from orchestrator.restarts import Attempt
 from orchestrator.spec import resolve_inventory_path, select_with_spares
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.overrides import job_to_yaml
@@ -247,10 +248,19 @@ class _Parent:
                 run.proc.kill()
             self._ended(run)
 
+    def _story(self, run: GroupRun) -> list[str]:
+        """The group's attempts as its record keeps them, when it was relaunched."""
+        try:
+            attempts = [Attempt.from_dict(a) for a in self.store.get(run.job_id).attempts]
+        except DistrunError:
+            return []
+        return [attempt.line() for attempt in attempts] if len(attempts) > 1 else []
+
     def _end(self, code: int, summary: str) -> None:
-        lines = [summary, f"  lighthouse: started {self.light.starts} time(s)",
-                 *(f"  group {r.group.index} ({r.job_id}) on {', '.join(r.group.hosts)}: {r.state()}"
-                   for r in self.runs)]
+        lines = [summary, f"  lighthouse: started {self.light.starts} time(s)"]
+        for run in self.runs:
+            lines += [f"  group {run.group.index} ({run.job_id}) on {', '.join(run.group.hosts)}: {run.state()}",
+                      *(f"    {line}" for line in self._story(run))]
         detail = "\n".join(lines)
         stopped = code in (ExitCode.INTERRUPTED, ExitCode.TERMINATED)
         state = JobState.SUCCEEDED if code == 0 else (JobState.STOPPED if stopped else JobState.FAILED)

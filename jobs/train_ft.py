@@ -1,4 +1,5 @@
-"""A torchft replica group's training loop for the fault-tolerance tests.
+"""A replica group's training loop under torchft: the smallest script for `fault_tolerance:`
+(jobs/README.md's contract; tests and jobs/ft.yaml run it).
 
 A linear model under torchft's DistributedDataParallel and Optimizer wrapper with
 ProcessGroupGloo; each committed step printed as
@@ -13,15 +14,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 import time
 from datetime import timedelta
 
 import torch
-from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "jobs"))
 from quick_exit import quick_exit
+from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
 
 
 def main() -> None:
