@@ -8,6 +8,7 @@ import pytest
 
 from orchestrator.errors import UsageError
 from orchestrator.ft.groups import ReplicaGroup, group_job, split
+from orchestrator.ft.lighthouse import Quorum, quorum_of
 from orchestrator.spec.job import job_from_text
 from orchestrator.spec.model import FaultTolerance
 from orchestrator.spec.overrides import job_to_yaml
@@ -87,3 +88,14 @@ def test_dry_run_shows_the_lighthouse_and_every_groups_torchrun_and_env(tmp_path
         assert "TORCHFT_LIGHTHOUSE=http://127.0.0.1:29577" in block
         assert "--nnodes 1 --nproc-per-node 1" in block and str(WORKER) in block
     assert not (home / "jobs").exists() or not any((home / "jobs").iterdir()), "a dry run writes no job"
+
+
+def test_the_lighthouses_quorum_line_gives_its_participants_and_highest_step() -> None:
+    line = (b'2026-11-26T01:39:11.265 [INFO] [torchft::lighthouse] - Quorum! Quorum { quorum_id: 4, participants: '
+            b'[QuorumMember { replica_id: "group0:93e6eb06", address: "http://node0:44839", store_address: '
+            b'"10.0.0.10:29594", step: 13, world_size: 1, shrink_only: false, commit_failures: 0, data: "" }, '
+            b'QuorumMember { replica_id: "group2:5918146b", address: "http://node2:36149", store_address: '
+            b'"10.0.0.12:29854", step: 14, world_size: 1, shrink_only: false, commit_failures: 0, data: "" }], '
+            b'created: Some(Timestamp { seconds: 1795657116, nanos: 276907907 }) }\n')
+    assert quorum_of(line) == Quorum(4, ("group0", "group2"), 14)
+    assert quorum_of(b"[INFO] [torchft::lighthouse] - Quorum status: New quorum not ready\n") is None

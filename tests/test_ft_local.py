@@ -98,6 +98,11 @@ def test_two_replica_groups_train_beside_a_lighthouse_that_ends_with_the_job(tmp
     lines = (home / "jobs" / job_id / "lighthouse.log").read_text().splitlines()
     assert lines and all(line.startswith("[lighthouse] ") for line in lines)
     assert not lighthouses(port_of(job)), "the lighthouse ended with the job"
+    assert "last quorum: 2 group(s) (group0, group1) at step " in out
+    state = json.loads((home / "jobs" / job_id / "groups.json").read_text())
+    assert [(g["index"], g["hosts"], g["state"]) for g in state["groups"]] == [(0, ["a"], "succeeded"),
+                                                                                (1, ["b"], "succeeded")]
+    assert state["quorum"]["participants"] == ["group0", "group1"]
 
 
 def test_a_lighthouse_killed_mid_run_is_started_again_and_the_job_succeeds(tmp_path: Path) -> None:

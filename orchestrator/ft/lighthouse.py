@@ -9,6 +9,7 @@ to the job directory's `lighthouse.log`, each as `[lighthouse] ...`.
 from __future__ import annotations
 
 import ctypes
+import re
 import shutil
 import signal
 import socket
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import InfraError
@@ -29,6 +31,35 @@ STOP_WAIT = 5.0
 # group alone), and a group silent for 5 s is out of it (torchft's defaults: 60 s and 5 s).
 TUNING = ("--join_timeout_ms", "5000", "--quorum_tick_ms", "100", "--heartbeat_timeout_ms", "5000")
 READY_WAIT = 60.0  # how long a starting lighthouse may take to listen (its python imports torch)
+
+
+QUORUM = re.compile(rb"Quorum! Quorum \{ quorum_id: (\d+), participants: \[(.*)")
+MEMBER = re.compile(rb'replica_id: "([^":]*)[^"]*",.*?step: (\d+)')
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """The lighthouse's latest quorum, as its log line tells it.
+
+    Attributes:
+        id: torchft's quorum id (it grows when the participants change).
+        participants: The replica ids in it (`group0`, ... as the scripts name them).
+        step: The highest step of a participant.
+    """
+
+    id: int
+    participants: tuple[str, ...]
+    step: int
+
+
+def quorum_of(line: bytes) -> Quorum | None:
+    """The quorum a lighthouse line announces (`Quorum! Quorum { quorum_id: ...`), else None."""
+    found = QUORUM.search(line)
+    if found is None:
+        return None
+    members = MEMBER.findall(found.group(2))
+    return Quorum(int(found.group(1)), tuple(m[0].decode(errors="replace") for m in members),
+                  max((int(m[1]) for m in members), default=0))
 
 
 def address_towards(host: str) -> str:
@@ -66,6 +97,7 @@ class Lighthouse:
         self.log = log
         self.say = say
         self.starts = 0
+        self.quorum: Quorum | None = None  # the latest, once one formed
         self.proc: subprocess.Popen[bytes] | None = None
         self.stopping = threading.Event()
         self.keeper = threading.Thread(target=self._keep, daemon=True, name="lighthouse")
@@ -106,6 +138,7 @@ class Lighthouse:
                 for line in proc.stdout:
                     out.write(b"[lighthouse] " + line)
                     out.flush()
+                    self.quorum = quorum_of(line) or self.quorum
                 rc = proc.wait()
                 if self.stopping.is_set():
                     return

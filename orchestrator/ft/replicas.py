@@ -14,6 +14,7 @@ holds the job as a whole; each group has its own record and files (`<job>-g<K>`)
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -38,6 +39,7 @@ from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id, p
 from orchestrator.terminal import show
 
 POLL = 0.2
+STATE_EVERY = 2.0  # seconds between two writes of groups.json while the job runs
 STOP_WAIT = 60.0  # beyond the job's stop grace, how long a group's controller gets to stop its hosts
 
 
@@ -154,6 +156,7 @@ class _Parent:
                                            jobs_dir.root / "lighthouse.log", self.say)
         self.runs: list[GroupRun] = []
         self.interrupted: int | None = None
+        self.next_state = 0.0  # when groups.json is written next (monotonic)
 
     def say(self, text: str, prefix: str = "[distrun] ") -> None:
         with self.out_lock:
@@ -220,6 +223,9 @@ class _Parent:
                 done = sum(r.rc == 0 for r in self.runs)
                 return int(ExitCode.OK), (f"job {self.job_id} succeeded: {done} of {len(self.runs)} replica "
                                           f"group(s) finished")
+            if time.monotonic() >= self.next_state:
+                self._write_state()
+                self.next_state = time.monotonic() + STATE_EVERY
             time.sleep(POLL)
         name = signal.Signals(self.interrupted).name
         code = ExitCode.INTERRUPTED if self.interrupted == signal.SIGINT else ExitCode.TERMINATED
@@ -256,8 +262,27 @@ class _Parent:
             return []
         return [attempt.line() for attempt in attempts] if len(attempts) > 1 else []
 
+    def groups_state(self) -> dict[str, object]:
+        """What `groups.json` in the job directory holds: each group, and the latest quorum."""
+        quorum = self.light.quorum
+        return {"lighthouse": {"url": self.beacon, "starts": self.light.starts},
+                "quorum": None if quorum is None else {"id": quorum.id, "participants": list(quorum.participants),
+                                                      "step": quorum.step},
+                "groups": [{"index": r.group.index, "job": r.job_id, "hosts": list(r.group.hosts),
+                            "state": r.state()} for r in self.runs]}
+
+    def _write_state(self) -> None:
+        path = self.dir.root / "groups.json"
+        path.with_suffix(".tmp").write_text(json.dumps(self.groups_state(), indent=1), encoding="utf-8")
+        path.with_suffix(".tmp").replace(path)
+
     def _end(self, code: int, summary: str) -> None:
+        self._write_state()
+        quorum = self.light.quorum
         lines = [summary, f"  lighthouse: started {self.light.starts} time(s)"]
+        if quorum is not None:
+            lines.append(f"  last quorum: {len(quorum.participants)} group(s) ({', '.join(quorum.participants)}) "
+                         f"at step {quorum.step}")
         for run in self.runs:
             lines += [f"  group {run.group.index} ({run.job_id}) on {', '.join(run.group.hosts)}: {run.state()}",
                       *(f"    {line}" for line in self._story(run))]
