@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,19 @@ def test_the_lighthouses_quorum_line_gives_its_participants_and_highest_step() -
             b'created: Some(Timestamp { seconds: 1795657116, nanos: 276907907 }) }\n')
     assert quorum_of(line) == Quorum(4, ("group0", "group2"), 14)
     assert quorum_of(b"[INFO] [torchft::lighthouse] - Quorum status: New quorum not ready\n") is None
+
+
+def test_hosts_whose_python_lacks_torchft_stop_the_launch_in_one_line_naming_them(tmp_path: Path) -> None:
+    lacking = tmp_path / "python-without-torchft"
+    lacking.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'torchft'\" >&2\nexit 1\n")
+    lacking.chmod(0o755)
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("nodes:\n" + "".join(f"  - {{name: {name}, host: localhost, transport: local, python: {python}}}\n"
+                                        for name, python in (("a", sys.executable), ("b", lacking), ("c", lacking))))
+    result = distrun("launch", str(ft_job(tmp_path, "fault_tolerance: {}\n")), "-i", str(inv), home=tmp_path / "home")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip() == (
+        "distrun: error: preflight failed; nothing was started (--skip-preflight starts anyway): torchft does not "
+        "import in the python of b,c (ModuleNotFoundError: No module named 'torchft'); install it there "
+        "(pip install torchft==0.2.0) or name another python in the inventory")
+    assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())

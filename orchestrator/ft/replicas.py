@@ -31,6 +31,7 @@ from orchestrator.backends.base import LaunchRequest
 from orchestrator.errors import DistrunError, ExitCode, UsageError
 from orchestrator.ft import lighthouse
 from orchestrator.ft.groups import ReplicaGroup, group_job, split
+from orchestrator.ft.preflight import check_torchft
 from orchestrator.restarts import Attempt
 from orchestrator.spec import resolve_inventory_path, select_with_spares
 from orchestrator.spec.model import JobSpec
@@ -84,6 +85,8 @@ def launch(request: LaunchRequest, job: JobSpec) -> int:
             argvs = _group_argvs(request, job, job_id, groups, beacon, Path(scratch), inv_args)
             return _dry_run(job_id, ft.min_replicas, ft.lighthouse_port, beacon, groups, argvs)
     _need_torchft()
+    if not request.skip_preflight:
+        check_torchft([*nodes, *(n for n in spare_nodes if n.name in spares)])
     store = Store()
     jobs_dir = store.job_dir(job_id)
     jobs_dir.create()
