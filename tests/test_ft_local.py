@@ -122,6 +122,7 @@ def test_a_lighthouse_killed_mid_run_is_started_again_and_the_job_succeeds(tmp_p
         numbers = [step for step, _, _ in lines]
         assert numbers == sorted(set(numbers)) and numbers[-1] == 40, (group, numbers)
         assert longest_pause(lines) < MAX_PAUSE, (group, longest_pause(lines))
+        print(f"MEASURED group {group} longest pause with the lighthouse killed: {longest_pause(lines):.1f} s")
     assert not lighthouses(port)
 
 
