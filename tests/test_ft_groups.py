@@ -116,3 +116,16 @@ def test_hosts_whose_python_lacks_torchft_stop_the_launch_in_one_line_naming_the
         "import in the python of b,c (ModuleNotFoundError: No module named 'torchft'); install it there "
         "(pip install torchft==0.2.0) or name another python in the inventory")
     assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--backend", "slurm"], "fault_tolerance runs on an inventory's hosts (--backend ssh or local), not --backend"),
+    (["--nnodes", "1:2"], "fault_tolerance does not combine with --nnodes MIN:MAX"),
+])
+def test_a_launch_fault_tolerance_cannot_take_is_one_line_with_exit_2(tmp_path: Path, flags: list[str],
+                                                                       message: str) -> None:
+    inv = local_inventory(tmp_path, ["a", "b"])
+    result = distrun("launch", str(ft_job(tmp_path, "fault_tolerance: {}\n")), "-i", str(inv), *flags, "--dry-run",
+                     home=tmp_path / "home")
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -40,6 +40,7 @@ from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id, p
 from orchestrator.terminal import show
 
 POLL = 0.2
+ON_HOSTS = ("ssh", "local")  # the backends a fault-tolerant job runs on (the groups' hosts are the inventory's)
 STATE_EVERY = 2.0  # seconds between two writes of groups.json while the job runs
 STOP_WAIT = 60.0  # beyond the job's stop grace, how long a group's controller gets to stop its hosts
 
@@ -73,6 +74,7 @@ def launch(request: LaunchRequest, job: JobSpec) -> int:
     """
     ft = job.fault_tolerance
     assert ft is not None
+    _check_request(request, job)
     inventory = resolve_inventory_path(request.inventory)
     nodes, spare_nodes = select_with_spares(job, inventory, request.selection, request.nnodes, request.guard)
     spares = [n.name for n in spare_nodes] if job.restarts.max else []
@@ -92,6 +94,17 @@ def launch(request: LaunchRequest, job: JobSpec) -> int:
     jobs_dir.create()
     argvs = _group_argvs(request, job, job_id, groups, beacon, jobs_dir.root, inv_args)
     return _Parent(request, job, job_id, store, jobs_dir, groups, argvs, beacon, inventory.path).run()
+
+
+def _check_request(request: LaunchRequest, job: JobSpec) -> None:
+    """What a fault-tolerant launch cannot take: a scheduler's backend, or `--nnodes MIN:MAX`."""
+    backend = request.backend or job.backend
+    if backend not in (None, *ON_HOSTS):
+        raise UsageError(f"fault_tolerance runs on an inventory's hosts (--backend {' or '.join(ON_HOSTS)}), not "
+                         f"--backend {backend} (drop fault_tolerance to run this job there)")
+    if request.nnodes_range is not None:
+        raise UsageError("fault_tolerance does not combine with --nnodes MIN:MAX (give --nnodes a number: a lost "
+                         "replica group leaves the quorum instead)")
 
 
 def _group_argvs(request: LaunchRequest, job: JobSpec, job_id: str, groups: Sequence[ReplicaGroup], beacon: str,
