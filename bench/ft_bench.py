@@ -44,6 +44,19 @@ COMMON = (f"args: [--steps, '{STEPS}', --step-time, '{STEP_TIME}']\nnproc_per_no
           "env: {OMP_NUM_THREADS: '1', RUST_LOG: warn}\nheartbeat_timeout: 4\nstop_grace: 3\n"
           "restarts: {max: 1, backoff: 1}\n")
 FT_STEP = re.compile(r"^\[g\d\] \[(node\d) r0\] ft step (\d+) ")
+NOTES = """
+Notes: under ft the survivors' pause (the step the lost group was in fails, and the next quorum
+forms without it) matches the lighthouse's `--heartbeat_timeout_ms`, 5 s as distrun sets it, after
+which a silent group is out of the quorum. The lost group is
+back once its controller noticed the loss (heartbeat_timeout), stopped it, took the spare and
+started torchrun there; it joins at the survivors' step (healed over HTTP from a peer), so every
+group ends with the same number of steps and none is repeated. Under restarts every host stops
+for detection, stop, preflight and rendezvous, and the job resumes from its checkpoint: with a
+checkpoint after every step (this worker's; the best case) nothing is repeated either, and the
+total differs little, since this job's steps are short. With a checkpoint every N steps a restart
+repeats up to N - 1 steps on every host, and with a real model loading the checkpoint adds its
+own time; ft repeats none and loads nothing. One round each, on a loaded 2-core machine.
+"""
 RESTART_STEP = re.compile(r"^\[(node\d) r\d+\] step (\d+) attempt (\d+) ")
 
 
@@ -129,6 +142,7 @@ def main() -> None:
         f"{ft['back_step']}) | {rs['back']:.1f} (attempt 2, at step {rs['back_step']}) |",
         f"| launch -> exit (s) | {ft['total']:.1f} | {rs['total']:.1f} |",
         f"| exit code | {ft['code']} | {rs['code']} |",
+        *NOTES.splitlines(),
     ]
     path = write_results("ft.md", "Per-step fault tolerance (torchft) against restarts, on the same fault",
                          "flock /tmp/distrun-heavy.lock .venv/bin/python bench/ft_bench.py", body)
