@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import sys
 from pathlib import Path
 
@@ -129,3 +131,18 @@ def test_a_launch_fault_tolerance_cannot_take_is_one_line_with_exit_2(tmp_path: 
                      home=tmp_path / "home")
     assert result.returncode == 2, result.stderr
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_lighthouse_port_already_taken_fails_the_launch_before_any_group_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        inv = local_inventory(tmp_path, ["a"])
+        job = ft_job(tmp_path, f"fault_tolerance: {{lighthouse_port: {port}}}\n")
+        result = distrun("launch", str(job), "-i", str(inv), "--skip-preflight", home=tmp_path / "home")
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert f"port {port} on this machine is taken, so the torchft lighthouse cannot listen there" in result.stdout
+    assert "replica group 0 on a" not in result.stdout
+    state = json.loads(distrun("ps", "--json", home=tmp_path / "home").stdout)
+    assert [(job["state"], job["exit_code"]) for job in state] == [("failed", 3)]

@@ -106,8 +106,12 @@ class Lighthouse:
         """Start it and wait until it listens on `port`.
 
         Raises:
-            InfraError: it did not listen within READY_WAIT seconds (its last line said why).
+            InfraError: the port is taken, or it did not listen within READY_WAIT seconds (its last
+                line said why).
         """
+        if listening(port):
+            raise InfraError(f"port {port} on this machine is taken, so the torchft lighthouse cannot listen there "
+                             "(set fault_tolerance.lighthouse_port to a free port)")
         self._spawn()
         self.keeper.start()
         deadline = time.monotonic() + READY_WAIT
@@ -147,9 +151,6 @@ class Lighthouse:
                 if self.stopping.is_set():
                     return
                 self._spawn()
-
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
 
     def stop(self) -> None:
         """End it (SIGTERM, then SIGKILL after STOP_WAIT) and wait for its lines."""
