@@ -183,3 +183,23 @@ def test_a_killed_controller_leaves_no_group_and_no_lighthouse_behind(tmp_path: 
                 or f"0.0.0.0:{port}" in " ".join(p.info["cmdline"] or [])]
 
     assert wait_for(lambda: not leftovers(), 30), [p.info["cmdline"] for p in leftovers()]
+
+
+def test_distrun_stop_of_the_job_stops_every_group_and_the_lighthouse(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    job = write_job(tmp_path, ["--steps", "400", "--step-time", "0.1"])
+    port = port_of(job)
+    env = {**os.environ, "DISTRUN_HOME": str(home), "XDG_CONFIG_HOME": str(home / "nc")}
+
+    def stop() -> None:
+        job_id = re.search(r"Submitted job (\S+) ", (tmp_path / "out.txt").read_text()).group(1)
+        done = subprocess.run([sys.executable, "-m", "orchestrator", "stop", job_id], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    code, out = launch(tmp_path, job, home, when="ft step 5 group 1", act=stop)
+    assert code == 143, out[-3000:]
+    assert "stopping replica group 0" in out and "stopping replica group 1" in out
+    assert "stopped (SIGTERM); every group and the lighthouse ended" in out
+    assert not lighthouses(port)
+    assert not [p for p in psutil.process_iter(["cmdline"]) if str(WORKER) in " ".join(p.info["cmdline"] or [])]
