@@ -24,6 +24,7 @@ from orchestrator import backends
 from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, terminal_for
 from orchestrator.display import fold_hosts
 from orchestrator.errors import DistrunError, ExitCode, InfraError
+from orchestrator.ft import replicas
 from orchestrator.group import GroupError
 from orchestrator.interrupts import on_signals
 from orchestrator.plan import LaunchPlan
@@ -49,6 +50,8 @@ def launch(request: LaunchRequest) -> int:
     """
     job = job_for_launch(request.job_file, request.name, request.nproc_per_node, request.env,
                          request.nnodes_range)
+    if job.fault_tolerance is not None:
+        return replicas.launch(request, job)
     cls = backends.get(request.backend or job.backend or backends.DEFAULT)
     options = cls.resolve_options(job, request.options)
     ctx = LaunchContext(request, job, request.job_id or new_job_id(job.name), Store(), terminal_for(request))

@@ -17,7 +17,15 @@ from typing import TypeVar
 from orchestrator import backends
 from orchestrator.errors import UsageError
 from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT, Reader, Source, describe
-from orchestrator.spec.model import RESTART_TRIGGERS, JobSpec, Rendezvous, Restarts, Select, Telemetry
+from orchestrator.spec.model import (
+    RESTART_TRIGGERS,
+    FaultTolerance,
+    JobSpec,
+    Rendezvous,
+    Restarts,
+    Select,
+    Telemetry,
+)
 from orchestrator.spec.yamlsrc import Map, Node, Scalar, Seq, collect_lines, join_path, load_yaml, shown
 
 T = TypeVar("T")
@@ -87,6 +95,8 @@ def _job(root: Node | None, file: str) -> JobSpec:
     if isinstance(values.get("nnodes"), tuple):
         values["min_nnodes"], values["nnodes"] = values["nnodes"]
     sections = {name: values.pop(name) for name in backends.names() if name in values}
+    if "fault_tolerance" in values:
+        _check_groups(src, top, values)
     return JobSpec(path=file, **values, backend_sections=sections, lines=collect_lines(top))
 
 
@@ -119,7 +129,33 @@ def _job_readers(src: Source) -> dict[str, Reader]:
         "restarts": lambda node, path: _restarts(src, node, path),
         "checkpoint_dir": src.text,
         "spares": lambda node, path: src.integer(node, path, 0),
+        "fault_tolerance": lambda node, path: _section(src, node, path, FaultTolerance, {
+            "min_replicas": lambda value, key: src.integer(value, key, 1),
+            "hosts_per_group": lambda value, key: src.integer(value, key, 1),
+            "lighthouse_port": lambda value, key: src.integer(value, key, 1, 65535)}),
     }
+
+
+def _check_groups(src: Source, top: Map, values: dict[str, object]) -> None:
+    """`fault_tolerance` against `nnodes`: whole replica groups, at least `min_replicas` of them."""
+    ft = values["fault_tolerance"]
+    assert isinstance(ft, FaultTolerance)
+    line = top.entries["fault_tolerance"].line
+    if values.get("min_nnodes") is not None:
+        raise src.error(line, "fault_tolerance", "does not combine with nnodes: MIN:MAX",
+                        "give nnodes as a number: a lost replica group leaves the quorum instead")
+    nnodes = values.get("nnodes")
+    if not isinstance(nnodes, int):
+        return
+    if nnodes % ft.hosts_per_group:
+        raise src.error(line, "fault_tolerance.hosts_per_group",
+                        f"{ft.hosts_per_group} does not divide nnodes {nnodes}",
+                        "make nnodes a multiple of hosts_per_group: every replica group has as many hosts")
+    groups = nnodes // ft.hosts_per_group
+    if ft.min_replicas > groups:
+        raise src.error(line, "fault_tolerance.min_replicas",
+                        f"{ft.min_replicas} is above the {groups} replica group(s) of nnodes {nnodes}",
+                        "at most nnodes / hosts_per_group; fewer lets the job go on while a group is lost")
 
 
 def _nnodes(src: Source, node: Node, path: str) -> int | tuple[int, int]:

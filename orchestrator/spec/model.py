@@ -106,6 +106,25 @@ class Restarts:
     on: tuple[str, ...] = DEFAULT_RESTART_ON
 
 
+DEFAULT_LIGHTHOUSE_PORT = 29510
+
+
+@dataclass(frozen=True)
+class FaultTolerance:
+    """Per-step fault tolerance with torchft (`fault_tolerance:`): the job's hosts split into replica
+    groups, each its own torchrun, kept in step by a lighthouse distrun runs beside the controller.
+
+    Attributes:
+        min_replicas: Replica groups needed for a step (the lighthouse's `--min_replicas`).
+        hosts_per_group: Hosts of each replica group (default: one group per host).
+        lighthouse_port: The lighthouse's port on the controller's machine.
+    """
+
+    min_replicas: int = 1
+    hosts_per_group: int = 1
+    lighthouse_port: int = DEFAULT_LIGHTHOUSE_PORT
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A job file. `env` holds plain values; `secrets` maps a variable to the controller's
@@ -139,5 +158,6 @@ class JobSpec:
     restarts: Restarts = field(default_factory=Restarts)
     checkpoint_dir: str | None = None  # -> DISTRUN_CHECKPOINT_DIR on every rank, created on every host
     spares: int | None = None  # hosts kept aside for restarts (None: every host selected beyond nnodes)
+    fault_tolerance: FaultTolerance | None = None  # None: one torchrun world, as without torchft
     # Key path -> line in the file ("nnodes", "select.names[0]"), for errors found later.
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)

@@ -161,6 +161,7 @@ def job_to_dict(job: JobSpec) -> dict[str, Any]:
         "restarts": _section(job.restarts, Restarts()),
         "checkpoint_dir": job.checkpoint_dir,
         "spares": job.spares,
+        "fault_tolerance": vars(job.fault_tolerance) if job.fault_tolerance else None,
     }
     for key, value in optional.items():
         default = getattr(_DEFAULTS, key, None)

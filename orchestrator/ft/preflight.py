@@ -1,0 +1,36 @@
+"""The fault-tolerant job's own preflight: torchft imports in the python of every host (and of
+every spare) that may run a replica group; the groups' launches check the rest."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orchestrator.display import fold_hosts
+from orchestrator.doctor.preflight import PreflightError
+from orchestrator.group import Group
+from orchestrator.spec import NodeSpec
+from orchestrator.transport import CommandResult, Transport
+
+PROBE = "import torchft"
+PROBE_TIMEOUT = 120.0  # torchft imports torch: seconds on a cold or busy host
+
+
+def _imports(transport: Transport) -> CommandResult:
+    return transport.run([transport.node.python, "-c", PROBE], timeout=PROBE_TIMEOUT)
+
+
+def check_torchft(nodes: Sequence[NodeSpec]) -> None:
+    """Refuse the launch when torchft does not import on a host (one line naming every such host);
+    a host that cannot be reached is left to its group's own preflight.
+
+    Raises:
+        PreflightError: torchft is missing on at least one host.
+    """
+    with Group(nodes) as group:
+        results = group.run(_imports)
+    missing = sorted(node for node, result in results.succeeded.items() if result.returncode != 0)
+    if missing:
+        last = (results.succeeded[missing[0]].stderr.strip().splitlines() or ["no output"])[-1]
+        raise PreflightError(f"preflight failed; nothing was started (--skip-preflight starts anyway): torchft does "
+                             f"not import in the python of {fold_hosts(missing)} ({last}); install it there "
+                             f"(pip install torchft==0.2.0) or name another python in the inventory")

@@ -1,0 +1,148 @@
+"""`fault_tolerance:` in a job file: its checks, the replica groups it makes, and the dry run."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import UsageError
+from orchestrator.ft.groups import ReplicaGroup, group_job, split
+from orchestrator.ft.lighthouse import Quorum, quorum_of
+from orchestrator.spec.job import job_from_text
+from orchestrator.spec.model import FaultTolerance
+from orchestrator.spec.overrides import job_to_yaml
+from tests.helpers import REPO, distrun
+
+WORKER = REPO / "jobs" / "train_ft.py"
+
+
+def ft_job(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(f"name: ft\nscript: {WORKER}\nnproc_per_node: 1\n{body}")
+    return path
+
+
+def local_inventory(tmp_path: Path, names: list[str]) -> Path:
+    """Hosts that are all this machine, through the local transport (no SSH)."""
+    path = tmp_path / "inv.yaml"
+    path.write_text("nodes:\n" + "".join(f"  - {{name: {n}, host: localhost, transport: local}}\n" for n in names))
+    return path
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("nnodes: 3\nfault_tolerance: {hosts_per_group: 2}\n",
+     "fault_tolerance.hosts_per_group: 2 does not divide nnodes 3"),
+    ("nnodes: 2\nfault_tolerance: {min_replicas: 3}\n",
+     "fault_tolerance.min_replicas: 3 is above the 2 replica group(s)"),
+    ("nnodes: '1:2'\nfault_tolerance: {}\n", "fault_tolerance: does not combine with nnodes: MIN:MAX"),
+    ("fault_tolerance: {min_replicas: 0}\n", "fault_tolerance.min_replicas: must be an integer >= 1"),
+    ("fault_tolerance: {replicas: 2}\n", "replicas"),
+])
+def test_a_bad_fault_tolerance_is_one_line_with_exit_2(tmp_path: Path, body: str, message: str) -> None:
+    result = distrun("launch", str(ft_job(tmp_path, body)), "--dry-run", home=tmp_path / "home")
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_selection_that_makes_no_whole_groups_is_refused_at_launch(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path, ["a", "b", "c"])
+    result = distrun("launch", str(ft_job(tmp_path, "fault_tolerance: {hosts_per_group: 2}\n")), "-i", str(inv),
+                     "--dry-run", home=tmp_path / "home")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == ("distrun: error: fault_tolerance: hosts_per_group 2 does not divide the 3 "
+                                     "selected host(s) (select a multiple of 2 with --nodes/--nnodes)")
+
+
+def test_hosts_split_into_groups_in_order_each_free_to_take_every_spare() -> None:
+    groups = split(["n0", "n1", "n2", "n3"], ["s0"], FaultTolerance(min_replicas=2, hosts_per_group=2))
+    assert groups == [ReplicaGroup(0, ("n0", "n1"), ("s0",)), ReplicaGroup(1, ("n2", "n3"), ("s0",))]
+    with pytest.raises(UsageError, match="min_replicas 3 is above the 2 replica group"):
+        split(["n0", "n1", "n2", "n3"], [], FaultTolerance(min_replicas=3, hosts_per_group=2))
+
+
+def test_a_group_job_is_a_plain_job_of_its_hosts_with_torchfts_variables(tmp_path: Path) -> None:
+    job = job_from_text(f"name: ft\nscript: {WORKER}\nnnodes: 4\nenv: {{A: '1', TORCHFT_QUORUM_RETRIES: '3'}}\n"
+                        "rendezvous: {port: 29400}\nfault_tolerance: {hosts_per_group: 2}\n", "job.yaml")
+    one = group_job(job, ReplicaGroup(1, ("n2", "n3")), 2, "http://10.0.0.1:29510")
+    assert (one.name, one.nnodes, one.fault_tolerance, one.rendezvous.port) == ("ft-g1", 2, None, 29401)
+    assert one.env == {"A": "1", "TORCHFT_QUORUM_RETRIES": "3", "REPLICA_GROUP_ID": "1", "NUM_REPLICA_GROUPS": "2",
+                       "TORCHFT_LIGHTHOUSE": "http://10.0.0.1:29510"}
+    assert job_from_text(job_to_yaml(one), "again.yaml").env == one.env
+
+
+def test_dry_run_shows_the_lighthouse_and_every_groups_torchrun_and_env(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path, ["a", "b"])
+    home = tmp_path / "home"
+    result = distrun("launch", str(ft_job(tmp_path, "fault_tolerance: {min_replicas: 1, lighthouse_port: 29577}\n")),
+                     "-i", str(inv), "--dry-run", home=home)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "2 replica group(s), min_replicas 1; lighthouse at http://127.0.0.1:29577" in out
+    assert "--min_replicas 1 --bind 0.0.0.0:29577" in out
+    for index, node in enumerate(["a", "b"]):
+        block = out.split(f"== replica group {index}: {node} ==")[1].split("== replica group")[0]
+        assert f"REPLICA_GROUP_ID={index}" in block and "NUM_REPLICA_GROUPS=2" in block
+        assert "TORCHFT_LIGHTHOUSE=http://127.0.0.1:29577" in block
+        assert "--nnodes 1 --nproc-per-node 1" in block and str(WORKER) in block
+    assert not (home / "jobs").exists() or not any((home / "jobs").iterdir()), "a dry run writes no job"
+
+
+def test_the_lighthouses_quorum_line_gives_its_participants_and_highest_step() -> None:
+    line = (b'2026-11-26T01:39:11.265 [INFO] [torchft::lighthouse] - Quorum! Quorum { quorum_id: 4, participants: '
+            b'[QuorumMember { replica_id: "group0:93e6eb06", address: "http://node0:44839", store_address: '
+            b'"10.0.0.10:29594", step: 13, world_size: 1, shrink_only: false, commit_failures: 0, data: "" }, '
+            b'QuorumMember { replica_id: "group2:5918146b", address: "http://node2:36149", store_address: '
+            b'"10.0.0.12:29854", step: 14, world_size: 1, shrink_only: false, commit_failures: 0, data: "" }], '
+            b'created: Some(Timestamp { seconds: 1795657116, nanos: 276907907 }) }\n')
+    assert quorum_of(line) == Quorum(4, ("group0", "group2"), 14)
+    assert quorum_of(b"[INFO] [torchft::lighthouse] - Quorum status: New quorum not ready\n") is None
+
+
+def test_hosts_whose_python_lacks_torchft_stop_the_launch_in_one_line_naming_them(tmp_path: Path) -> None:
+    lacking = tmp_path / "python-without-torchft"
+    lacking.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'torchft'\" >&2\nexit 1\n")
+    lacking.chmod(0o755)
+    inv = tmp_path / "inv.yaml"
+    inv.write_text("nodes:\n" + "".join(f"  - {{name: {name}, host: localhost, transport: local, python: {python}}}\n"
+                                        for name, python in (("a", sys.executable), ("b", lacking), ("c", lacking))))
+    result = distrun("launch", str(ft_job(tmp_path, "fault_tolerance: {}\n")), "-i", str(inv), home=tmp_path / "home")
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip() == (
+        "distrun: error: preflight failed; nothing was started (--skip-preflight starts anyway): torchft does not "
+        "import in the python of b,c (ModuleNotFoundError: No module named 'torchft'); install it there "
+        "(pip install torchft==0.2.0) or name another python in the inventory")
+    assert not (tmp_path / "home" / "jobs").exists() or not any((tmp_path / "home" / "jobs").iterdir())
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--backend", "slurm"], "fault_tolerance runs on an inventory's hosts (--backend ssh or local), not --backend"),
+    (["--nnodes", "1:2"], "fault_tolerance does not combine with --nnodes MIN:MAX"),
+])
+def test_a_launch_fault_tolerance_cannot_take_is_one_line_with_exit_2(tmp_path: Path, flags: list[str],
+                                                                       message: str) -> None:
+    inv = local_inventory(tmp_path, ["a", "b"])
+    result = distrun("launch", str(ft_job(tmp_path, "fault_tolerance: {}\n")), "-i", str(inv), *flags, "--dry-run",
+                     home=tmp_path / "home")
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_lighthouse_port_already_taken_fails_the_launch_before_any_group_starts(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        inv = local_inventory(tmp_path, ["a"])
+        job = ft_job(tmp_path, f"fault_tolerance: {{lighthouse_port: {port}}}\n")
+        result = distrun("launch", str(job), "-i", str(inv), "--skip-preflight", home=tmp_path / "home")
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert f"port {port} on this machine is taken, so the torchft lighthouse cannot listen there" in result.stdout
+    assert "replica group 0 on a" not in result.stdout
+    state = json.loads(distrun("ps", "--json", home=tmp_path / "home").stdout)
+    assert [(job["state"], job["exit_code"]) for job in state] == [("failed", 3)]
