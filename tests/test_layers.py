@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # launch | doctor | report, and the other commands' own code (the run loop is launch's).
     ("commands", ("launch", "runloop", "hostrun", "restarts", "at_exit", "recorded", "housekeeping", "execute",
                   "compare", "stack", "watchdog", "bundled", "doctor", "doctor.command", "doctor.bandwidth*",
-                  "doctor.allreduce_bench", "report", "report.*", "telemetry.top")),
+                  "doctor.allreduce_bench", "report", "report.*", "telemetry.top", "ft", "ft.*")),
     ("backends", ("backends", "backends.*")),
     # What the run loop, the backends and doctor share: launch's preflight is doctor's probe round
     # and checks, which therefore sit here rather than with the `doctor` command.

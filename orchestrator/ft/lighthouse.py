@@ -134,14 +134,14 @@ class Lighthouse:
 
     def _keep(self) -> None:
         """Copy its lines to the log; start it again whenever it exits before `stop`."""
-        with self.log.open("ab") as out:
+        with self.log.open("ab") as kept:
             while True:
                 proc = self.proc
                 if proc is None or proc.stdout is None:
                     return
                 for line in proc.stdout:
-                    out.write(b"[lighthouse] " + line)
-                    out.flush()
+                    kept.write(b"[lighthouse] " + line)
+                    kept.flush()
                     self.quorum = quorum_of(line) or self.quorum
                 rc = proc.wait()
                 if self.stopping.is_set():
