@@ -47,9 +47,10 @@ SCREEN_DRAIN = 5.0  # at the end, how long the terminal gets to show the lines s
 
 
 def masked(failure: Failure, mask: Masker) -> Failure:
-    """The failure with its reason and last lines masked."""
-    return replace(failure, reason=mask.text(failure.reason),
-                   last_lines=tuple(mask.text(line) for line in failure.last_lines))
+    """The failure with its reason, message, traceback and last lines masked."""
+    return replace(failure, reason=mask.text(failure.reason), message=mask.text(failure.message),
+                   last_lines=tuple(mask.text(line) for line in failure.last_lines),
+                   traceback=tuple(mask.text(line) for line in failure.traceback))
 
 
 def masked_attempts(course: Course, mask: Masker) -> list[dict[str, Any]]:
