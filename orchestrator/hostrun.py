@@ -155,8 +155,7 @@ class HostRun:
             self.exit_rc = int(event.get("rc", 1))
             self.exit_error = event.get("error")
             self.exit_reason = event.get("reason")
-            self.stop_cause = StopCause(event["stop_cause"]) if event.get("stop_cause") else None
-            self.workers = [WorkerRecord.from_event(worker) for worker in event.get("workers") or ()]
+            self._read_ending(event)
             self.oom_kills = event.get("oom_kills")
             self.workers_at_stop = event.get("workers_at_stop")
             self.gpus_freed = list(event.get("gpus_freed") or [])
@@ -170,6 +169,15 @@ class HostRun:
             self.sink.note(self.node, str(event.get("msg")))
         elif kind == "tel" and self.on_telemetry is not None:
             self.on_telemetry(self.node, event)
+
+    def _read_ending(self, event: dict[str, Any]) -> None:
+        """The exit event's stop cause and worker records; malformed ones are reported and taken
+        as absent, so that the exit itself still counts."""
+        try:
+            self.stop_cause = StopCause(event["stop_cause"]) if event.get("stop_cause") else None
+            self.workers = [WorkerRecord.from_event(worker) for worker in event.get("workers") or ()]
+        except ValueError as exc:
+            self._failed_handling(exc)
 
     @property
     def restarts(self) -> int:

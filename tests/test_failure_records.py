@@ -190,6 +190,12 @@ def test_a_host_ended_itself_only_when_its_supervisor_stopped_without_the_contro
         assert failure.stopped and is_collateral(failure)
 
 
+def test_a_malformed_record_is_reported_and_the_exit_still_counts(tmp_path):
+    host = exit_event(host_run(tmp_path), rc=1, workers=[{"rank": 1}])
+    assert host.exited.is_set() and host.handling_errors == 1
+    assert (host.failure(60.0).rank, host.failure(60.0).describe()) == (None, "exit code 1")
+
+
 # ---------------------------------------------------------------- who stopped a host, as its supervisor says
 
 
@@ -215,3 +221,4 @@ def test_the_supervisors_exit_event_says_who_stopped_the_job(tmp_path, control, 
     cfg = config(tmp_path, ["sleep", "30"], heartbeat_timeout=1.0)
     ended = supervise(cfg, control, hold)
     assert (ended["ev"], StopCause(ended["stop_cause"]), ended["workers"]) == ("exit", cause, [])
+
