@@ -8,35 +8,32 @@ top, and the record's root cause gets `when: "at exit"` (failures.AT_EXIT) so wr
 The rule, from evidence only: the rank was killed by a signal that is not a teardown's, its own
 last lines hold no traceback (the signal came after its last line), every rank of every other
 host exited 0 (the host exited 0, or its torchrun waited in its exit barrier with every worker
-gone), and every other rank of its own host exited 0 (it is alone there, or its torchrun's report
-lists no other failure and torchrun had no live worker left to send a closing signal to).
+gone), and every other rank of its own host exited 0 (it is alone there, or torchrun's records of
+its failed workers, remote/workerfail.py, name no other rank: torchrun records each worker that
+failed and each it had to stop, so a rank it does not name had exited 0).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from orchestrator.failures import AT_EXIT, TEARDOWN_SIGNALS, Failure, FailureKind
+from orchestrator.remote.workerfail import WorkerRecord
 
 TRACEBACK = "Traceback (most recent call last)"
-# torchrun's report when the root cause's rank is its only failed worker.
-NO_OTHER_FAILURES = "<NO_OTHER_FAILURES>"
-# torchrun's warning for each worker still alive when it stops them after a failure.
-CLOSING_SIGNAL = re.compile(r"Sending process \d+ closing signal")
 
 
-def neighbours_finished(nproc: int, host_lines: Sequence[str]) -> bool:
-    """Whether the other ranks on the crashed rank's host had all exited 0, as its torchrun's lines tell.
+def neighbours_finished(nproc: int, rank: int | None, workers: Sequence[WorkerRecord]) -> bool:
+    """Whether the other ranks on the crashed rank's host had all exited 0, as its torchrun's records tell.
 
     Args:
         nproc: The host's ranks.
-        host_lines: The host's own last lines (its ranks' and torchrun's), torchrun's report among them.
+        rank: The crashed rank.
+        workers: torchrun's records of the host's failed workers ([]: none arrived, no evidence).
     """
     if nproc == 1:
         return True
-    return any(NO_OTHER_FAILURES in line for line in host_lines) and not any(
-        CLOSING_SIGNAL.search(line) for line in host_lines)
+    return bool(workers) and all(worker.rank == rank for worker in workers)
 
 
 def when_failed(root: Failure, others_finished: bool) -> str:

@@ -1,7 +1,9 @@
 """Failures as data: what went wrong on which host and rank, and which failure caused the others.
 
 A `Failure` is built where a failure is observed (the launcher, a backend) and kept as a dict
-in the job's record (`JobRecord.failures`, root cause first). Everything people read (the
+in the job's record (`JobRecord.failures`, root cause first). A host's failed worker comes from
+torchrun's own record (remote/workerfail.py: rank, exit code or signal, and the exception with
+its traceback when the worker recorded one). Everything people read (the
 launch summary, summary.txt, `distrun report`) is rendered from that data; nothing parses
 rendered text back. torch elastic's `ProcessFailure` is the model.
 
@@ -21,12 +23,12 @@ from typing import Any
 
 from orchestrator.display import fold_hosts
 from orchestrator.flight import Lag
+from orchestrator.remote.workerfail import WorkerRecord
 
 ROOT_CAUSE_TITLE = "Root Cause (first observed failure):"
 # Lines a rank prints when it failed only because a peer went away (or it was told to stop).
 COLLATERAL = re.compile(
-    r"Connection closed by peer|Connection reset by peer|DistBackendError|Broken pipe|"
-    r"SIGTERM|Signal 15|heartbeat silent|stopped by the controller"
+    r"Connection closed by peer|Connection reset by peer|DistBackendError|Broken pipe|SIGTERM|Signal 15"
 )
 # Signals a process gets when someone ends it on purpose (a teardown), not when it crashes.
 TEARDOWN_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGPIPE"})
@@ -68,6 +70,10 @@ class Failure:
         flight: For a hang: what the ranks' Flight Recorder dumps say, per process group.
         when: `AT_EXIT` when every other rank had exited 0 and this rank's signal came after its
             last line, with no traceback of its own: the work finished, the process crashed at exit.
+        message: The failed rank's exception in a line ("ValueError: boom"), when it recorded one.
+        traceback: That exception's traceback, line by line.
+        stopped: distrun had the host's processes stopped (the controller, or its supervisor on
+            its own) before this failure was seen: an echo of the stop, not a cause.
     """
 
     host: str
@@ -84,6 +90,9 @@ class Failure:
     stack: tuple[str, ...] = ()
     flight: tuple[Lag, ...] = ()
     when: str = ""
+    message: str = ""
+    traceback: tuple[str, ...] = ()
+    stopped: bool = False
 
     @classmethod
     def from_returncode(cls, host: str, returncode: int, **fields: Any) -> Failure:
@@ -91,6 +100,14 @@ class Failure:
         if returncode < 0:
             return cls(host, FailureKind.SIGNAL, signal=signal_name(-returncode), **fields)
         return cls(host, FailureKind.EXIT, exit_code=returncode, **fields)
+
+    @classmethod
+    def from_worker(cls, host: str, worker: WorkerRecord, **fields: Any) -> Failure:
+        """A failure from torchrun's record of a failed worker: its rank, exit code or signal, and
+        the exception when the worker recorded one (a traceback: torch elastic's `@record`)."""
+        if worker.traceback:
+            fields.update(message=worker.message, traceback=tuple(worker.traceback.splitlines()))
+        return cls.from_returncode(host, worker.exitcode, rank=worker.rank, **fields)
 
     def describe(self) -> str:
         """What happened, in a few words: "exit code 1", "killed by SIGSEGV", or the reason.
@@ -124,6 +141,8 @@ class Failure:
             lines.append(f"  rank: {self.rank}")
         label = "exit" if self.kind in (FailureKind.EXIT, FailureKind.SIGNAL) else "reason"
         lines.append(f"  {label}: {self.describe()}")
+        if self.message:
+            lines.append(f"  error: {self.message}")
         if self.after_final:
             lines.append("  when: at exit, after the job's final metrics line (its work was done)")
         if self.barrier_hosts:
@@ -145,7 +164,8 @@ class Failure:
                 "signal": self.signal, "reason": self.reason, "address": self.address,
                 "last_lines": list(self.last_lines), "time": self.time, "after_final": self.after_final,
                 "barrier_hosts": list(self.barrier_hosts), "stack": list(self.stack),
-                "flight": [lag.to_dict() for lag in self.flight], "when": self.when}
+                "flight": [lag.to_dict() for lag in self.flight], "when": self.when, "message": self.message,
+                "traceback": list(self.traceback), "stopped": self.stopped}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Failure:
@@ -163,6 +183,8 @@ class Failure:
             time=float(data.get("time") or 0.0), after_final=bool(data.get("after_final")),
             barrier_hosts=tuple(data.get("barrier_hosts") or ()), stack=tuple(data.get("stack") or ()),
             flight=tuple(Lag.from_dict(lag) for lag in data.get("flight") or ()), when=str(data.get("when") or ""),
+            message=str(data.get("message") or ""), traceback=tuple(data.get("traceback") or ()),
+            stopped=bool(data.get("stopped")),
         )
 
 
@@ -185,13 +207,13 @@ def signal_name(number: int) -> str:
 
 def is_collateral(failure: Failure) -> bool:
     """Whether a failure looks like the echo of another: its process was ended on purpose
-    (SIGTERM and the like), or its last lines say a peer went away. Lost and infra failures
-    are never collateral: nothing on the host itself said why."""
+    (distrun had stopped the host, SIGTERM and the like), or its last lines say a peer went away.
+    Lost and infra failures are never collateral: nothing on the host itself said why."""
     if failure.kind is FailureKind.SIGNAL and failure.signal in TEARDOWN_SIGNALS:
         return True
     if failure.kind not in (FailureKind.EXIT, FailureKind.SIGNAL):
         return False
-    return any(COLLATERAL.search(line) for line in failure.last_lines)
+    return failure.stopped or any(COLLATERAL.search(line) for line in failure.last_lines)
 
 
 # Among failures seen at the same moment: a host that vanished or broke explains the others

@@ -1,5 +1,10 @@
 """One host of a running job as the run loop sees it, whichever backend started it: its output
-decoded, its exit, its silence, and its failure."""
+decoded, its exit, its silence, and its failure.
+
+A host's failure is data its supervisor sent in its `exit` event: torchrun's record of each
+failed worker (remote/workerfail.py; the first by time is the host's failed rank) and who had
+the supervisor stop the job (`StopCause`). Nothing torchrun or distrun print is parsed for it.
+"""
 
 from __future__ import annotations
 
@@ -16,13 +21,11 @@ from orchestrator.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, oom_
 from orchestrator.logs import LogSink
 from orchestrator.plan import HostPlan
 from orchestrator.remote.stream import Batch, FrameReader
+from orchestrator.remote.supervisor import StopCause
+from orchestrator.remote.workerfail import WorkerRecord, first_failure
 from orchestrator.terminal import show
 
-# What a supervisor says when it ends the job because the controller asked it to.
-STOP_REQUESTED = "stopped by the controller"
 SUMMARY_LINES = 20
-ROOT_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
-ROOT_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
 # torchrun prints this (at ERROR, unlike its INFO "will restart") once per failed attempt.
 FAILED_ATTEMPT = re.compile(r"failed \(exitcode: -?\d+\) local_rank: \d+")
 
@@ -45,7 +48,9 @@ class HostRun:
     last_progress: float | None = None  # when a rank's line (not torchrun's own) last arrived; None: none yet
     exit_rc: int | None = None
     exit_error: str | None = None
-    exit_reason: str | None = None  # why the supervisor ended the job itself, if it did
+    exit_reason: str | None = None  # why the supervisor ended the job, in words, if it did
+    stop_cause: StopCause | None = None  # who had the supervisor end the job, if anyone did
+    workers: list[WorkerRecord] = field(default_factory=list)  # torchrun's records of its failed workers
     oom_kills: int | None = None  # the kernel's OOM kills on the host during the job, as its supervisor counted
     exit_time: float | None = None  # when the exit event arrived (time.time())
     stop_sent: bool = False  # the controller asked this host to stop (before or after its exit)
@@ -54,10 +59,7 @@ class HostRun:
     failed_attempts: int = 0
     exited: threading.Event = field(default_factory=threading.Event)
     wake: threading.Event | None = None  # set on exit, so the launcher need not wait for its next poll
-    root_rank: int | None = None
-    root_exit: int | None = None
     handling_errors: int = 0
-    _in_root_cause: bool = False
     _reported: set[str] = field(default_factory=set)
     _reader: FrameReader = field(init=False)
 
@@ -105,7 +107,7 @@ class HostRun:
 
     def on_batch(self, batch: Batch) -> None:
         if batch.rank is None:
-            self._scan_torchrun(batch.data.decode("utf-8", "replace"))
+            self._count_restarts(batch.data.decode("utf-8", "replace"))
         else:
             self.last_progress = time.monotonic()  # a rank's lines, DISTRUN_METRICS lines included: the job moves
         self.sink.batch(self.node, batch)
@@ -142,18 +144,9 @@ class HostRun:
         except Exception:
             show(f"[{self.node}] distrun: {message}", err=True)
 
-    def _scan_torchrun(self, text: str) -> None:
-        """Pick torchrun's own root-cause block and restarts out of its lines (the host's own)."""
-        for line in text.splitlines():
-            if "Root Cause (first observed failure)" in line:
-                self._in_root_cause = True
-            elif self._in_root_cause and (m := ROOT_RANK.match(line)):
-                self.root_rank = int(m.group(1))
-            elif self._in_root_cause and (m := ROOT_EXIT.match(line)):
-                self.root_exit = int(m.group(1))
-                self._in_root_cause = False
-            elif FAILED_ATTEMPT.search(line):
-                self.failed_attempts += 1
+    def _count_restarts(self, text: str) -> None:
+        """Count torchrun's failed attempts in its own lines (the host's)."""
+        self.failed_attempts += len(FAILED_ATTEMPT.findall(text))
 
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("ev")
@@ -162,6 +155,7 @@ class HostRun:
             self.exit_rc = int(event.get("rc", 1))
             self.exit_error = event.get("error")
             self.exit_reason = event.get("reason")
+            self._read_ending(event)
             self.oom_kills = event.get("oom_kills")
             self.workers_at_stop = event.get("workers_at_stop")
             self.gpus_freed = list(event.get("gpus_freed") or [])
@@ -175,6 +169,15 @@ class HostRun:
             self.sink.note(self.node, str(event.get("msg")))
         elif kind == "tel" and self.on_telemetry is not None:
             self.on_telemetry(self.node, event)
+
+    def _read_ending(self, event: dict[str, Any]) -> None:
+        """The exit event's stop cause and worker records; malformed ones are reported and taken
+        as absent, so that the exit itself still counts."""
+        try:
+            self.stop_cause = StopCause(event["stop_cause"]) if event.get("stop_cause") else None
+            self.workers = [WorkerRecord.from_event(worker) for worker in event.get("workers") or ()]
+        except ValueError as exc:
+            self._failed_handling(exc)
 
     @property
     def restarts(self) -> int:
@@ -216,15 +219,19 @@ class HostRun:
                            time=self.exit_time or time.time())
         if not self.exit_rc:
             return None
-        rc = self.root_exit or self.exit_rc
+        first = first_failure(self.workers)
+        rc = first.exitcode if first is not None else self.exit_rc
         reason = self.exit_error or (oom_reason(self.oom_kills) if rc == -signal.SIGKILL else "")
-        return Failure.from_returncode(self.node, rc, rank=self.root_rank, reason=reason, address=self.plan.host,
-                                       last_lines=self.last_lines(self.root_rank), time=self.exit_time or time.time())
+        seen = {"reason": reason, "address": self.plan.host, "time": self.exit_time or time.time(),
+                "stopped": self.stop_sent or self.stop_cause is not None}
+        if first is None:  # no worker record: torchrun itself failed or was killed, or none was written
+            return Failure.from_returncode(self.node, rc, last_lines=self.last_lines(None), **seen)
+        return Failure.from_worker(self.node, first, last_lines=self.last_lines(first.rank), **seen)
 
     @property
     def ended_itself(self) -> bool:
         """The supervisor ended the job without being asked (the controller's heartbeat stopped, a signal)."""
-        return bool(self.exit_reason) and not self.stop_sent and self.exit_reason != STOP_REQUESTED
+        return self.stop_cause not in (None, StopCause.CONTROLLER) and not self.stop_sent
 
     def _closed_reason(self) -> str:
         if self.channel is not None and self.channel.link_up():

@@ -28,7 +28,7 @@ from orchestrator.failures import Failure, FailureKind, failed_summary, root_cau
 from orchestrator.hostrun import HostRun
 from orchestrator.logs import LogSink
 from orchestrator.logs.screen import Screen
-from orchestrator.logs.sink import TAIL_LINES, job_wide
+from orchestrator.logs.sink import job_wide
 from orchestrator.plan import LaunchPlan
 from orchestrator.remote.redact import Masker
 from orchestrator.remote.stream import Batch
@@ -47,9 +47,10 @@ SCREEN_DRAIN = 5.0  # at the end, how long the terminal gets to show the lines s
 
 
 def masked(failure: Failure, mask: Masker) -> Failure:
-    """The failure with its reason and last lines masked."""
-    return replace(failure, reason=mask.text(failure.reason),
-                   last_lines=tuple(mask.text(line) for line in failure.last_lines))
+    """The failure with its reason, message, traceback and last lines masked."""
+    return replace(failure, reason=mask.text(failure.reason), message=mask.text(failure.message),
+                   last_lines=tuple(mask.text(line) for line in failure.last_lines),
+                   traceback=tuple(mask.text(line) for line in failure.traceback))
 
 
 def masked_attempts(course: AttemptHistory, mask: Masker) -> list[dict[str, Any]]:
@@ -359,13 +360,13 @@ class Launcher:
 
     def _others_finished(self, root: Failure) -> bool:
         """Whether every rank but the root cause's had exited 0: every other host exited 0 or waited in
-        torchrun's exit barrier, and torchrun on the root's host saw no other rank fail or still run."""
+        torchrun's exit barrier, and torchrun on the root's host recorded no other rank failed or stopped."""
         if root.host not in {h.node for h in self.hosts}:
             return False
         done = all(h.node in root.barrier_hosts or (h.exited.is_set() and h.exit_rc == 0 and not h.ended_itself)
                    for h in self.hosts if h.node != root.host)
         own = self.host(root.host)
-        return done and neighbours_finished(own.plan.nproc, self.sink.own_lines(own.node, TAIL_LINES))
+        return done and neighbours_finished(own.plan.nproc, root.rank, own.workers)
 
     def _final_before(self, when: float) -> bool:
         """Whether the job's final metrics line had arrived by `when` (seconds since the epoch)."""

@@ -10,14 +10,16 @@ import pytest
 
 from orchestrator.at_exit import neighbours_finished, when_failed
 from orchestrator.failures import AT_EXIT, Failure, FailureKind
+from orchestrator.remote.workerfail import from_process_failure
 from tests.helpers import REPO, distrun
 
 SCRIPT = REPO / "tests" / "cluster" / "jobs" / "abort_after_last_line.py"
 ABORTED = Failure("node1", FailureKind.SIGNAL, rank=1, signal="SIGABRT", last_lines=("rank 1: all done",))
-# torchrun 2.13's lines when the failed worker was its only failure, and when it stopped a live one.
-ALONE = ["Failures:", "  <NO_OTHER_FAILURES>", "Root Cause (first observed failure):", "  rank      : 1"]
-STOPPED_ONE = ["W1125 22:13:58 api.py:1029] Sending process 16221 closing signal SIGTERM", "Failures:",
-               "[1]:", "  rank      : 0 (local_rank: 0)", "Root Cause (first observed failure):"]
+# torchrun 2.13's records of a real run whose rank 1 was SIGKILLed while rank 0 still ran: torchrun
+# stopped rank 0 (SIGTERM) and recorded it too; alone, rank 1's record is the only one.
+STOPPED_ONE = [from_process_failure(row["rank"], row) for row in
+               json.loads((REPO / "tests/data/torchrun/failures-kill.json").read_text())["failures"]]
+ALONE = STOPPED_ONE[:1]
 
 
 @pytest.mark.parametrize(("failure", "others", "when"), [
@@ -34,11 +36,11 @@ def test_only_a_ranks_crash_without_a_traceback_after_every_other_rank_exited_0_
     assert when_failed(failure, others) == when
 
 
-def test_the_other_ranks_of_the_crashed_ranks_host_finished_only_when_torchrun_stopped_none_and_saw_no_other():
-    assert neighbours_finished(1, [])
-    assert neighbours_finished(2, ALONE)
-    assert not neighbours_finished(2, STOPPED_ONE)
-    assert not neighbours_finished(2, [])  # torchrun's report did not arrive: no evidence
+def test_the_other_ranks_of_the_crashed_ranks_host_finished_only_when_torchrun_recorded_no_other():
+    assert neighbours_finished(1, 0, [])
+    assert [w.rank for w in ALONE] == [1] and neighbours_finished(2, 1, ALONE)
+    assert not neighbours_finished(2, 1, STOPPED_ONE)
+    assert not neighbours_finished(2, 1, [])  # torchrun's records did not arrive: no evidence
 
 
 def launch_abort(tmp_path: Path, *args: str) -> tuple[int, str, dict]:

@@ -29,6 +29,7 @@ from orchestrator.logs import LogSink
 from orchestrator.plan import LaunchPlan, build_plan
 from orchestrator.recorded import for_record, refresh_lost
 from orchestrator.remote.stream import STDERR, STDOUT, Batch, encode
+from orchestrator.remote.workerfail import from_process_failure
 from orchestrator.spec import job_from_text
 from orchestrator.spec.model import NodeSpec
 from orchestrator.store import JobRecord, JobState, Store
@@ -121,9 +122,10 @@ def test_distrun_backends_lists_every_backend_and_its_options(tmp_path: Path):
 # ---------------------------------------------------------------- the run loop, on a scripted backend
 
 
-# What torchrun prints about a failed worker, from which the launcher takes the failed rank.
-TORCHRUN_ROOT_CAUSE = ("Root Cause (first observed failure):", "[0]:", "  time      : 2026-11-23_10:00:00",
-                       "  host      : h1", "  rank      : 1 (local_rank: 1)", "  exitcode  : 1 (pid: 4242)")
+# torchrun's records of a real run whose local rank 1 raised (torchrun ended the other): the
+# supervisor sends them in its exit event, and the launcher takes the failed rank from them.
+TORCHRUN_FAILURES = json.loads((Path(__file__).parent / "data/torchrun/failures-raise.json").read_text())["failures"]
+WORKERS = [from_process_failure(row["rank"], row).to_event() for row in TORCHRUN_FAILURES]
 
 
 def event(fields: dict[str, Any]) -> bytes:
@@ -174,19 +176,19 @@ class ScriptedBackend(Backend):
         rank = 0 if node == "h0" else 1
         events.data(node, encode(Batch(rank, STDOUT, 1, b"hello\n")))
         if node == self.options.get("itself"):
-            events.data(node, event({"ev": "exit", "rc": 0, "reason": "controller heartbeat silent for more than 4 s"}))
+            events.data(node, event({"ev": "exit", "rc": 0, "reason": "controller heartbeat silent for more than 4 s",
+                                     "stop_cause": "heartbeat"}))
         elif node == self.options.get("fail"):
             events.data(node, encode(Batch(rank, STDERR, 1, b"RuntimeError: scripted failure\n")))
-            torchrun = "".join(line + "\n" for line in TORCHRUN_ROOT_CAUSE).encode()
-            events.data(node, encode(Batch(None, STDERR, len(TORCHRUN_ROOT_CAUSE), torchrun)))
-            events.data(node, event({"ev": "exit", "rc": 1}))
+            events.data(node, event({"ev": "exit", "rc": 1, "workers": WORKERS}))
         elif not self.options.get("fail") and not self.options.get("itself"):
             events.data(node, event({"ev": "exit", "rc": 0}))
 
     def stop(self, run: RunView, nodes: list[str]) -> None:
         self.calls.append(f"stop {','.join(nodes)}")
         for node in nodes:
-            run.events.data(node, event({"ev": "exit", "rc": -15, "reason": "stopped by the controller"}))
+            run.events.data(node, event({"ev": "exit", "rc": -15, "reason": "stopped by the controller",
+                                         "stop_cause": "controller"}))
 
     def finish(self, run: RunView) -> list[str]:
         self.calls.append("finish")
@@ -242,6 +244,8 @@ def test_a_failed_host_is_the_root_cause_and_the_host_distrun_stopped_says_so(sc
     record = Store().get("s-2")
     root = Failure.from_dict(record.failures[0])
     assert (root.host, root.rank, root.describe(), root.address) == ("h1", 1, "exit code 1", "10.9.0.1")
+    assert root.message == "ValueError: rank 1 says boom" and root.traceback[-1] == root.message
+    assert "  error: ValueError: rank 1 says boom" in record.detail
     assert root.last_lines[-1] == "RuntimeError: scripted failure"
     assert "Other hosts: h0: stopped by distrun" in record.detail and "exit code -15" not in record.detail
     assert Store().job_dir("s-2").summary.read_text() == record.detail + "\n"

@@ -53,6 +53,19 @@ def test_a_rank_ended_by_sigterm_is_an_echo_and_the_exit_code_elsewhere_is_blame
     assert root_cause(failures).host == "node1"
 
 
+def test_a_failure_seen_after_distrun_stopped_its_host_is_an_echo_whatever_its_lines_say():
+    stopped = Failure.from_returncode("node0", 1, rank=0, time=1.0, last_lines=RAISED, stopped=True)
+    assert is_collateral(stopped) and not is_collateral(replace(stopped, stopped=False))
+    assert root_cause([stopped, exit_failure("node1", 2.0, rank=3)]).host == "node1"
+
+
+def test_distruns_own_words_in_a_hosts_lines_do_not_make_its_failure_an_echo():
+    """Whether distrun stopped a host is a field (`stopped`), not a phrase searched in its lines."""
+    words = ("distrun: job processes ended (stopped by the controller); 0 needed SIGKILL",
+             "its supervisor ended the job: controller heartbeat silent for more than 4 s")
+    assert not is_collateral(exit_failure("node0", 1.0, rank=0, lines=words))
+
+
 def test_when_every_failure_is_an_echo_the_earliest_is_blamed():
     failures = [exit_failure("node0", 5.0, lines=RESET), exit_failure("node1", 4.0, lines=RESET)]
     assert root_cause(failures).host == "node1"
@@ -70,7 +83,9 @@ def test_root_cause_of_nothing_is_an_error():
 
 def test_a_failure_survives_its_dict_and_json():
     failure = Failure("node1", FailureKind.SIGNAL, rank=3, signal="SIGSEGV", address="10.0.0.11",
-                      last_lines=("a", "b"), time=1700000000.5, after_final=True, barrier_hosts=("node0",))
+                      last_lines=("a", "b"), time=1700000000.5, after_final=True, barrier_hosts=("node0",),
+                      message="ValueError: boom", traceback=("Traceback (most recent call last):", "ValueError: boom"),
+                      stopped=True)
     data = json.loads(json.dumps(failure.to_dict()))
     assert data["kind"] == "signal" and data["signal"] == "SIGSEGV" and data["last_lines"] == ["a", "b"]
     assert data["after_final"] is True and data["barrier_hosts"] == ["node0"]
@@ -88,6 +103,12 @@ def test_render_leads_with_host_rank_and_exit_then_the_last_lines():
     assert failure.render().splitlines() == [
         "  host: node1 (10.0.0.11)", "  rank: 3", "  exit: exit code 1", "  last 2 lines of rank 3:",
         "    Traceback (most recent call last):", "    RuntimeError: deliberate failure on rank 3"]
+
+
+def test_render_says_the_ranks_exception_in_a_line_when_it_recorded_one():
+    failure = replace(exit_failure("node1", 1.0, rank=3), message="RuntimeError: deliberate failure on rank 3")
+    assert failure.render().splitlines()[:4] == [
+        "  host: node1", "  rank: 3", "  exit: exit code 1", "  error: RuntimeError: deliberate failure on rank 3"]
 
 
 def test_a_rank_that_died_after_the_final_line_says_so_and_names_the_hosts_stopped_in_the_barrier():

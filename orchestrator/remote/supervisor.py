@@ -11,6 +11,9 @@ job's fate (the watchdog, a stop) waits on stdout. An `exit` after a stop carrie
 `workers_at_stop`: how many of the job's processes besides torchrun were alive when the stop
 came while torchrun still ran (0: every worker had exited and torchrun waited in its exit
 barrier for the other hosts); null when torchrun had already exited or no stop came.
+It also carries `stop_cause` (a `StopCause`: who had the supervisor end the job; null when
+nobody did) and `workers`: torchrun's record of each failed worker (remote/workerfail.py),
+the job's secrets masked.
 Every `exit` carries `gpus_freed`: for each GPU's memory a process of the job held when the
 supervisor ended it, the line remote/gpu.py words ("freed 2.1 GB on gpu0 held by pid 4242").
 
@@ -33,7 +36,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import BinaryIO
+from enum import Enum
+from typing import Any, BinaryIO
 
 from orchestrator.remote.config import SupervisorConfig
 from orchestrator.remote.gpu import GpuHolders
@@ -44,8 +48,18 @@ from orchestrator.remote.relay import Relay
 from orchestrator.remote.safedirs import expand_var, make_safe_dir
 from orchestrator.remote.sockdir import socket_dir
 from orchestrator.remote.stream import StreamWriter
+from orchestrator.remote.workerfail import WorkerRecord, read_records, shim_argv
 
 HEARTBEAT_EVERY = 1.0
+
+
+class StopCause(str, Enum):
+    """Who had the supervisor end the job before torchrun ended on its own (the `exit` event's `stop_cause`)."""
+
+    CONTROLLER = "controller"  # the controller's `stop`
+    CHANNEL = "channel"  # the controller's connection closed
+    HEARTBEAT = "heartbeat"  # the controller's heartbeat went silent
+    SIGNAL = "signal"  # the supervisor got SIGHUP, SIGTERM or SIGINT
 
 
 def _markers(job_id: str, node: str | None) -> tuple[bytes, bytes]:
@@ -211,6 +225,8 @@ class Supervisor:
         self.last_hb = time.monotonic()
         self.oom_at_start = oom_kills()
         self.stop_reason: str | None = None
+        self.stop_cause: StopCause | None = None
+        self.workers: list[WorkerRecord] = []
         self.workers_at_stop: int | None = None
         self.gpus_freed: list[str] = []
         self.stopping = threading.Event()
@@ -222,6 +238,7 @@ class Supervisor:
         with contextlib.suppress(OSError):  # a full disk: the host-side copy warns and the job goes on
             make_private_dirs(self.dir)
         self.relay = Relay(cfg, out, self.dir, self.warn)
+        self.record_path = os.path.join(self.relay.raw_dir, "failures.json")  # torchrun's failed workers
 
     def warn(self, message: str) -> None:
         """A note for the controller (shown on the operator's screen and kept in the job's files)."""
@@ -241,8 +258,10 @@ class Supervisor:
         self.resolve_sockets(env)
         cwd = self.cfg.cwd
         make_dirs(self.cfg.make_dirs, cwd)
+        with contextlib.suppress(OSError):
+            os.remove(self.record_path)  # a dead supervisor's, not this run's
         self.child = subprocess.Popen(
-            self.relay.argv(self.cfg.argv),
+            shim_argv(self.relay.argv(self.cfg.argv), self.record_path),
             env=env,
             cwd=os.path.expanduser(cwd) if cwd else None,
             stdin=subprocess.DEVNULL,
@@ -282,8 +301,8 @@ class Supervisor:
                 continue
             self.last_hb = time.monotonic()
             if op == "stop":
-                self.stop("stopped by the controller")
-        self.stop("controller connection closed")
+                self.stop("stopped by the controller", StopCause.CONTROLLER)
+        self.stop("controller connection closed", StopCause.CHANNEL)
 
     def watchdog(self) -> None:
         """Send our heartbeat; end the job when the controller's heartbeat stops. Neither waits on
@@ -291,12 +310,13 @@ class Supervisor:
         while not self.done.wait(HEARTBEAT_EVERY):
             self.out.event("hb")
             if self.hb_timeout is not None and time.monotonic() - self.last_hb > self.hb_timeout:
-                self.stop(f"controller heartbeat silent for more than {self.hb_timeout:g} s")
+                self.stop(f"controller heartbeat silent for more than {self.hb_timeout:g} s", StopCause.HEARTBEAT)
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: str, cause: StopCause) -> None:
         if self.stopping.is_set() or self.done.is_set():
             return
         self.stop_reason = reason
+        self.stop_cause = cause
         self.stopping.set()
         self.ender = threading.Thread(target=self._end, daemon=True)
         self.ender.start()
@@ -316,7 +336,8 @@ class Supervisor:
 
     def _catch_signals(self) -> None:
         for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda signum, _frame: self.stop(f"supervisor got signal {signum}"))
+            signal.signal(sig, lambda signum, _frame: self.stop(f"supervisor got signal {signum}",
+                                                                StopCause.SIGNAL))
 
     def run(self, stdin: BinaryIO) -> int:
         """Start torchrun, follow it to its end, and end whatever of the job is left, whatever
@@ -338,11 +359,18 @@ class Supervisor:
             error = f"{what}: {type(exc).__name__}: {exc}" if self.leader else f"{what}: {exc}"
         finally:
             rc = self._finish(sampler)
-        self.out.end("exit", self.last_words_wait(), rc=rc, reason=self.stop_reason,
+        self.out.end("exit", self.last_words_wait(), rc=rc, reason=self.stop_reason, stop_cause=self.stop_cause,
                      oom_kills=self._oom_kills_since_start(), workers_at_stop=self.workers_at_stop,
-                     gpus_freed=self.gpus_freed,
+                     gpus_freed=self.gpus_freed, workers=[self._masked(record) for record in self.workers],
                      **({"error": error} if error else {}))
         return 0
+
+    def _masked(self, record: WorkerRecord) -> dict[str, Any]:
+        """A failed worker's record for the controller, the job's secrets masked in its words."""
+        event = record.to_event()
+        event["message"] = self.relay.masker.text(record.message)
+        event["traceback"] = self.relay.masker.text(record.traceback)
+        return event
 
     def _oom_kills_since_start(self) -> int | None:
         now = oom_kills()
@@ -357,6 +385,7 @@ class Supervisor:
             # Whatever the job left behind (a worker in its own session) goes with it.
             self._freed(end_job_freeing_gpus(self.job_id, self.node, self.leader, min(self.grace, 2.0))[1])
         rc = self.leader.wait() if self.leader is not None else 127
+        self.workers = read_records(self.record_path)  # before the relay removes torchrun's files
         self.relay.finish()
         self.done.set()
         if sampler is not None:

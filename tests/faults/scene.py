@@ -69,8 +69,9 @@ def supervisor(cluster: Cluster, i: int, job_id: str) -> Proc:
 
 
 def torchrun(cluster: Cluster, i: int, job_id: str) -> Proc:
+    # `-m torch.distributed.run`, or the supervisor's shim that runs it (remote/workerfail.py).
     return _one(cluster, i, lambda p: p.environ_has(job_id, key="DISTRUN_JOB_ID")
-                and "torch.distributed.run" in p.cmdline, "torchrun")
+                and any("torch.distributed.run" in arg for arg in p.cmdline), "torchrun")
 
 
 def worker(cluster: Cluster, rank: int, job_id: str) -> Proc:

@@ -1,0 +1,158 @@
+"""Each failed worker's record, as torchrun's agent knew it: rank, exit code or signal, message,
+traceback, time.
+
+Who writes what (torch 2.13, torch/distributed/elastic):
+- torchrun gives every worker `TORCHELASTIC_ERROR_FILE` (`<log dir>/<run id>/attempt_N/<local
+  rank>/error.json`). A worker whose entry point has elastic's `@record` writes its uncaught
+  exception there: `{"message": {"message": "ValueError: ...", "extraInfo": {"py_callstack":
+  TRACEBACK, "timestamp": "SECONDS"}}}`.
+- A worker killed by a signal (SIGKILL, SIGSEGV) or that exits without `@record` writes nothing:
+  only torchrun's agent knows its exit status. It builds a `ProcessFailure` per failed worker
+  (the error file's message and time, else "Signal 9 (SIGKILL) received by PID ..." and the time
+  it saw the exit) and raises them all in one `ChildFailedError`.
+
+So the supervisor runs torchrun under `shim_argv`: when torchrun raises `ChildFailedError`, the
+shim writes every `ProcessFailure` to a file of the supervisor's, then lets torchrun report and
+exit as always. The supervisor reads that file (`read_records`) and sends the records in its
+`exit` event; the controller builds a `Failure` from the first by time (`first_failure`, as
+elastic's `ChildFailedError.get_first_failure`). Stdlib-only: it runs on the hosts.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+TORCHRUN_RUN = "runpy.run_module('torch.distributed.run',run_name='__main__',alter_sys=True)"
+# Runs torchrun; on ChildFailedError, every ProcessFailure (global rank -> its fields) goes to PATH.
+SHIM = """import json,runpy
+def _distrun_record(path):
+    try:
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    except Exception:
+        ChildFailedError = ()
+    try:
+        %s
+    except ChildFailedError as exc:
+        rows = [{"rank": rank, "local_rank": f.local_rank, "pid": f.pid, "exitcode": f.exitcode,
+                 "timestamp": f.timestamp, "message": f.message} for rank, f in exc.failures.items()]
+        try:
+            with open(path, "w") as fh:
+                json.dump({"failures": rows}, fh)
+        except Exception:
+            pass
+        raise
+_distrun_record(%r)
+"""
+
+
+def shim_argv(argv: Sequence[str], record_path: str) -> list[str]:
+    """torchrun's argv, run under the shim that writes its failed workers to `record_path`; an
+    argv that does not run torchrun is left as it is.
+
+    torchrun is `python -P -m torch.distributed.run ...`, or the `-c` line of
+    `remote.module_argv` that runs it with runpy; its own arguments follow either, unchanged.
+    """
+    code = SHIM % (TORCHRUN_RUN, record_path)
+    argv = list(argv)
+    for i, arg in enumerate(argv):
+        if arg == "torch.distributed.run" and i > 0 and argv[i - 1] == "-m":
+            return [*argv[:i - 1], "-c", code, *argv[i + 1:]]
+        if TORCHRUN_RUN in arg and i > 0 and argv[i - 1] == "-c":
+            return [*argv[:i], arg.replace(TORCHRUN_RUN, f"exec({code!r})"), *argv[i + 1:]]
+    return argv
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    """One failed worker, from torchrun's `ProcessFailure`.
+
+    Attributes:
+        rank: The global rank.
+        local_rank: The rank on its host.
+        pid: The worker's process id.
+        exitcode: Its exit code; negative N: killed by signal N.
+        message: What failed in a line ("ValueError: boom", "Signal 9 (SIGKILL) received by PID 12").
+        traceback: The worker's Python traceback ("" when it wrote none: a signal, no `@record`).
+        timestamp: When it failed (seconds since the epoch, whole seconds as torch keeps them).
+    """
+
+    rank: int
+    local_rank: int
+    pid: int
+    exitcode: int
+    message: str
+    traceback: str
+    timestamp: float
+
+    @property
+    def signal(self) -> str | None:
+        """The signal that killed it ("SIGKILL"), None when it exited."""
+        if self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+    def to_event(self) -> dict[str, Any]:
+        """The record as the supervisor sends it; `from_event` reads it back."""
+        return asdict(self)
+
+    @classmethod
+    def from_event(cls, data: dict[str, Any]) -> WorkerRecord:
+        """A record from `to_event`'s data.
+
+        Raises:
+            ValueError: a field is missing or of the wrong type.
+        """
+        try:
+            return cls(int(data["rank"]), int(data["local_rank"]), int(data["pid"]), int(data["exitcode"]),
+                       str(data["message"]), str(data.get("traceback") or ""), float(data["timestamp"]))
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"malformed worker failure record: {exc}") from exc
+
+
+def error_message(message: Any) -> tuple[str, str]:
+    """(message, traceback) from what torch elastic keeps as a failure's message: the `message` of a
+    worker's error file (a dict with `extraInfo.py_callstack`) or the agent's own line (a str)."""
+    if not isinstance(message, dict):
+        return str(message or ""), ""
+    extra = message.get("extraInfo") or {}
+    return str(message.get("message") or ""), str(extra.get("py_callstack") or "")
+
+
+def from_process_failure(rank: int, failure: dict[str, Any]) -> WorkerRecord:
+    """A record from one of the shim's rows (a `ProcessFailure`'s fields).
+
+    Raises:
+        ValueError: a field is missing or of the wrong type.
+    """
+    message, traceback = error_message(failure.get("message"))
+    try:
+        return WorkerRecord(int(rank), int(failure["local_rank"]), int(failure["pid"]), int(failure["exitcode"]),
+                            message, traceback, float(failure["timestamp"]))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"malformed torchrun failure record: {exc}") from exc
+
+
+def read_records(path: str) -> list[WorkerRecord]:
+    """The failed workers the shim wrote to `path`, in torchrun's order; [] when it wrote none (the
+    job did not fail in its workers) or the file cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            rows = json.load(fh).get("failures") or []
+        return [from_process_failure(row.get("rank"), row) for row in rows]
+    except (OSError, ValueError, AttributeError):
+        return []
+
+
+def first_failure(records: Sequence[WorkerRecord]) -> WorkerRecord | None:
+    """The record that failed first, by its timestamp, as `ChildFailedError.get_first_failure`.
+    torch keeps whole seconds: within one, a worker that torchrun itself ended (SIGTERM, its
+    teardown of the others) comes after one that failed alone, then the order given. None when
+    there is none."""
+    return min(records, key=lambda record: (record.timestamp, record.exitcode == -signal.SIGTERM), default=None)

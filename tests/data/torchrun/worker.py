@@ -1,0 +1,34 @@
+"""A torchrun worker whose local rank 1 fails as argv[1] says (raise, kill, segv, exit); rank 0 waits.
+
+The failures-<kind>.json beside it are what distrun's shim (remote/workerfail.py) wrote for real
+2-worker torchrun 2.13 runs of it on the project's test machine (`--standalone --nproc-per-node 2
+--redirects 3`, argv as tests/test_workerfail.py's `run_torchrun` builds it), and error-raise.json
+is what its rank 1 wrote itself (TORCHELASTIC_ERROR_FILE) on `raise`. `exit` leaves torch no
+record of its own: the worker exits 3 without raising.
+"""
+
+import ctypes
+import os
+import signal
+import sys
+import time
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+
+@record
+def main(kind: str) -> None:
+    if os.environ["LOCAL_RANK"] != "1":
+        time.sleep(0.5)
+        return
+    if kind == "raise":
+        raise ValueError("rank 1 says boom")
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "segv":
+        ctypes.string_at(0)
+    sys.exit(3)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
