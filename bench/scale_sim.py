@@ -56,10 +56,10 @@ from orchestrator import backends, launch  # noqa: E402
 from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest  # noqa: E402
 from orchestrator.backends.run import EXIT_WAIT, RunView  # noqa: E402
 from orchestrator.failures import Failure  # noqa: E402
-from orchestrator.hostrun import STOP_REQUESTED  # noqa: E402
 from orchestrator.plan import LaunchPlan, build_plan  # noqa: E402
 from orchestrator.remote.linestore import read_index  # noqa: E402
 from orchestrator.remote.stream import EVENT, STDOUT, Batch, encode  # noqa: E402
+from orchestrator.remote.supervisor import StopCause  # noqa: E402
 from orchestrator.spec.model import NodeSpec  # noqa: E402
 from orchestrator.store import JobRecord, Store  # noqa: E402
 
@@ -120,7 +120,8 @@ class SimHost:
         """What the supervisor says when the controller stops it: a note, then its exit."""
         self.done = True
         return (event("note", msg="job processes ended (stopped by the controller); 0 needed SIGKILL")
-                + event("exit", rc=-15, reason=STOP_REQUESTED, oom_kills=0, workers_at_stop=RANKS, gpus_freed=[]))
+                + event("exit", rc=-15, reason="stopped by the controller", stop_cause=StopCause.CONTROLLER.value,
+                        oom_kills=0, workers_at_stop=RANKS, gpus_freed=[]))
 
 
 def event(kind: str, /, **fields: Any) -> bytes:
