@@ -32,13 +32,14 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def write_job(tmp_path: Path, args: list[str], extra: str = "", nodes: tuple[str, ...] = ("a", "b")) -> Path:
+def write_job(tmp_path: Path, args: list[str], extra: str = "", nodes: tuple[str, ...] = ("a", "b"),
+              script: Path = WORKER) -> Path:
     inv = tmp_path / "inv.yaml"
     python = sys.executable
     inv.write_text("nodes:\n" + "".join(f"  - {{name: {name}, host: localhost, transport: local, python: {python}}}\n"
                                          for name in nodes))
     path = tmp_path / "job.yaml"
-    path.write_text(f"name: ft\nscript: {WORKER}\nargs: {json.dumps(args)}\nnproc_per_node: 1\nstop_grace: 2\n"
+    path.write_text(f"name: ft\nscript: {script}\nargs: {json.dumps(args)}\nnproc_per_node: 1\nstop_grace: 2\n"
                     f"env: {{OMP_NUM_THREADS: '1', RUST_LOG: warn}}\n"
                     f"fault_tolerance: {{min_replicas: 1, lighthouse_port: {free_port()}}}\n{extra}")
     return path
@@ -203,3 +204,19 @@ def test_distrun_stop_of_the_job_stops_every_group_and_the_lighthouse(tmp_path: 
     assert "stopped (SIGTERM); every group and the lighthouse ended" in out
     assert not lighthouses(port)
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(WORKER) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_bundled_resnet_script_trains_as_ft_ddp_replica_groups_in_one_quorum(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    job = write_job(tmp_path, ["--strategy", "ft-ddp", "--model", "tiny", "--image-size", "16", "--batch-size", "4",
+                               "--num-classes", "10", "--steps", "6", "--log-every", "2"],
+                    script=REPO / "jobs" / "train_resnet50.py")
+    job.write_text(job.read_text().replace("min_replicas: 1", "min_replicas: 2"))  # every step has both groups
+    code, out = launch(tmp_path, job, home)
+    assert code == 0, out[-4000:]
+    logged = re.findall(r"^\[g(\d)\] \[\w+ r0\] train_resnet50: ft step (\d+) group \1 participants (\d)$", out, re.M)
+    assert {(group, step) for group, step, _ in logged} >= {("0", "6"), ("1", "6")}, out[-4000:]
+    assert {participants for _, _, participants in logged} == {"2"}, "both groups averaged every step"
+    finals = [json.loads(line) for line in re.findall(r"DISTRUN_METRICS (\{.*\"final\": true.*\})$", out, re.M)]
+    assert [(f["step"], f["strategy"]) for f in finals] == [(6, "ft-ddp"), (6, "ft-ddp")], out[-4000:]
+    assert "succeeded: 2 of 2 replica group(s) finished" in out
