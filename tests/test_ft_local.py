@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import REPO, wait_for
+from tests.helpers import REPO, distrun, wait_for
 
 pytest.importorskip("torchft")
 
@@ -127,7 +127,8 @@ def test_a_lighthouse_killed_mid_run_is_started_again_and_the_job_succeeds(tmp_p
     assert not lighthouses(port)
 
 
-def test_a_group_whose_rank_is_killed_comes_back_on_the_spare_healed_from_its_peer(tmp_path: Path) -> None:
+def test_a_group_whose_rank_is_killed_comes_back_on_the_spare_healed_from_its_peer_as_ps_shows(
+        tmp_path: Path) -> None:
     home = tmp_path / "home"
     job = write_job(tmp_path, ["--steps", "60", "--step-time", "0.1"], "nnodes: 2\nrestarts: {max: 1}\n",
                     nodes=("a", "b", "c"))
@@ -150,6 +151,11 @@ def test_a_group_whose_rank_is_killed_comes_back_on_the_spare_healed_from_its_pe
     assert len(gaps) == 1 and gaps[0][1] > gaps[0][0] > 14, f"group 1 healed from its peer: {relaunched}"
     assert "restarting: attempt 2 on c: c in place of b" in out
     assert "    attempt 2 on c, " in out, "the summary tells the group's story"
+    job_id = re.search(r"Submitted job (\S+)", out).group(1)
+    (listed,) = [j for j in json.loads(distrun("ps", "--json", home=home).stdout) if j["id"] == job_id]
+    assert [(g["index"], g["job"], g["hosts"], g["state"], g["relaunches"]) for g in listed["groups"]] == [
+        (0, f"{job_id}-g0", ["a"], "succeeded", 0), (1, f"{job_id}-g1", ["c"], "succeeded", 1)]
+    assert listed["quorum"]["participants"] == ["group0", "group1"] and listed["quorum"]["step"] >= 59
 
 
 def test_fewer_groups_than_min_replicas_fail_the_job_named(tmp_path: Path) -> None:
@@ -220,3 +226,24 @@ def test_bundled_resnet_script_trains_as_ft_ddp_replica_groups_in_one_quorum(tmp
     finals = [json.loads(line) for line in re.findall(r"DISTRUN_METRICS (\{.*\"final\": true.*\})$", out, re.M)]
     assert [(f["step"], f["strategy"]) for f in finals] == [(6, "ft-ddp"), (6, "ft-ddp")], out[-4000:]
     assert "succeeded: 2 of 2 replica group(s) finished" in out
+
+
+def test_logs_group_shows_one_groups_lines_and_ps_lists_the_groups_under_their_job(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    code, out = launch(tmp_path, write_job(tmp_path, ["--steps", "4", "--step-time", "0.1"]), home)
+    assert code == 0, out[-4000:]
+    job_id = re.search(r"Submitted job (\S+)", out).group(1)
+
+    group1 = distrun("logs", job_id, "--group", "1", "--grep", "ft step", "--bare", home=home)
+    assert group1.returncode == 0, group1.stderr
+    assert [line.split(" participants")[0] for line in group1.stdout.splitlines()] == [
+        f"ft step {step} group 1" for step in range(1, 5)]
+    beyond = distrun("logs", job_id, "--group", "2", home=home)
+    assert (beyond.returncode, beyond.stderr) == (2, f"distrun: error: --group 2: job {job_id} has replica "
+                                                     "group(s) 0-1\n")
+
+    table = distrun("ps", home=home).stdout.splitlines()
+    under = table[[line.split()[0] for line in table].index(job_id) + 1:][:3]
+    assert under[0] == f"  group 0  succeeded  relaunches=0  a  ({job_id}-g0)"
+    assert under[1] == f"  group 1  succeeded  relaunches=0  b  ({job_id}-g1)"
+    assert re.fullmatch(r"  quorum: 2 group\(s\) \(group0, group1\) at step \d+", under[2]), under
