@@ -70,7 +70,7 @@ def show_logs(request: LogsRequest, out: TextIO | None = None) -> int:
     store = Store()
     record = store.get(request.job_ref)
     if request.group is not None:
-        record = store.get(group_job_id(record.id, store.job_dir(record.id).root, request.group))
+        record = store.get(group_job_id(store, record.id, request.group))
     refresh_lost(store, [record])
     if request.recover:
         recover(store, record)

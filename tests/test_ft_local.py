@@ -238,6 +238,8 @@ def test_logs_group_shows_one_groups_lines_and_ps_lists_the_groups_under_their_j
     assert group1.returncode == 0, group1.stderr
     assert [line.split(" participants")[0] for line in group1.stdout.splitlines()] == [
         f"ft step {step} group 1" for step in range(1, 5)]
+    via_last = distrun("logs", "last", "--group", "0", "--grep", "ft step 4 ", "--bare", home=home)
+    assert via_last.stdout.startswith("ft step 4 group 0 "), "`last` is a group's job: its parent's group 0"
     beyond = distrun("logs", job_id, "--group", "2", home=home)
     assert (beyond.returncode, beyond.stderr) == (2, f"distrun: error: --group 2: job {job_id} has replica "
                                                      "group(s) 0-1\n")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from orchestrator.errors import DistrunError, UsageError
 from orchestrator.store import Store
 
 GROUPS_FILE = "groups.json"
+GROUP_JOB = re.compile(r"(.+)-g\d+")  # a replica group's job id: its parent's, then -g<K>
 
 
 def read_groups(job_root: Path) -> dict[str, Any] | None:
@@ -23,13 +25,18 @@ def read_groups(job_root: Path) -> dict[str, Any] | None:
     return state if isinstance(state, dict) and state.get("groups") else None
 
 
-def group_job_id(job_id: str, job_root: Path, index: int) -> str:
-    """The job of replica group `index` of job `job_id` (`<job>-g<K>`).
+def group_job_id(store: Store, job_id: str, index: int) -> str:
+    """The job of replica group `index` of job `job_id` (`<job>-g<K>`); given a group's own job
+    (as `last` is once a fault-tolerant job ran), of its parent's.
 
     Raises:
         UsageError: the job has no replica groups, or none with that index.
     """
-    state = read_groups(job_root)
+    state = read_groups(store.job_dir(job_id).root)
+    parent = GROUP_JOB.fullmatch(job_id)
+    if state is None and parent is not None:
+        state = read_groups(store.job_dir(parent[1]).root)
+        job_id = parent[1] if state is not None else job_id
     if state is None:
         raise UsageError(f"--group {index}: job {job_id} has no replica groups (only a job with "
                          "fault_tolerance: has them)")
