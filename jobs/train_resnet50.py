@@ -8,7 +8,7 @@ GPU in one process; a plain single process without GPUs), ``ddp``
 (DistributedDataParallel, one process per GPU or CPU slot) and ``fsdp`` (FSDP2
 ``fully_shard`` per residual block, then the root). ``ddp`` and ``fsdp`` started
 without torchrun run as a one-rank process group. ``ft-ddp``: torchft's Manager,
-DistributedDataParallel and Optimizer wrapper (gloo), one process per replica group of a
+DistributedDataParallel and Optimizer wrapper (gloo on CPU, NCCL on GPUs), one process per replica group of a
 job with ``fault_tolerance:`` (jobs/README.md); each group reads its own share of the data,
 gradients are averaged over the groups in the quorum, and a group that comes back heals
 from a peer. It prints ``ft step S group G participants P`` every ``--log-every`` steps.
@@ -46,7 +46,7 @@ Rank 0's line also carries the job's figures:
                           CPU the process's max RSS (getrusage); MiB
     world_size     int    number of processes
     global_batch   int    batch_size * grad_accum * world_size (samples per step)
-    strategy       str    single | dp | ddp | fsdp
+    strategy       str    single | dp | ddp | fsdp | ft-ddp
     device         str    cuda | cpu
     amp            str|null  "bfloat16" / "float16", or null when AMP is off
     warmup         bool   true while step <= the warmup steps of this run
@@ -780,7 +780,9 @@ def train_ft(args: argparse.Namespace, runtime: Runtime) -> None:
     def state_dict() -> dict[str, Any]:
         return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
 
-    manager = torchft.Manager(pg=torchft.ProcessGroupGloo(timeout=timedelta(seconds=10)), min_replica_size=1,
+    # Gloo takes CPU tensors only; on GPUs torchft's reconfigurable NCCL group.
+    pg_class = torchft.ProcessGroupNCCL if runtime.device.type == "cuda" else torchft.ProcessGroupGloo
+    manager = torchft.Manager(pg=pg_class(timeout=timedelta(seconds=10)), min_replica_size=1,
                               load_state_dict=load_state_dict, state_dict=state_dict, replica_id=f"group{group}",
                               timeout=timedelta(seconds=10), quorum_timeout=timedelta(seconds=30))
     trainer = Trainer(model=torchft.DistributedDataParallel(manager, model),
