@@ -7,7 +7,11 @@ Strategies: ``single`` (one process), ``dp`` (torch.nn.DataParallel over every v
 GPU in one process; a plain single process without GPUs), ``ddp``
 (DistributedDataParallel, one process per GPU or CPU slot) and ``fsdp`` (FSDP2
 ``fully_shard`` per residual block, then the root). ``ddp`` and ``fsdp`` started
-without torchrun run as a one-rank process group.
+without torchrun run as a one-rank process group. ``ft-ddp``: torchft's Manager,
+DistributedDataParallel and Optimizer wrapper (gloo on CPU, NCCL on GPUs), one process per replica group of a
+job with ``fault_tolerance:`` (jobs/README.md); each group reads its own share of the data,
+gradients are averaged over the groups in the quorum, and a group that comes back heals
+from a peer. It prints ``ft step S group G participants P`` every ``--log-every`` steps.
 
 Checkpoints (jobs/README.md, "Checkpoints and restarts"): with a checkpoint dir
 (``--checkpoint-dir``, default $DISTRUN_CHECKPOINT_DIR) every rank resumes from the
@@ -42,7 +46,7 @@ Rank 0's line also carries the job's figures:
                           CPU the process's max RSS (getrusage); MiB
     world_size     int    number of processes
     global_batch   int    batch_size * grad_accum * world_size (samples per step)
-    strategy       str    single | dp | ddp | fsdp
+    strategy       str    single | dp | ddp | fsdp | ft-ddp
     device         str    cuda | cpu
     amp            str|null  "bfloat16" / "float16", or null when AMP is off
     warmup         bool   true while step <= the warmup steps of this run
@@ -108,9 +112,13 @@ class Strategy(str, Enum):
     DP = "dp"
     DDP = "ddp"
     FSDP = "fsdp"
+    FT_DDP = "ft-ddp"
 
 
-ONE_PROCESS_STRATEGIES = (Strategy.SINGLE, Strategy.DP)
+# ft-ddp: one process per replica group, no process group of its own (torchft's Manager has one
+# across the groups).
+ONE_PROCESS_STRATEGIES = (Strategy.SINGLE, Strategy.DP, Strategy.FT_DDP)
+FT_ENV = ("REPLICA_GROUP_ID", "NUM_REPLICA_GROUPS", "TORCHFT_LIGHTHOUSE")
 
 
 @dataclass(frozen=True)
@@ -184,6 +192,13 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     if args.strategy in ONE_PROCESS_STRATEGIES and env_world_size() > 1:
         parser.error(f"--strategy {args.strategy.value} runs in one process, but WORLD_SIZE is "
                      f"{env_world_size()}; launch it with nproc_per_node 1")
+    missing = [name for name in FT_ENV if name not in os.environ]
+    if args.strategy is Strategy.FT_DDP and missing:
+        parser.error(f"--strategy ft-ddp needs {', '.join(missing)}: launch it as a job with fault_tolerance: "
+                     "(jobs/resnet50-ft.yaml)")
+    if args.strategy is Strategy.FT_DDP and (args.checkpoint_dir or args.grad_accum > 1 or args.fail_at_step):
+        parser.error("--strategy ft-ddp heals from a peer, not a checkpoint: drop --checkpoint-dir "
+                     f"(and ${CHECKPOINT_DIR_ENV}), --grad-accum and --fail-at-step")
 
 
 def init_runtime(strategy: Strategy) -> Runtime:
@@ -732,6 +747,68 @@ def train(args: argparse.Namespace, trainer: Trainer, start_step: int) -> None:
     meter.finish(step, step - start_step, time.perf_counter() - began)
 
 
+def group_batches(args: argparse.Namespace, device: torch.device, group: int,
+                  groups: int) -> Iterator[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Replica group `group`'s share of the data (as a rank of `groups`), step after step, for as
+    many steps as the group runs (a step torchft does not commit is done again on the next batch)."""
+    share = Runtime(rank=group, world_size=groups, device=device, distributed=False)
+    while True:
+        yield from micro_batch_groups(make_loader(args, share, 0), 1)
+
+
+def train_ft(args: argparse.Namespace, runtime: Runtime) -> None:
+    """--strategy ft-ddp: train until torchft's step count reaches --steps, which a group that
+    healed from a peer continues from; only committed steps count and log."""
+    from datetime import timedelta
+
+    import torchft
+
+    group, groups = int(os.environ["REPLICA_GROUP_ID"]), int(os.environ["NUM_REPLICA_GROUPS"])
+    torch.manual_seed(args.seed)
+    model = build_model(args.model, args.num_classes).to(runtime.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
+    amp_dtype = pick_amp_dtype(runtime.device, args.amp, args.amp_on_cpu)
+    if amp_dtype == torch.float16:
+        amp_dtype = None  # GradScaler cannot step torchft's Optimizer wrapper
+    say(runtime, f"model={args.model} strategy=ft-ddp replica group {group} of {groups} "
+                 f"device={runtime.device.type} amp={amp_dtype}")
+
+    def load_state_dict(state: dict[str, Any]) -> None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+
+    def state_dict() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+
+    # Gloo takes CPU tensors only; on GPUs torchft's reconfigurable NCCL group.
+    pg_class = torchft.ProcessGroupNCCL if runtime.device.type == "cuda" else torchft.ProcessGroupGloo
+    manager = torchft.Manager(pg=pg_class(timeout=timedelta(seconds=10)), min_replica_size=1,
+                              load_state_dict=load_state_dict, state_dict=state_dict, replica_id=f"group{group}",
+                              timeout=timedelta(seconds=10), quorum_timeout=timedelta(seconds=30))
+    trainer = Trainer(model=torchft.DistributedDataParallel(manager, model),
+                      optimizer=torchft.Optimizer(manager, optimizer), strategy=Strategy.FT_DDP, runtime=runtime,
+                      amp_dtype=amp_dtype, grad_accum=1, sync_wait=SyncWait(runtime.device))
+    common = {"world_size": 1, "global_batch": args.batch_size, "strategy": Strategy.FT_DDP.value,
+              "device": runtime.device.type, "amp": str(amp_dtype).removeprefix("torch.") if amp_dtype else None}
+    began = time.perf_counter()
+    trainer.model.train()
+    meter = Meter.start(runtime, common, 0, args.warmup_steps, trainer.sync_wait)
+    committed = 0
+    batches = group_batches(args, runtime.device, group, groups)
+    while manager.current_step() < args.steps:
+        before = manager.current_step()
+        loss = trainer.step(next(batches))
+        step = manager.current_step()
+        if step == before:
+            continue
+        committed += 1
+        meter.record(step, loss, log=should_log(step, args))
+        if should_log(step, args):
+            write_line(f"train_resnet50: ft step {step} group {group} participants {manager.num_participants()}")
+    meter.finish(manager.current_step(), committed, time.perf_counter() - began)
+    manager.shutdown(wait=False)
+
+
 def serving_flight_recorder() -> AbstractContextManager[None]:
     """torch's control plane on $DISTRUN_WORKER_SOCKETS/rank<RANK>.sock, where distrun fetches this
     rank's Flight Recorder dump when the job hangs (jobs/README.md); nothing without the variable."""
@@ -753,6 +830,9 @@ def main(argv: list[str] | None = None) -> int:
                         format="train_resnet50: %(message)s", stream=sys.stdout)
     if ATTEMPT_ENV in os.environ:
         say(runtime, f"attempt {os.environ[ATTEMPT_ENV]}")
+    if args.strategy is Strategy.FT_DDP:
+        train_ft(args, runtime)
+        return 0
     trainer = build_trainer(args, runtime)
     start_step = load_checkpoint(trainer, args.checkpoint_dir) if args.checkpoint_dir else 0
     train(args, trainer, start_step)

@@ -18,6 +18,7 @@ from orchestrator.cli_options import (
 )
 from orchestrator.display import fold_hosts
 from orchestrator.errors import ExitCode, UsageError
+from orchestrator.ft.state import group_lines, groups_view
 from orchestrator.recorded import for_record, refresh_lost
 from orchestrator.spec.select import HostSelection
 from orchestrator.store import JobRecord, JobState, Store
@@ -75,19 +76,20 @@ def ps(as_json: bool, show_all: bool, state: str | None, since: str | None) -> N
     records = [r for r in records if (states is None or r.state in states) and (after is None or r.started >= after)]
     records = records if show_all else records[:PS_LIMIT]
     if as_json:
-        terminal.show(json.dumps([r.to_dict() for r in records], indent=2))
+        terminal.show(json.dumps([r.to_dict() | (groups_view(store, r.id) or {}) for r in records], indent=2))
         return
     if not records:
         terminal.show("no jobs" + (" match" if states or after else " yet (start one with "
                                 "`distrun launch jobs/resnet50.yaml`)"))
         return
     colour = terminal.colour(sys.stdout)
-    for line in _ps_lines(records, colour):
+    for line in _ps_lines(store, records, colour):
         terminal.show(line)
 
 
-def _ps_lines(records: list[JobRecord], colour: bool) -> list[str]:
-    """The table: the JOB column as wide as the longest id, hosts folded into ranges."""
+def _ps_lines(store: Store, records: list[JobRecord], colour: bool) -> list[str]:
+    """The table: the JOB column as wide as the longest id, hosts folded into ranges; under a
+    fault-tolerant job its replica groups and latest quorum."""
     width = max(len("JOB"), *(len(r.id) for r in records))
     lines = [f"{'JOB':<{width}}  {'STATE':<9}  {'STARTED':<16}  {'TIME':>7}  {'EXIT':>4}  HOSTS"]
     for rec in records:
@@ -104,6 +106,8 @@ def _ps_lines(records: list[JobRecord], colour: bool) -> list[str]:
         extra += "  (internal)" if rec.internal else ""
         lines.append(f"{rec.id:<{width}}  {state}  {started:<16}  {_age(rec):>7}  {exit_code:>4}  "
                      f"{fold_hosts(rec.hosts) or '-'}{extra}")
+        view = groups_view(store, rec.id)
+        lines += group_lines(view) if view else []
     return lines
 
 
@@ -130,10 +134,12 @@ def _ps_lines(records: list[JobRecord], colour: bool) -> list[str]:
 @click.option("--timestamps", is_flag=True, help="Show each line's arrival time first.")
 @click.option("--bare", is_flag=True, help="The text of each line only, without [node rank].")
 @click.option("--recover", is_flag=True, help="First rebuild the finished job's files from the copies its hosts kept.")
+@click.option("--group", cls=NumberOption, type=click.IntRange(min=0), metavar="K",
+              help="A fault-tolerant job's replica group K: the lines of its job <JOB>-g<K>.")
 @color_option
 def logs(job_ref: str, follow: bool, nodes: tuple[str, ...], ranks: tuple[str, ...], pattern: str | None,
          since: str | None, tail: int | None, stderr: bool, attempt: int | None, collapse: bool, timestamps: bool,
-         bare: bool, recover: bool) -> None:
+         bare: bool, recover: bool, group: int | None) -> None:
     """Print a job's lines, in the order they arrived (JOB_REF: an id, a unique prefix, or `last`).
 
     Filters combine (every one must hold). Lines are shown as `[node1 r3] text`, stderr lines
@@ -144,12 +150,13 @@ def logs(job_ref: str, follow: bool, nodes: tuple[str, ...], ranks: tuple[str, .
       distrun logs last --tail 20
       distrun logs last --rank 3 --grep Error
       distrun logs tiny-2026 -f
+      distrun logs ft-2026 --group 1 --tail 20
     """
     from orchestrator.logs_command import LogsRequest, show_logs
 
     request = LogsRequest(job_ref=job_ref, follow=follow, nodes=nodes, ranks=ranks, grep=pattern, since=since,
                           tail=tail, stderr=stderr, attempt=attempt, collapse=collapse, timestamps=timestamps,
-                          bare=bare, recover=recover)
+                          bare=bare, recover=recover, group=group)
     sys.exit(show_logs(request))
 
 

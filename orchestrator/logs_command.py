@@ -15,6 +15,7 @@ from typing import TextIO
 
 from orchestrator.display import fold_hosts
 from orchestrator.errors import ExitCode, UsageError
+from orchestrator.ft.state import group_job_id
 from orchestrator.logs.format import ranges
 from orchestrator.logs.query import (
     JobLog,
@@ -52,6 +53,7 @@ class LogsRequest:
     timestamps: bool = False
     bare: bool = False
     recover: bool = False
+    group: int | None = None
 
 
 def show_logs(request: LogsRequest, out: TextIO | None = None) -> int:
@@ -67,6 +69,8 @@ def show_logs(request: LogsRequest, out: TextIO | None = None) -> int:
     out = out or sys.stdout
     store = Store()
     record = store.get(request.job_ref)
+    if request.group is not None:
+        record = store.get(group_job_id(store, record.id, request.group))
     refresh_lost(store, [record])
     if request.recover:
         recover(store, record)

@@ -291,6 +291,14 @@ def test_last_skips_internal_runs_and_an_ambiguous_prefix_lists_candidates_newes
             in ambiguous.stderr)
 
 
+def test_logs_group_of_a_job_without_replica_groups_is_one_line_with_exit_2(jobs: Path) -> None:
+    result = distrun("logs", "last", "--group", "0", home=jobs)
+
+    assert result.returncode == 2
+    assert result.stderr.endswith("has no replica groups (only a job with fault_tolerance: has them)\n")
+    assert len(result.stderr.splitlines()) == 1
+
+
 # ---------------------------------------------------------------- completion
 
 

@@ -146,3 +146,14 @@ def test_a_lighthouse_port_already_taken_fails_the_launch_before_any_group_start
     assert "replica group 0 on a" not in result.stdout
     state = json.loads(distrun("ps", "--json", home=tmp_path / "home").stdout)
     assert [(job["state"], job["exit_code"]) for job in state] == [("failed", 3)]
+
+
+def test_the_bundled_resnet50_ft_job_dry_runs_as_two_one_process_groups_of_ft_ddp(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path, ["a", "b", "c"])
+    result = distrun("launch", str(REPO / "jobs" / "resnet50-ft.yaml"), "-i", str(inv), "--dry-run",
+                     home=tmp_path / "home")
+    assert result.returncode == 0, result.stderr
+    assert "2 replica group(s), min_replicas 1; lighthouse at " in result.stdout
+    for index, node in enumerate(["a", "b"]):
+        block = result.stdout.split(f"== replica group {index}: {node} ==")[1].split("== replica group")[0]
+        assert "--nnodes 1 --nproc-per-node 1" in block and "--strategy ft-ddp" in block, block

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import REPO, wait_for
+from tests.helpers import REPO, distrun, wait_for
 
 pytest.importorskip("torchft")
 
@@ -32,13 +32,14 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def write_job(tmp_path: Path, args: list[str], extra: str = "", nodes: tuple[str, ...] = ("a", "b")) -> Path:
+def write_job(tmp_path: Path, args: list[str], extra: str = "", nodes: tuple[str, ...] = ("a", "b"),
+              script: Path = WORKER) -> Path:
     inv = tmp_path / "inv.yaml"
     python = sys.executable
     inv.write_text("nodes:\n" + "".join(f"  - {{name: {name}, host: localhost, transport: local, python: {python}}}\n"
                                          for name in nodes))
     path = tmp_path / "job.yaml"
-    path.write_text(f"name: ft\nscript: {WORKER}\nargs: {json.dumps(args)}\nnproc_per_node: 1\nstop_grace: 2\n"
+    path.write_text(f"name: ft\nscript: {script}\nargs: {json.dumps(args)}\nnproc_per_node: 1\nstop_grace: 2\n"
                     f"env: {{OMP_NUM_THREADS: '1', RUST_LOG: warn}}\n"
                     f"fault_tolerance: {{min_replicas: 1, lighthouse_port: {free_port()}}}\n{extra}")
     return path
@@ -126,9 +127,12 @@ def test_a_lighthouse_killed_mid_run_is_started_again_and_the_job_succeeds(tmp_p
     assert not lighthouses(port)
 
 
-def test_a_group_whose_rank_is_killed_comes_back_on_the_spare_healed_from_its_peer(tmp_path: Path) -> None:
+def test_a_group_whose_rank_is_killed_comes_back_on_the_spare_healed_from_its_peer_as_ps_shows(
+        tmp_path: Path) -> None:
     home = tmp_path / "home"
-    job = write_job(tmp_path, ["--steps", "60", "--step-time", "0.1"], "nnodes: 2\nrestarts: {max: 1}\n",
+    # 150 steps: group 0 must still be stepping when group 1 is back on the spare (on a loaded
+    # 2-core box that took 11 s; with 60 steps group 0 had finished and group 1 started alone).
+    job = write_job(tmp_path, ["--steps", "150", "--step-time", "0.1"], "nnodes: 2\nrestarts: {max: 1}\n",
                     nodes=("a", "b", "c"))
 
     def kill_group_1() -> None:
@@ -142,13 +146,18 @@ def test_a_group_whose_rank_is_killed_comes_back_on_the_spare_healed_from_its_pe
     assert code == 0, out[-4000:]
     found = steps(out)
     survivor = [step for step, _, _ in found[0]]
-    assert survivor == list(range(survivor[0], 61)), "group 0 never repeated nor skipped a step"
+    assert survivor == list(range(survivor[0], 151)), "group 0 never repeated nor skipped a step"
     assert longest_pause(found[0]) < MAX_PAUSE
     relaunched = [step for step, _, _ in found[1]]
     gaps = [(before, after) for before, after in itertools.pairwise(relaunched) if after != before + 1]
     assert len(gaps) == 1 and gaps[0][1] > gaps[0][0] > 14, f"group 1 healed from its peer: {relaunched}"
     assert "restarting: attempt 2 on c: c in place of b" in out
     assert "    attempt 2 on c, " in out, "the summary tells the group's story"
+    job_id = re.search(r"Submitted job (\S+)", out).group(1)
+    (listed,) = [j for j in json.loads(distrun("ps", "--json", home=home).stdout) if j["id"] == job_id]
+    assert [(g["index"], g["job"], g["hosts"], g["state"], g["relaunches"]) for g in listed["groups"]] == [
+        (0, f"{job_id}-g0", ["a"], "succeeded", 0), (1, f"{job_id}-g1", ["c"], "succeeded", 1)]
+    assert listed["quorum"]["participants"] == ["group0", "group1"] and listed["quorum"]["step"] >= 149
 
 
 def test_fewer_groups_than_min_replicas_fail_the_job_named(tmp_path: Path) -> None:
@@ -203,3 +212,42 @@ def test_distrun_stop_of_the_job_stops_every_group_and_the_lighthouse(tmp_path: 
     assert "stopped (SIGTERM); every group and the lighthouse ended" in out
     assert not lighthouses(port)
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(WORKER) in " ".join(p.info["cmdline"] or [])]
+
+
+def test_bundled_resnet_script_trains_as_ft_ddp_replica_groups_in_one_quorum(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    job = write_job(tmp_path, ["--strategy", "ft-ddp", "--model", "tiny", "--image-size", "16", "--batch-size", "4",
+                               "--num-classes", "10", "--steps", "6", "--log-every", "2"],
+                    script=REPO / "jobs" / "train_resnet50.py")
+    job.write_text(job.read_text().replace("min_replicas: 1", "min_replicas: 2"))  # every step has both groups
+    code, out = launch(tmp_path, job, home)
+    assert code == 0, out[-4000:]
+    logged = re.findall(r"^\[g(\d)\] \[\w+ r0\] train_resnet50: ft step (\d+) group \1 participants (\d)$", out, re.M)
+    assert {(group, step) for group, step, _ in logged} >= {("0", "6"), ("1", "6")}, out[-4000:]
+    assert {participants for _, _, participants in logged} == {"2"}, "both groups averaged every step"
+    finals = [json.loads(line) for line in re.findall(r"DISTRUN_METRICS (\{.*\"final\": true.*\})$", out, re.M)]
+    assert [(f["step"], f["strategy"]) for f in finals] == [(6, "ft-ddp"), (6, "ft-ddp")], out[-4000:]
+    assert "succeeded: 2 of 2 replica group(s) finished" in out
+
+
+def test_logs_group_shows_one_groups_lines_and_ps_lists_the_groups_under_their_job(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    code, out = launch(tmp_path, write_job(tmp_path, ["--steps", "4", "--step-time", "0.1"]), home)
+    assert code == 0, out[-4000:]
+    job_id = re.search(r"Submitted job (\S+)", out).group(1)
+
+    group1 = distrun("logs", job_id, "--group", "1", "--grep", "ft step", "--bare", home=home)
+    assert group1.returncode == 0, group1.stderr
+    assert [line.split(" participants")[0] for line in group1.stdout.splitlines()] == [
+        f"ft step {step} group 1" for step in range(1, 5)]
+    via_last = distrun("logs", "last", "--group", "0", "--grep", "ft step 4 ", "--bare", home=home)
+    assert via_last.stdout.startswith("ft step 4 group 0 "), "`last` is a group's job: its parent's group 0"
+    beyond = distrun("logs", job_id, "--group", "2", home=home)
+    assert (beyond.returncode, beyond.stderr) == (2, f"distrun: error: --group 2: job {job_id} has replica "
+                                                     "group(s) 0-1\n")
+
+    table = distrun("ps", home=home).stdout.splitlines()
+    under = table[[line.split()[0] for line in table].index(job_id) + 1:][:3]
+    assert under[0] == f"  group 0  succeeded  relaunches=0  a  ({job_id}-g0)"
+    assert under[1] == f"  group 1  succeeded  relaunches=0  b  ({job_id}-g1)"
+    assert re.fullmatch(r"  quorum: 2 group\(s\) \(group0, group1\) at step \d+", under[2]), under

@@ -200,6 +200,20 @@ def test_one_process_strategy_refuses_a_multi_process_launch() -> None:
     assert "launch it with nproc_per_node 1" in result.stderr
 
 
+def test_ft_ddp_outside_a_fault_tolerant_job_is_refused_naming_the_missing_variables() -> None:
+    result = train(*TINY, "--strategy", "ft-ddp", env={"REPLICA_GROUP_ID": "0"})
+    assert result.returncode == 2
+    assert ("--strategy ft-ddp needs NUM_REPLICA_GROUPS, TORCHFT_LIGHTHOUSE: launch it as a job with "
+            "fault_tolerance: (jobs/resnet50-ft.yaml)") in result.stderr
+
+
+def test_ft_ddp_refuses_a_checkpoint_dir_since_it_heals_from_a_peer(tmp_path: Path) -> None:
+    ft_env = {"REPLICA_GROUP_ID": "0", "NUM_REPLICA_GROUPS": "1", "TORCHFT_LIGHTHOUSE": "http://127.0.0.1:1"}
+    result = train(*TINY, "--strategy", "ft-ddp", "--checkpoint-dir", str(tmp_path), env=ft_env)
+    assert result.returncode == 2
+    assert "--strategy ft-ddp heals from a peer, not a checkpoint" in result.stderr
+
+
 def resumed_ranks(result: subprocess.CompletedProcess[str], step: int) -> list[int]:
     """The ranks that printed `resumed from step <step>`."""
     return sorted(int(line.split("rank ")[1].split(":")[0]) for line in result.stdout.splitlines()

@@ -32,6 +32,7 @@ from orchestrator.errors import DistrunError, ExitCode, UsageError
 from orchestrator.ft import lighthouse
 from orchestrator.ft.groups import ReplicaGroup, group_job, split
 from orchestrator.ft.preflight import check_torchft
+from orchestrator.ft.state import GROUPS_FILE
 from orchestrator.restarts import Attempt
 from orchestrator.spec import resolve_inventory_path, select_with_spares
 from orchestrator.spec.model import JobSpec
@@ -288,7 +289,7 @@ class _Parent:
                             "state": r.state()} for r in self.runs]}
 
     def _write_state(self) -> None:
-        path = self.dir.root / "groups.json"
+        path = self.dir.root / GROUPS_FILE
         path.with_suffix(".tmp").write_text(json.dumps(self.groups_state(), indent=1), encoding="utf-8")
         path.with_suffix(".tmp").replace(path)
 
