@@ -138,7 +138,10 @@ def test_a_rank_raising_on_one_host_stops_all_hosts_and_names_host_and_rank(clus
     rec = record(home, job_id)
     assert rec["state"] == "failed"
     root = rec["failures"][0]
-    assert (root["host"], root["rank"], root["kind"], root["exit_code"]) == ("node1", 3, "exit", 1)
+    # torchrun's record of rank 3: exit 1, or SIGABRT when gloo's thread aborts the interpreter's exit
+    # after the exception ("terminate called without an active exception"; 2 CI runs in about 8).
+    assert (root["host"], root["rank"]) == ("node1", 3)
+    assert (root["kind"], root["exit_code"], root["signal"]) in (("exit", 1, None), ("signal", None, "SIGABRT"))
     assert all(not procs for procs in job_procs(cluster3, job_id).values())
 
 
