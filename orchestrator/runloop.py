@@ -360,9 +360,12 @@ class Launcher:
 
     def _others_finished(self, root: Failure) -> bool:
         """Whether every rank but the root cause's had exited 0: every other host exited 0 or waited in
-        torchrun's exit barrier, and torchrun on the root's host recorded no other rank failed or stopped."""
+        torchrun's exit barrier, and torchrun on the root's host recorded no other rank failed or stopped.
+        A job of one rank has no other rank to tell: only its final metrics line, before the crash, does."""
         if root.host not in {h.node for h in self.hosts}:
             return False
+        if self.plan.world_size == 1:
+            return root.after_final
         done = all(h.node in root.barrier_hosts or (h.exited.is_set() and h.exit_rc == 0 and not h.ended_itself)
                    for h in self.hosts if h.node != root.host)
         own = self.host(root.host)

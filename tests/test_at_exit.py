@@ -43,10 +43,10 @@ def test_the_other_ranks_of_the_crashed_ranks_host_finished_only_when_torchrun_r
     assert not neighbours_finished(2, 1, [])  # torchrun's records did not arrive: no evidence
 
 
-def launch_abort(tmp_path: Path, *args: str) -> tuple[int, str, dict]:
+def launch_abort(tmp_path: Path, *args: str, nproc: int = 2) -> tuple[int, str, dict]:
     home = tmp_path / "home"
     job = tmp_path / "abort.yaml"
-    job.write_text(f"name: abort\nscript: {SCRIPT}\nnproc_per_node: 2\nenv: {{OMP_NUM_THREADS: '1'}}\n"
+    job.write_text(f"name: abort\nscript: {SCRIPT}\nnproc_per_node: {nproc}\nenv: {{OMP_NUM_THREADS: '1'}}\n"
                    "stop_grace: 2\n")
     result = distrun("launch", str(job), "--backend", "local", "--no-live", "--", *args, home=home, timeout=120)
     rec = json.loads(distrun("ps", "--json", home=home).stdout)[0]
@@ -69,3 +69,13 @@ def test_a_rank_aborting_while_another_still_runs_is_not_called_a_crash_at_exit(
     assert "crashed at interpreter exit" not in out
     root = rec["failures"][0]
     assert (root["rank"], root["signal"], root["when"]) == (1, "SIGABRT", "")
+
+
+def test_the_only_rank_of_a_job_killed_without_its_final_metrics_line_is_not_called_a_crash_at_exit(tmp_path):
+    # One rank and no other to witness that the work was done: a signal after its last line is
+    # a kill mid-run (seen on a lent GPU: a group's worker SIGKILLed at step 6 of 12).
+    code, out, rec = launch_abort(tmp_path, "--abort-rank", "0", "--delay", "1", nproc=1)
+    assert code == 1, out[-3000:]
+    assert "crashed at interpreter exit" not in out
+    root = rec["failures"][0]
+    assert (root["rank"], root["signal"], root["when"]) == (0, "SIGABRT", "")
