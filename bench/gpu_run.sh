@@ -12,10 +12,11 @@ mkdir -p "$OUT"
 exec > >(tee "$OUT/run.log") 2>&1
 
 rm -rf /tmp/site /tmp/wheel
-[ -n "${SMALL:-}" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
+# One install into one --target (a second --upgrade install there would replace its bin/).
 python3 -m pip wheel -q --no-deps --no-build-isolation -w /tmp/wheel . 2>/dev/null || python3 -m pip wheel -q --no-deps -w /tmp/wheel . || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/wheel/distrun-*.whl || exit 1
+wheels=(/tmp/wheel/distrun-*.whl)
+[ -n "${SMALL:-}" ] || wheels+=(.whl/*.whl)
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "${wheels[@]}" || exit 1
 export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH PYTHONUNBUFFERED=1 DISTRUN_HOME=/tmp/dh
 rm -rf /tmp/w && mkdir -p /tmp/w && cd /tmp/w || exit 1
 step() {  # step NAME SECONDS COMMAND...: run it, say its exit status and time, show its last lines

@@ -422,6 +422,13 @@ def test_bandwidth_under_the_threshold_warns_and_a_failed_job_is_an_error():
     assert bandwidth_check(failed, 0.1, ["node0"]).status is Status.ERROR
 
 
+def test_one_rank_has_no_link_to_measure_and_is_not_warned_about():
+    # Seen on a lent H200 (one GPU, one NCCL rank): "busbw up to 0.00 GB/s (under 10 GB/s)".
+    report = BandwidthReport("nccl", 1, "job", 1, [SizeResult(256 << 20, 1e-5, 1)])
+    check = bandwidth_check(report, 10.0, ["gpu0"])
+    assert (check.status, check.detail) == (Status.OK, "nccl all-reduce over 1 rank: no link to measure")
+
+
 # ---------------------------------------------------------------- launch's preflight, on two local "hosts"
 
 
