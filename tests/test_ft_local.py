@@ -175,6 +175,10 @@ def test_fewer_groups_than_min_replicas_fail_the_job_named(tmp_path: Path) -> No
                      out), out[-3000:]
     assert "stopping replica group 0" in out
     assert not lighthouses(port_of(job))
+    job_id = re.search(r"Submitted job (\S+)", out).group(1)
+    (listed,) = [j for j in json.loads(distrun("ps", "--json", "--all", home=home).stdout) if j["id"] == job_id]
+    root = listed["failures"][0]
+    assert (root["host"], root["rank"], root["kind"], root["exit_code"]) == ("b", 0, "exit", 3), listed["failures"]
 
 
 def test_a_killed_controller_leaves_no_group_and_no_lighthouse_behind(tmp_path: Path) -> None:
