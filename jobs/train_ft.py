@@ -6,7 +6,8 @@ ProcessGroupGloo; each committed step printed as
 `ft step S group G participants P t SECONDS` (S: the step just committed, torchft's own count, which
 a group that healed from a peer continues from). `--steps N`: stop once step N is committed;
 `--step-time T`: seconds each step sleeps (so that a fault lands mid-run);
-`--fail-group G --fail-at S`: group G's ranks exit 3 once step S is committed.
+`--fail-group G --fail-at S`: group G's ranks exit 3 once step S is committed; `--until FILE`:
+stop once FILE exists (the fault matrix ends a job as soon as what it watches has happened).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def main() -> None:
     parser.add_argument("--step-time", type=float, default=0.2)
     parser.add_argument("--fail-group", type=int, default=-1, help="this group's ranks exit 3 at --fail-at")
     parser.add_argument("--fail-at", type=int, default=0)
+    parser.add_argument("--until", help="stop once this file exists")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
     group = int(os.environ["REPLICA_GROUP_ID"])
@@ -47,7 +49,7 @@ def main() -> None:
                       timeout=timedelta(seconds=10), quorum_timeout=timedelta(seconds=30))
     ddp = DistributedDataParallel(manager, model)
     opt = Optimizer(manager, optimizer)
-    while manager.current_step() < args.steps:
+    while manager.current_step() < args.steps and not (args.until and os.path.exists(args.until)):
         batch = torch.randn(16, 8)
         opt.zero_grad()
         loss = ddp(batch).pow(2).mean()

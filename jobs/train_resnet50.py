@@ -797,6 +797,8 @@ def train_ft(args: argparse.Namespace, runtime: Runtime) -> None:
     batches = group_batches(args, runtime.device, group, groups)
     while manager.current_step() < args.steps:
         before = manager.current_step()
+        if runtime.rank == args.slow_rank:
+            time.sleep(args.slow_s)  # a straggler: this rank's own work takes longer (--slow-rank)
         loss = trainer.step(next(batches))
         step = manager.current_step()
         if step == before:

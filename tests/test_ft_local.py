@@ -175,6 +175,10 @@ def test_fewer_groups_than_min_replicas_fail_the_job_named(tmp_path: Path) -> No
                      out), out[-3000:]
     assert "stopping replica group 0" in out
     assert not lighthouses(port_of(job))
+    job_id = re.search(r"Submitted job (\S+)", out).group(1)
+    (listed,) = [j for j in json.loads(distrun("ps", "--json", "--all", home=home).stdout) if j["id"] == job_id]
+    root = listed["failures"][0]
+    assert (root["host"], root["rank"], root["kind"], root["exit_code"]) == ("b", 0, "exit", 3), listed["failures"]
 
 
 def test_a_killed_controller_leaves_no_group_and_no_lighthouse_behind(tmp_path: Path) -> None:
@@ -232,6 +236,35 @@ def test_bundled_resnet_script_trains_as_ft_ddp_replica_groups_in_one_quorum(tmp
     assert {participants for _, _, participants in logged} == {"2"}, "both groups averaged every step"
     finals = [json.loads(line) for line in re.findall(r"DISTRUN_METRICS (\{.*\"final\": true.*\})$", out, re.M)]
     assert [(f["step"], f["strategy"]) for f in finals] == [(6, "ft-ddp"), (6, "ft-ddp")], out[-4000:]
+    assert "succeeded: 2 of 2 replica group(s) finished" in out
+
+
+def test_bundled_resnet_script_group_killed_mid_run_is_relaunched_and_heals_from_its_peer(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    script = REPO / "jobs" / "train_resnet50.py"
+    # --slow-s paces every group's rank 0 (0.1 s a step): group 0 is still stepping when group 1 is back.
+    job = write_job(tmp_path, ["--strategy", "ft-ddp", "--model", "tiny", "--image-size", "16", "--batch-size", "4",
+                               "--num-classes", "10", "--steps", "150", "--log-every", "1", "--slow-rank", "0",
+                               "--slow-s", "0.1"], "nnodes: 2\nrestarts: {max: 1}\n", nodes=("a", "b", "c"),
+                    script=script)
+
+    def kill_group_1() -> None:
+        ranks = [p for p in psutil.process_iter(["cmdline", "environ"]) if str(script) in " ".join(
+            p.info["cmdline"] or []) and (p.info["environ"] or {}).get("REPLICA_GROUP_ID") == "1"]
+        assert ranks
+        for rank in ranks:
+            rank.send_signal(signal.SIGKILL)
+
+    code, out = launch(tmp_path, job, home, when="train_resnet50: ft step 10 group 1 ", act=kill_group_1)
+    assert code == 0, out[-4000:]
+    logged = [(group, host, int(step)) for group, host, step in re.findall(
+        r"^\[g(\d)\] \[(\w+) r0\] train_resnet50: ft step (\d+) group \1 participants \d$", out, re.M)]
+    survivor = [step for group, _, step in logged if group == "0"]
+    assert survivor == list(range(survivor[0], 151)), "group 0 never repeated nor skipped a step"
+    before = [step for group, host, step in logged if group == "1" and host == "b"]
+    after = [step for group, host, step in logged if group == "1" and host == "c"]
+    assert before and after and after[0] > before[-1] >= 10, f"group 1 healed from its peer: {before} then {after}"
+    assert "restarting: attempt 2 on c: c in place of b" in out
     assert "succeeded: 2 of 2 replica group(s) finished" in out
 
 

@@ -279,6 +279,16 @@ class _Parent:
             return []
         return [attempt.line() for attempt in attempts] if len(attempts) > 1 else []
 
+    def _failures(self) -> list[dict]:
+        """The failed groups' recorded failures, the first group to fail first: the job's root cause."""
+        found: list[dict] = []
+        for run in sorted((r for r in self.runs if r.rc not in (None, 0)), key=lambda r: r.ended or 0):
+            try:
+                found += self.store.get(run.job_id).failures
+            except DistrunError:
+                continue
+        return found
+
     def groups_state(self) -> dict[str, object]:
         """What `groups.json` in the job directory holds: each group, and the latest quorum."""
         quorum = self.light.quorum
@@ -306,7 +316,7 @@ class _Parent:
         detail = "\n".join(lines)
         stopped = code in (ExitCode.INTERRUPTED, ExitCode.TERMINATED)
         state = JobState.SUCCEEDED if code == 0 else (JobState.STOPPED if stopped else JobState.FAILED)
-        self.store.end(self.job_id, state, code, detail)
+        self.store.end(self.job_id, state, code, detail, failures=self._failures() if state is JobState.FAILED else [])
         self.say(detail, prefix="")
         self.log.close()
 

@@ -6,14 +6,19 @@ failing cell reports all it broke at once.
 
 from __future__ import annotations
 
+import itertools
 import re
 import signal
 
-from tests.faults.matrix import GRACE, HEARTBEAT, Cell, Outcome, Phase
+from tests.faults.matrix import FT_GROUP, GRACE, HEARTBEAT, Cell, Fault, Outcome, Phase
 from tests.faults.scene import HOSTS, IMPOSTOR_RANK, Observed
 
 TERMINAL_LINE = re.compile(r"^\[(node\d) r(\d+)\] (tick \d+ \d+)$")
 TICK = re.compile(r"^tick (\d+) (\d+)$")
+FT_LINE = re.compile(r"^\[g(\d+)\] \[(node\d) r0\] ft step (\d+) group \d+ participants \d+ t ([\d.]+)$", re.M)
+FT_RELAUNCH = "restarting: attempt 2"
+MAX_PAUSE = 20.0  # the longest a surviving replica group may go without a step (issue 27)
+SPARE = "node2"
 CUT_HOST_BOUND = HEARTBEAT + GRACE + 3  # a cut host ends the job itself, from its link's return
 EXIT_CODES = {Outcome.FAILED: 1, Outcome.SUCCEEDED: 0, Outcome.REFUSED: 3, Outcome.ABANDONED: -signal.SIGKILL,
               Outcome.LOST: -signal.SIGKILL}
@@ -23,7 +28,7 @@ UNRECORDED = (Outcome.REFUSED, Outcome.ABANDONED)
 def check(cell: Cell, seen: Observed, job_id: str) -> list[str]:
     """Every invariant `seen` breaks for `cell`."""
     return [*hosts_clean(cell, seen), *controller_back(cell, seen), *cause_named(cell, seen),
-            *lines_kept(cell, seen), *bystander_untouched(cell, seen)]
+            *lines_kept(cell, seen), *bystander_untouched(cell, seen), *other_groups_untouched(cell, seen)]
 
 
 def hosts_clean(cell: Cell, seen: Observed) -> list[str]:
@@ -118,7 +123,7 @@ def lines_kept(cell: Cell, seen: Observed) -> list[str]:
         return []
     combined = set(seen.files.get("combined", "").splitlines())
     problems = []
-    shown = [line for line in seen.terminal.splitlines() if TERMINAL_LINE.match(line)]
+    shown = [line for line in seen.terminal.splitlines() if TERMINAL_LINE.match(line) or FT_LINE.match(line)]
     missing = [line for line in shown if line not in combined]
     if missing:
         problems.append(f"d) {len(missing)} line(s) shown but not in the job's lines, e.g. {missing[:3]}")
@@ -144,4 +149,33 @@ def bystander_untouched(cell: Cell, seen: Observed) -> list[str]:
     before, after = seen.bystander_lines
     if after <= before:
         problems.append("e) the other job printed nothing after the fault")
+    return problems
+
+
+def other_groups_untouched(cell: Cell, seen: Observed) -> list[str]:
+    """e) In a fault-tolerant job that must succeed, the other group steps on (no step repeated or
+    skipped, no pause over MAX_PAUSE), and the faulted group is relaunched (on the spare when its host
+    was cut) and heals from its peer: its first step after the relaunch is above its last before."""
+    if cell.phase is not Phase.FT or cell.outcome is not Outcome.SUCCEEDED:
+        return []
+    problems = []
+    survivor = [(int(step), float(when)) for group, _, step, when in FT_LINE.findall(seen.terminal)
+                if int(group) != FT_GROUP]
+    steps = [step for step, _ in survivor]
+    if not steps or steps != list(range(steps[0], steps[0] + len(steps))):
+        problems.append(f"e) the other group repeated or skipped a step: {steps}")
+    pause = max((b - a for (_, a), (_, b) in itertools.pairwise(survivor)), default=0.0)
+    if pause > MAX_PAUSE:
+        problems.append(f"e) the other group paused {pause:.1f} s (bound {MAX_PAUSE:g} s)")
+    before, relaunched, after = seen.terminal.partition(FT_RELAUNCH)
+    old = [int(step) for group, _, step, _ in FT_LINE.findall(before) if int(group) == FT_GROUP]
+    new = [(node, int(step)) for group, node, step, _ in FT_LINE.findall(after) if int(group) == FT_GROUP]
+    if not relaunched or not new:
+        problems.append(f"e) group {FT_GROUP} was not relaunched, or never stepped after it")
+    elif new[0][1] <= max(old, default=0):
+        problems.append(f"e) group {FT_GROUP} did not heal from its peer: step {new[0][1]} after {max(old)}")
+    if new and cell.fault is Fault.LINK_CUT and new[0][0] != SPARE:
+        problems.append(f"e) group {FT_GROUP} came back on {new[0][0]}, not the spare {SPARE}")
+    print(f"{cell.id}: other group's longest pause {pause:.1f} s; group {FT_GROUP} back at step "
+          f"{new[0][1] if new else None} (last before: {max(old, default=None)})")
     return problems

@@ -25,6 +25,8 @@ FAULTY_HOST = "node2"
 MASTER = "node0"
 RANK = 3
 RANK_HOST = "node1"
+# Fault-tolerant cells: replica group 1 (node1) takes the fault; node2 is the spare.
+FT_GROUP = 1
 
 
 class Phase(str, Enum):
@@ -32,6 +34,7 @@ class Phase(str, Enum):
     RENDEZVOUS = "rendezvous"  # node0 and node1 wait in torchrun's rendezvous (node2's torchrun held at a gate)
     TRAINING = "training"  # every rank prints its ticks
     STOPPING = "stopping"  # rank 3 failed; the others are being stopped and take their time (SIGTERM ignored)
+    FT = "fault-tolerant"  # training: 2 replica groups (node0, node1) + spare node2 step under torchft
 
 
 class Fault(str, Enum):
@@ -50,6 +53,7 @@ class Fault(str, Enum):
     CONTROLLER_DISK_FULL = "controller's disk full (DISTRUN_HOME)"
     DATABASE_LOCKED = "job database locked by another process"
     MASTER_LOST = "master host lost"
+    GROUPS_BELOW_MIN = "SIGKILL of one worker, fewer than min_replicas groups left"
 
 
 class Outcome(str, Enum):
@@ -198,6 +202,12 @@ CELLS: tuple[Cell, ...] = (
     Cell(Fault.CONTROLLER_KILLED, Phase.STOPPING, GRACE + 4, Outcome.LOST),
     Cell(Fault.CONTROLLER_FROZEN, Phase.STOPPING, FREEZE + 8, Outcome.FAILED, RANK_FAILED),
     Cell(Fault.DATABASE_LOCKED, Phase.STOPPING, LOCK + CLOSED_BOUND, Outcome.FAILED, RANK_FAILED),
+    # ---------------------------------------------------------------- fault-tolerant (FT_GROUP's host or rank)
+    # Success bounds: the lost group back on a spare or relaunched (torch imports), healed, then every group ends.
+    Cell(Fault.LINK_CUT, Phase.FT, 60, Outcome.SUCCEEDED, bystander=False),
+    Cell(Fault.WORKER_KILLED, Phase.FT, 50, Outcome.SUCCEEDED),
+    Cell(Fault.GROUPS_BELOW_MIN, Phase.FT, REPORTED_BOUND + GRACE + 5, Outcome.FAILED,
+         Cause(RANK_HOST, "signal", TORCHRUN_SIGKILL.words, rank=0, signal="SIGKILL")),
 )
 
 

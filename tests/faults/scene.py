@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from tests.cluster.procs import pose_as_rank_argv, second_user
 from tests.faults.matrix import (
     FAULTY_HOST,
     FREEZE,
+    FT_GROUP,
     GRACE,
     HEARTBEAT,
     LOCK,
@@ -39,6 +41,8 @@ from tests.faults.matrix import (
 from tests.helpers import REPO, distrun, job_lines, unique_job_id, wait_for
 
 WORKER = Path(__file__).parent / "jobs" / "worker.py"
+FT_WORKER = REPO / "jobs" / "train_ft.py"
+FT_BACK = re.compile(rf"restarting: attempt 2.*?^\[g{FT_GROUP}\] \[node\d r0\] ft step ", re.M | re.S)
 POLL = 0.1
 PHASE_WAIT = 120.0
 HOSTS = ("node0", "node1", "node2")
@@ -53,10 +57,11 @@ IMPOSTOR_RANK = 7
 
 def job_processes(cluster: Cluster, i: int, job_id: str) -> list[Proc]:
     """Every process of the job on host i: its supervisor (the job id in its argv) and everything
-    started with the job's id in its environment (the gate, torchrun, the ranks), the job's user's
-    (the impostor carries the same markers as another user)."""
+    started with the job's id (or one of its replica groups', `<id>-g<K>`) in its environment (the
+    gate, torchrun, the ranks), the job's user's (the impostor carries the same markers as another user)."""
+    ours = re.compile(re.escape(job_id) + r"(-g\d+)?")
     return [p for p in cluster.processes(i) if p.uid() == os.getuid()
-            and (p.environ_has(job_id, key="DISTRUN_JOB_ID") or any(job_id in arg for arg in p.cmdline))]
+            and (ours.fullmatch(p.environ().get("DISTRUN_JOB_ID", "")) or any(job_id in arg for arg in p.cmdline))]
 
 
 def probes(cluster: Cluster, i: int) -> list[Proc]:
@@ -212,6 +217,30 @@ class Controller:
         self.proc.wait()
 
 
+def write_ft_job(path: Path, cell: Cell, port: int, until: Path) -> Path:
+    """The fault-tolerant cells' job: 2 replica groups of one host and one rank (node0, node1), node2 the
+    spare; stepping until `until` exists. Fewer than min_replicas left: 2 needed, no relaunch."""
+    below = cell.fault is Fault.GROUPS_BELOW_MIN
+    args = json.dumps(["--steps", "100000", "--step-time", "0.2", "--until", str(until)])
+    path.write_text(f"name: faulty\nscript: {FT_WORKER}\nargs: {args}\n"
+                    f"nproc_per_node: 1\nnnodes: 2\nenv: {{OMP_NUM_THREADS: '1', RUST_LOG: warn}}\n"
+                    f"heartbeat_timeout: {HEARTBEAT:g}\nstop_grace: {GRACE:g}\n"
+                    f"restarts: {{max: {0 if below else 1}, backoff: 1}}\n"
+                    f"fault_tolerance: {{min_replicas: {2 if below else 1}, lighthouse_port: {port}}}\n")
+    return path
+
+
+def lighthouses(port: int) -> list[str]:
+    """This machine's processes listening as a lighthouse on `port` (their command lines)."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            line = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if f"0.0.0.0:{port}" in line:
+                found.append(line[:120])
+    return found
+
+
 def worker_args(phase: Phase, cell: Cell) -> list[str]:
     """What the job's ranks do: tick until stopped; in `stopping`, rank 3 fails and the rest take
     their time to stop; a cell that must succeed ends after a few seconds of ticks."""
@@ -317,6 +346,8 @@ class Scene:
         self.impostor: Proc | None = None
         self.controller: Controller | None = None
         self.fault_at = 0.0
+        self.port = 29000 + int.from_bytes(os.urandom(2)) % 900  # an FT job's lighthouse
+        self.until = root / "until"
 
     def run(self) -> Observed:
         """The whole cell: its disk made small where needed, the phase, the fault, the watch; then
@@ -349,7 +380,10 @@ class Scene:
 
     def launch(self) -> Controller:
         self.home.mkdir(parents=True, exist_ok=True)
-        job = write_job(self.root / "job.yaml", "faulty", worker_args(self.cell.phase, self.cell), **self.timing)
+        if self.cell.phase is Phase.FT:
+            job = write_ft_job(self.root / "job.yaml", self.cell, self.port, self.until)
+        else:
+            job = write_job(self.root / "job.yaml", "faulty", worker_args(self.cell.phase, self.cell), **self.timing)
         piped = self.cell.fault is Fault.STDOUT_STALLED
         self.controller = Controller.start(job, self.inventory(), self.home, self.job_id, piped=piped)
         if piped:
@@ -378,6 +412,10 @@ class Scene:
             for i in range(2):
                 torchrun(self.cluster, i, self.job_id)
             time.sleep(1.0)  # node0 and node1's agents are in their rendezvous, waiting for node2
+        elif phase is Phase.FT:
+            # Its 5th step (a group that joins late heals into a later step number).
+            assert wait_for(lambda: controller.terminal().count(f" group {FT_GROUP} participants") >= 5
+                            or controller.proc.poll() is not None, PHASE_WAIT), controller.terminal()[-2000:]
         elif phase is Phase.TRAINING:
             for rank in range(6):
                 controller.wait_line(f"r{rank}] tick {rank} 2")
@@ -393,8 +431,16 @@ class Scene:
             self.before = self.bystander.pids()
             self.lines_before = self.bystander.lines()
         self.fault_at = time.monotonic()
-        FAULTS[self.cell.fault](self)
+        (FT_FAULTS if self.cell.phase is Phase.FT else FAULTS)[self.cell.fault](self)
         self.gate.release()
+        if self.cell.phase is Phase.FT:
+            threading.Thread(target=self.end_ft_job_once_healed, daemon=True).start()
+
+    def end_ft_job_once_healed(self) -> None:
+        """Once the faulted group is relaunched and has stepped again, every group may end (`--until`)."""
+        assert self.controller is not None
+        wait_for(lambda: FT_BACK.search(self.controller.terminal()), self.cell.bound)  # type: ignore[union-attr]
+        self.until.touch()
 
     # -- watching -----------------------------------------------------------------
 
@@ -440,6 +486,8 @@ class Scene:
             procs = job_processes(self.cluster, i, self.job_id) + probes(self.cluster, i)
             if procs:
                 found[HOSTS[i]] = [" ".join(p.cmdline)[:120] for p in procs]
+        if self.cell.phase is Phase.FT and lighthouses(self.port):
+            found["lighthouse"] = lighthouses(self.port)
         return found
 
     def files(self) -> dict[str, str]:
@@ -447,6 +495,10 @@ class Scene:
         root = self.controller.job_dir
         if not root.exists():
             return {}
+        if self.cell.phase is Phase.FT:  # each group's lines, as the parent shows them
+            groups = sorted(self.home.glob(f"jobs/{self.job_id}-g*"))
+            return {"combined": "".join(f"[g{d.name.rsplit('-g', 1)[1]}] {line}\n" for d in groups
+                                        for line in job_lines(d).splitlines())}
         found = {"combined": self.controller.combined()}
         for path in sorted((root / "ranks").glob("*.out")):
             found[f"rank{path.stem}"] = path.read_text(errors="replace")
@@ -581,6 +633,24 @@ FAULTS: dict[Fault, Callable[[Scene], None]] = {
     Fault.CONTROLLER_DISK_FULL: _controller_disk_full,
     Fault.DATABASE_LOCKED: _database_locked,
     Fault.MASTER_LOST: _master_lost,
+}
+
+
+
+def _ft_cut(scene: Scene) -> None:
+    _cut(scene, FT_GROUP)
+
+
+def _ft_worker_killed(scene: Scene) -> None:
+    group = f"{scene.job_id}-g{FT_GROUP}"
+    _kill(_one(scene.cluster, FT_GROUP, lambda p: p.environ_has(group, key="DISTRUN_JOB_ID")
+               and p.environ_has("0", key="RANK") and str(FT_WORKER) in p.cmdline, "group 1's rank 0"))
+
+
+FT_FAULTS: dict[Fault, Callable[[Scene], None]] = {
+    Fault.LINK_CUT: _ft_cut,
+    Fault.WORKER_KILLED: _ft_worker_killed,
+    Fault.GROUPS_BELOW_MIN: _ft_worker_killed,
 }
 
 HOST_DIR = "/root/.distrun"

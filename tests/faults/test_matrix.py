@@ -14,7 +14,7 @@ import pytest
 
 from tests.cluster.harness import Cluster
 from tests.faults import invariants
-from tests.faults.matrix import CELLS, Cell, render_table
+from tests.faults.matrix import CELLS, Cell, Phase, render_table
 from tests.faults.scene import Bystander, Scene
 
 README = Path(__file__).parent / "README.md"
@@ -37,6 +37,8 @@ def bystander(cluster3: Cluster, tmp_path_factory: pytest.TempPathFactory) -> It
 
 def run_cell(cell: Cell, cluster: Cluster, bystander: Bystander | None, tmp_path: Path) -> None:
     """Drive the cell's job to its phase, inject the fault, watch, and judge."""
+    if cell.phase is Phase.FT:
+        pytest.importorskip("torchft")
     scene = Scene(cluster, cell, tmp_path, bystander)
     seen = scene.run()
     problems = invariants.check(cell, seen, scene.job_id)
