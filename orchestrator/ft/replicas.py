@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from rich.table import Table
+from rich.console import Group
 
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.errors import DistrunError, ExitCode, UsageError
@@ -307,7 +307,7 @@ class _Parent:
             run.attempts = [Attempt.from_dict(a) for a in record.attempts]
         self.rows = [group_row(r.group.index, r.rc, r.hosts, r.attempts, self.timeline) for r in self.runs]
 
-    def _frame(self) -> Table:
+    def _frame(self) -> Group:
         return render(self.rows, f"{self.job_id} · {len(self.runs)} replica group(s)",
                       f"lighthouse {self.beacon} · started {self.light.starts} time(s)", self.timeline)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -79,22 +79,22 @@ def quorum_line(timeline: Timeline) -> str:
     return f"quorum: {len(timeline.latest)} group(s) ({names}) at step {timeline.top_step}"
 
 
-def render(rows: Sequence[GroupRow], title: str, lighthouse: str, timeline: Timeline) -> Table:
-    """The table: a row per group, then the lighthouse's line and the quorum's."""
-    table = Table(title=title, caption=f"{lighthouse}\n{quorum_line(timeline)}", box=box.SIMPLE_HEAD,
-                  title_justify="left", caption_justify="left", pad_edge=False)
+def render(rows: Sequence[GroupRow], title: str, lighthouse: str, timeline: Timeline) -> Group:
+    """The table: a row per group, then the lighthouse's line and the quorum's (as wide as the
+    screen, not the table)."""
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False)
     for name in ("group", "state", "hosts", "relaunches", "step", "quorum"):
         table.add_column(name, justify="right" if name in ("relaunches", "step") else "left", no_wrap=True)
     for row in rows:
         table.add_row(str(row.index), Text(row.state, style=STYLES.get(row.state, "")), fold_hosts(row.hosts),
                       str(row.relaunches), "-" if row.step is None else str(row.step), "in" if row.in_quorum else "out")
-    return table
+    return Group(table, Text(f"{lighthouse}\n{quorum_line(timeline)}", style="dim"))
 
 
 class LiveGroups:
     """The table under the parent's scrolling lines, on a terminal only."""
 
-    def __init__(self, frame: Callable[[], Table]) -> None:
+    def __init__(self, frame: Callable[[], Group]) -> None:
         self.frame = frame
         self.live: Live | None = None
         self.writer: ConsoleWriter | None = None
