@@ -71,6 +71,16 @@ def test_the_timeline_keeps_the_step_a_group_was_lost_at_and_how_it_came_back() 
     assert timeline.last_step(1) == 30 and timeline.latest == (0, 1, 2) and timeline.top_step == 30
 
 
+def test_a_relaunched_group_is_a_new_stint_even_when_no_quorum_formed_without_it() -> None:
+    timeline = Timeline()
+    timeline.observe(members_of(quorum_line(2, {0: 5, 1: 5})), 100.0)
+    relaunched = quorum_line(3, {0: 5, 1: 0}).replace(b'"group1' + UUID.encode(), b'"group1:new-process')
+    timeline.observe(members_of(relaunched), 150.0)
+    first, back = timeline.of(1)
+    assert (first.last_step, back.began, back.healed, back.source) == (5, 150.0, True, 0)
+    assert len(timeline.of(0)) == 1
+
+
 def test_the_quorum_tail_reads_only_whole_lines_as_the_log_grows(tmp_path: Path) -> None:
     log = tmp_path / "lighthouse.log"
     timeline = Timeline()

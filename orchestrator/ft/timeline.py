@@ -82,9 +82,12 @@ class Stint:
 
 @dataclass
 class Timeline:
-    """Every group's stints, from the quorums in the order the lighthouse formed them."""
+    """Every group's stints, from the quorums in the order the lighthouse formed them. A stint ends
+    with a quorum the group is not in, or when its replica id changes (torchft's id ends with a
+    uuid of the process: a relaunched group is a new member even when no quorum formed between)."""
 
     stints: dict[int, list[Stint]] = field(default_factory=dict)
+    ids: dict[int, str] = field(default_factory=dict)  # each group's latest replica id
     latest: tuple[int, ...] = ()  # the groups in the latest quorum
     top_step: int | None = None  # the latest quorum's highest step
 
@@ -98,7 +101,9 @@ class Timeline:
                 continue
             current.append(index)
             runs = self.stints.setdefault(index, [])
-            if index in self.latest and runs:
+            same = self.ids.get(index) == member.replica_id
+            self.ids[index] = member.replica_id
+            if index in self.latest and runs and same:
                 runs[-1] = replace(runs[-1], last_step=member.step)
                 continue
             source = heal_source(members, member)
