@@ -29,8 +29,9 @@ from orchestrator.group import GroupError
 from orchestrator.interrupts import on_signals
 from orchestrator.plan import LaunchPlan
 from orchestrator.remote.redact import Masker
-from orchestrator.restarts import AttemptHistory, Verdict, refill
+from orchestrator.restarts import AttemptHistory, Verdict
 from orchestrator.runloop import POLL, Launcher, masked_attempts
+from orchestrator.spare_pool import SparePool
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.overrides import is_script, job_for_launch, job_to_yaml
 from orchestrator.store import JobState, Store, new_job_id
@@ -97,7 +98,8 @@ def run_attempts(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Fini
         started = backend.submit(ctx, plan)
         if started is None:
             return Finished(ctx.store.get(ctx.job_id).exit_code or 0)
-        course = AttemptHistory(ctx.job.restarts, ctx.job.min_nnodes or len(started.hosts), started.spares)
+        course = AttemptHistory(ctx.job.restarts, ctx.job.min_nnodes or len(started.hosts), started.spares,
+                                pool=SparePool.from_env(ctx.job_id))
         while True:
             launcher = _launcher(backend, ctx, started, course)
             code = launcher.run()
@@ -171,7 +173,7 @@ def _plan_next(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: A
             return following
         except GroupError as exc:
             bad = set(exc.failed) & set(hosts)
-            refilled = refill(hosts, bad, spares, course.min_hosts) if bad else None
+            refilled = course.refill(hosts, bad, spares) if bad else None
             if refilled is None or ctx.interrupted is not None:
                 raise
             course.unreachable += sorted(bad)

@@ -7,18 +7,21 @@ every host as after any failure, quarantines the host the failure points at, and
 next attempt with a spare in that host's place (`spares`, the hosts selected beyond `nnodes`),
 or on fewer hosts when no spare is left and `nnodes: MIN:MAX` allows it.
 
-Everything here is pure: the launcher (launch.py) asks, and does what the answer says.
+Everything here is pure but the claims of a spare pool shared with other controllers
+(spare_pool.py): the launcher (launch.py) asks, and does what the answer says.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.display import fold_hosts
 from orchestrator.failures import TEARDOWN_SIGNALS, Failure, FailureKind
+from orchestrator.spare_pool import SparePool
 from orchestrator.spec.model import Restarts
 
 HOST_LOST = "host-lost"
@@ -28,6 +31,7 @@ HANG = "hang"
 # or ended the job alone (infra) is the host's doing, as a lost host is.
 TRIGGERS = {FailureKind.LOST: HOST_LOST, FailureKind.INFRA: HOST_LOST, FailureKind.EXIT: RANK_FAILED,
             FailureKind.SIGNAL: RANK_FAILED, FailureKind.HANG: HANG}
+Take = Callable[[Sequence[str]], None]  # claims the spares among the hosts given
 
 
 def trigger(failure: Failure) -> str:
@@ -184,6 +188,7 @@ class AttemptHistory:
     spares: tuple[str, ...] = ()
     attempts: list[Attempt] = field(default_factory=list)
     unreachable: list[str] = field(default_factory=list)  # spares set aside when the next attempt could not reach them
+    pool: SparePool | None = None  # spares shared with other controllers (a fault-tolerant job's groups)
 
     @property
     def number(self) -> int:
@@ -210,7 +215,30 @@ class AttemptHistory:
         """What follows the current attempt's failure; None when the job allows no restart."""
         if not self.policy.max:
             return None
-        return after_failure(self.policy, self.number, failure, self.attempts[-1].hosts, self.spares, self.min_hosts)
+        with self._claims() as (free, take):
+            verdict = after_failure(self.policy, self.number, failure, self.attempts[-1].hosts, free, self.min_hosts)
+            take(verdict.hosts or ())
+        return verdict
+
+    def refill(self, hosts: Sequence[str], bad: set[str],
+               spares: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+        """`refill` of the next attempt's hosts, from the spares no other controller took."""
+        with self._claims(tuple(spares)) as (free, take):
+            refilled = refill(hosts, bad, free, self.min_hosts)
+            take(refilled[0] if refilled else ())
+        return refilled
+
+    @contextlib.contextmanager
+    def _claims(self, spares: tuple[str, ...] | None = None) -> Iterator[tuple[tuple[str, ...], Take]]:
+        """The spares free to take (of `spares`, default this job's) and a `take(hosts)` that claims
+        those among `hosts`; with a shared pool, both under its lock (the choice and the claim are one step)."""
+        spares = self.spares if spares is None else spares
+        if self.pool is None:
+            yield spares, lambda _hosts: None
+            return
+        pool = self.pool
+        with pool.claims() as claims:
+            yield pool.free(spares, claims), lambda hosts: pool.take(tuple(hosts), spares, claims)
 
     def records(self) -> list[dict[str, Any]]:
         return [attempt.to_dict() for attempt in self.attempts]

@@ -3,14 +3,20 @@
 
 from __future__ import annotations
 
+import fcntl
 import itertools
 import json
 import os
+import pty
 import re
+import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -158,6 +164,8 @@ def test_a_group_whose_rank_is_killed_comes_back_on_the_spare_healed_from_its_pe
     assert len(gaps) == 1 and gaps[0][1] > gaps[0][0] > 14, f"group 1 healed from its peer: {relaunched}"
     assert "restarting: attempt 2 on c: c in place of b" in out
     assert "    attempt 2 on c, " in out, "the summary tells the group's story"
+    assert re.search(r"^  group 1 \(\S+-g1\) on c: succeeded\n    (rank 0 on )?b killed by SIGKILL[^,]* at step \d+, "
+                     r"relaunched on c, healed from group 0 at step \d+$", out, re.M), out[-3000:]
     job_id = re.search(r"Submitted job (\S+)", out).group(1)
     (listed,) = [j for j in json.loads(distrun("ps", "--json", home=home).stdout) if j["id"] == job_id]
     assert [(g["index"], g["job"], g["hosts"], g["state"], g["relaunches"]) for g in listed["groups"]] == [
@@ -291,3 +299,47 @@ def test_logs_group_shows_one_groups_lines_and_ps_lists_the_groups_under_their_j
     # The latest quorum: both groups, or the one still stepping after the other finished its last step.
     assert re.fullmatch(r"  quorum: (2 group\(s\) \(group0, group1\)|1 group\(s\) \(group[01]\)) at step \d+",
                         under[2]), under
+
+
+def read_until_closed(screen: int, timeout: float) -> bytes:
+    """What a terminal's writers wrote until the last one closed it (at most `timeout` seconds)."""
+    seen = bytearray()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not select.select([screen], [], [], 1.0)[0]:
+            continue
+        try:
+            chunk = os.read(screen, 65536)
+        except OSError:  # EIO: the last writer closed it
+            break
+        if not chunk:
+            break
+        seen += chunk
+    return bytes(seen)
+
+
+def test_on_a_terminal_the_parent_draws_a_row_per_group_and_the_lighthouse_and_quorum_under_them(
+        tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    job = write_job(tmp_path, ["--steps", "6", "--step-time", "0.1"])
+    screen, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
+    env = {**os.environ, "DISTRUN_HOME": str(home), "OMP_NUM_THREADS": "1", "XDG_CONFIG_HOME": str(home / "nc")}
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "launch", str(job), "-i",
+                             str(tmp_path / "inv.yaml")], cwd=REPO, env=env, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    try:
+        seen = read_until_closed(screen, 240)
+        assert proc.wait(timeout=10) == 0, seen[-4000:]
+    finally:
+        os.close(screen)
+        if proc.poll() is None:
+            proc.kill()
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace")).replace("\r", "")
+    assert re.search(r"^ *group +state +hosts +relaunches +step +quorum *$", text, re.M), text[-3000:]
+    last = text[text.rindex("relaunches"):]  # the last frame, left on screen at the end
+    assert re.search(r"^ *0 +done +a +0 +\d+ +(in|out) *$", last, re.M), last
+    assert re.search(r"^ *1 +done +b +0 +\d+ +(in|out) *$", last, re.M), last
+    assert re.search(r"^lighthouse http://\S+ · started 1 time\(s\) *$", last, re.M), last
+    assert re.search(r"^quorum: [12] group\(s\) \(group[01](, group1)?\) at step \d+ *$", last, re.M), last
+    assert "succeeded: 2 of 2 replica group(s) finished" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import subprocess
 import sys
 import time
 import types
@@ -269,6 +270,16 @@ def test_live_view_keeps_log_lines_above_the_table() -> None:
     assert out.rindex("step 2") < out.rindex("gpu0")  # the last frame stays under the log lines
     assert "\x1b[36m[node0 r0]" in out
     assert re.search(r"gpu0\s+77%", out)
+
+
+def test_a_process_that_exits_just_after_its_writer_printed_still_exits() -> None:
+    """The interpreter's exit flushes the writer; a flush then must not start a timer thread (it
+    would never start, and the process would hang: the fault-tolerant job's parent did)."""
+    program = ("import sys\nfrom rich.console import Console\nfrom orchestrator.telemetry.view import ConsoleWriter\n"
+               "writer = ConsoleWriter(Console(file=sys.stdout, force_terminal=True))\n"
+               "writer.write('last line\\n')\nwriter.flush()\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=30, check=False)
+    assert (done.returncode, done.stdout) == (0, "last line\n"), done.stderr
 
 
 def test_log_lines_flushed_in_quick_succession_go_out_in_one_print_at_its_turn() -> None:

@@ -27,13 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from rich.console import Group
+
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.errors import DistrunError, ExitCode, UsageError
 from orchestrator.ft import lighthouse
 from orchestrator.ft.groups import ReplicaGroup, group_job, split
 from orchestrator.ft.preflight import check_torchft
 from orchestrator.ft.state import GROUPS_FILE
+from orchestrator.ft.story import story
+from orchestrator.ft.timeline import QuorumTail, Timeline
+from orchestrator.ft.view import GroupRow, LiveGroups, group_row, render
 from orchestrator.restarts import Attempt
+from orchestrator.spare_pool import POOL_ENV
 from orchestrator.spec import resolve_inventory_path, select_with_spares
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.overrides import job_to_yaml
@@ -44,6 +50,8 @@ POLL = 0.2
 ON_HOSTS = ("ssh", "local")  # the backends a fault-tolerant job runs on (the groups' hosts are the inventory's)
 STATE_EVERY = 2.0  # seconds between two writes of groups.json while the job runs
 STOP_WAIT = 60.0  # beyond the job's stop grace, how long a group's controller gets to stop its hosts
+VIEW_EVERY = 1.0  # seconds between two reads of the groups' records for the live view
+SPARES_FILE = "spares.json"  # the spares' claims, shared by the groups' controllers (spare_pool.py)
 
 
 @dataclass
@@ -56,6 +64,8 @@ class GroupRun:
     rc: int | None = None
     ended: float | None = None
     pump: threading.Thread | None = field(default=None, repr=False)
+    hosts: tuple[str, ...] = ()  # its hosts now, from its record (a relaunch on a spare changes them)
+    attempts: list[Attempt] = field(default_factory=list)  # its record's attempts (each one once ended)
 
     def state(self) -> str:
         if self.rc is None:
@@ -174,16 +184,23 @@ class _Parent:
         self.runs: list[GroupRun] = []
         self.interrupted: int | None = None
         self.next_state = 0.0  # when groups.json is written next (monotonic)
+        self.next_view = 0.0  # when the groups' records are read next for the live view (monotonic)
+        self.timeline = Timeline()
+        self.quorums = QuorumTail(jobs_dir.root / "lighthouse.log", self.timeline)
+        self.rows: list[GroupRow] = []
+        self.screen = LiveGroups(self._frame)
+        self.out: IO[str] = sys.stdout
 
     def say(self, text: str, prefix: str = "[distrun] ") -> None:
         with self.out_lock:
-            show(prefix + text, flush=True)
+            show(prefix + text, stream=self.out, flush=True)
             self.log.write(prefix + text + "\n")
             self.log.flush()
 
     def run(self) -> int:
         self._record()
         show(f"Submitted job {self.job_id} (its files: {self.dir.root})", flush=True)
+        self.out = self.screen.terminal(sys.stdout, self.request.live)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             self.light.start(self.ft.lighthouse_port)
@@ -194,6 +211,9 @@ class _Parent:
         finally:
             self._stop_groups()
             self.light.stop()
+            self._refresh()
+            self.screen.stop()
+            self.out = sys.stdout
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         self._end(code, summary)
@@ -212,8 +232,8 @@ class _Parent:
     def _start(self, group: ReplicaGroup) -> GroupRun:
         proc = subprocess.Popen(self.argvs[group.index], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, preexec_fn=lighthouse.die_with_parent,
-                                start_new_session=True)
-        run = GroupRun(group, self.job_id + group.job_id_suffix, proc)
+                                start_new_session=True, env={**os.environ, POOL_ENV: str(self.dir.root / SPARES_FILE)})
+        run = GroupRun(group, self.job_id + group.job_id_suffix, proc, hosts=group.hosts)
         run.pump = threading.Thread(target=self._pump, args=(run,), daemon=True)
         run.pump.start()
         self.say(f"replica group {group.index} on {', '.join(group.hosts)}: job {run.job_id}")
@@ -240,6 +260,10 @@ class _Parent:
                 done = sum(r.rc == 0 for r in self.runs)
                 return int(ExitCode.OK), (f"job {self.job_id} succeeded: {done} of {len(self.runs)} replica "
                                           f"group(s) finished")
+            self.quorums.poll()
+            if time.monotonic() >= self.next_view:
+                self._refresh()
+                self.next_view = time.monotonic() + VIEW_EVERY
             if time.monotonic() >= self.next_state:
                 self._write_state()
                 self.next_state = time.monotonic() + STATE_EVERY
@@ -271,13 +295,28 @@ class _Parent:
                 run.proc.kill()
             self._ended(run)
 
+    def _refresh(self) -> None:
+        """Each group's hosts and attempts from its record, the quorums since, and the view's rows."""
+        self.quorums.poll()
+        for run in self.runs:
+            try:
+                record = self.store.get(run.job_id)
+            except DistrunError:
+                continue
+            run.hosts = tuple(record.hosts) or run.hosts
+            run.attempts = [Attempt.from_dict(a) for a in record.attempts]
+        self.rows = [group_row(r.group.index, r.rc, r.hosts, r.attempts, self.timeline) for r in self.runs]
+
+    def _frame(self) -> Group:
+        return render(self.rows, f"{self.job_id} · {len(self.runs)} replica group(s)",
+                      f"lighthouse {self.beacon} · started {self.light.starts} time(s)", self.timeline)
+
     def _story(self, run: GroupRun) -> list[str]:
-        """The group's attempts as its record keeps them, when it was relaunched."""
-        try:
-            attempts = [Attempt.from_dict(a) for a in self.store.get(run.job_id).attempts]
-        except DistrunError:
-            return []
-        return [attempt.line() for attempt in attempts] if len(attempts) > 1 else []
+        """The group's story (relaunches, the steps of its loss and of its heal), then its attempts,
+        when it was relaunched or failed."""
+        told = story(run.attempts, self.timeline.of(run.group.index))
+        attempts = [attempt.line() for attempt in run.attempts] if len(run.attempts) > 1 else []
+        return [*([told] if told else []), *attempts]
 
     def _failures(self) -> list[dict]:
         """The failed groups' recorded failures, the first group to fail first: the job's root cause."""
@@ -295,8 +334,9 @@ class _Parent:
         return {"lighthouse": {"url": self.beacon, "starts": self.light.starts},
                 "quorum": None if quorum is None else {"id": quorum.id, "participants": list(quorum.participants),
                                                       "step": quorum.step},
-                "groups": [{"index": r.group.index, "job": r.job_id, "hosts": list(r.group.hosts),
-                            "state": r.state()} for r in self.runs]}
+                "groups": [{"index": r.group.index, "job": r.job_id, "hosts": list(r.hosts), "state": r.state(),
+                            "step": self.timeline.last_step(r.group.index),
+                            "in_quorum": r.group.index in self.timeline.latest} for r in self.runs]}
 
     def _write_state(self) -> None:
         path = self.dir.root / GROUPS_FILE
@@ -311,7 +351,7 @@ class _Parent:
             lines.append(f"  last quorum: {len(quorum.participants)} group(s) ({', '.join(quorum.participants)}) "
                          f"at step {quorum.step}")
         for run in self.runs:
-            lines += [f"  group {run.group.index} ({run.job_id}) on {', '.join(run.group.hosts)}: {run.state()}",
+            lines += [f"  group {run.group.index} ({run.job_id}) on {', '.join(run.hosts)}: {run.state()}",
                       *(f"    {line}" for line in self._story(run))]
         detail = "\n".join(lines)
         stopped = code in (ExitCode.INTERRUPTED, ExitCode.TERMINATED)

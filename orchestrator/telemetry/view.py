@@ -211,8 +211,12 @@ class ConsoleWriter(io.TextIOBase):
         return len(text)
 
     def flush(self) -> None:
-        """Print the whole lines written, now or (within `every` of the last print) at its turn."""
+        """Print the whole lines written, now or (within `every` of the last print) at its turn.
+        Without a whole line there is nothing to do: no timer either (the interpreter's exit flushes
+        the writer, and a thread started then never starts: the process would hang)."""
         with self.lock:
+            if "\n" not in self.pending:
+                return
             wait = self.printed + self.every - time.monotonic()
             if wait > 0:
                 if self.timer is None:
