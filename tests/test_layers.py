@@ -21,8 +21,8 @@ MAX_BACK_UP = 2
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cli", ("__main__", "cli", "cli_*", "logs_command")),
     # launch | doctor | report, and the other commands' own code (the run loop is launch's).
-    ("commands", ("launch", "runloop", "hostrun", "restarts", "at_exit", "recorded", "housekeeping", "execute",
-                  "compare", "stack", "watchdog", "bundled", "doctor", "doctor.command", "doctor.bandwidth*",
+    ("commands", ("launch", "runloop", "hostrun", "restarts", "spare_pool", "at_exit", "recorded", "housekeeping",
+                  "execute", "compare", "stack", "watchdog", "bundled", "doctor", "doctor.command", "doctor.bandwidth*",
                   "doctor.allreduce_bench", "report", "report.*", "telemetry.top", "ft", "ft.*")),
     ("backends", ("backends", "backends.*")),
     # What the run loop, the backends and doctor share: launch's preflight is doctor's probe round
