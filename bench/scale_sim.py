@@ -41,6 +41,7 @@ import json
 import os
 import re
 import resource
+import select
 import struct
 import subprocess
 import sys
@@ -305,13 +306,16 @@ class SimBackend(Backend):
                 helper.flush()
 
     def _read(self, run: RunView, helper: Helper) -> None:
-        """A helper's frames to each host's events, by node name."""
+        """A helper's frames to each host's events, by node name. It waits for them without taking
+        them (select), then says it is busy, then reads: frames that reached this process are
+        always either in the pipe or in hand (`Helper.behind` has no moment of doubt)."""
         assert helper.proc.stdout is not None
         fd, buffer = helper.proc.stdout.fileno(), bytearray()
         while True:
             helper.busy = bool(buffer)
-            chunk = os.read(fd, 1 << 20)
+            select.select([fd], [], [])
             helper.busy = True
+            chunk = os.read(fd, 1 << 20)
             if not chunk:
                 return
             buffer += chunk
