@@ -86,7 +86,7 @@ class TerminalWriter:
             self._drop_spill()
 
     def _queue(self, text: str, nlines: int) -> None:
-        """Queue text; the writer takes it within TICK (waking it for each batch cost more than the batch)."""
+        """Queue text; the writer takes it within TICK (a wake per batch cost as much CPU as the batch)."""
         self.items.append((text, nlines))
         self.size += len(text)
 
