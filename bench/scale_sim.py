@@ -25,6 +25,7 @@ every other host and the launch returns. One JSON line:
     lines_lost       of those, lines not in the job's files (lines.idx)
     root_cause       the host the job's root cause names: the host the bench lost, unless the
                      controller took another one for lost first
+    root_reason      the root cause's reason, in the summary's words
 
 Between the helpers and the controller: the controller writes `<host index> <bytes>` lines (a
 host's channel: heartbeats, stop; and the bench's own `start` and `lose`); a helper writes frames
@@ -451,6 +452,7 @@ def measure(hosts: int, seconds: float, home: Path, threads: bool = False) -> di
         "launch_s": round(max(backend.first_output.values()) - began, 2),
         "stop_s": round(time.monotonic() - lost_at[0], 2) if lost_at else None,
         "lines": printed, "lines_lost": printed - stored, "root_cause": failures[0]["host"] if failures else None,
+        "root_reason": failures[0]["reason"] if failures else None,
     }
 
 

@@ -10,7 +10,7 @@ import sys
 from tests.helpers import REPO
 
 KEYS = {"hosts", "controller_cpu_s", "wall_s", "peak_rss_mb", "launch_s", "stop_s", "lines", "lines_lost",
-        "root_cause"}
+        "root_cause", "root_reason"}
 
 
 def test_scale_sim_runs_eight_simulated_hosts_to_the_host_it_loses_and_loses_no_line() -> None:
