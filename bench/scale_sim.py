@@ -23,6 +23,9 @@ every other host and the launch returns. One JSON line:
                      and its exit heard, the summary recorded)
     lines            lines the hosts printed
     lines_lost       of those, lines not in the job's files (lines.idx)
+    root_cause       the host the job's root cause names: the host the bench lost, unless the
+                     controller took another one for lost first
+    root_reason      the root cause's reason, in the summary's words
 
 Between the helpers and the controller: the controller writes `<host index> <bytes>` lines (a
 host's channel: heartbeats, stop; and the bench's own `start` and `lose`); a helper writes frames
@@ -39,6 +42,7 @@ import json
 import os
 import re
 import resource
+import select
 import struct
 import subprocess
 import sys
@@ -62,6 +66,7 @@ from orchestrator.remote.stream import EVENT, STDOUT, Batch, encode  # noqa: E40
 from orchestrator.remote.supervisor import StopCause  # noqa: E402
 from orchestrator.spec.model import NodeSpec  # noqa: E402
 from orchestrator.store import JobRecord, Store  # noqa: E402
+from orchestrator.transport.base import unread_bytes  # noqa: E402
 
 HELPERS = 2
 FRAME = struct.Struct("!IIB")
@@ -180,6 +185,18 @@ def frame(index: int, kind: int, data: bytes) -> bytes:
     return FRAME.pack(index, len(data), kind) + data
 
 
+def next_frame(buffer: bytearray) -> tuple[int, int, bytes] | None:
+    """The first whole frame in `buffer` as (host index, kind, bytes), taken out of it; None if there is none yet."""
+    if len(buffer) < FRAME.size:
+        return None
+    index, size, kind = FRAME.unpack_from(buffer)
+    if len(buffer) < FRAME.size + size:
+        return None
+    data = bytes(buffer[FRAME.size:FRAME.size + size])
+    del buffer[:FRAME.size + size]
+    return index, kind, data
+
+
 # ---------------------------------------------------------------- the bench-only backend (controller side)
 
 
@@ -188,10 +205,15 @@ class Helper:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen([sys.executable, __file__, "--helper"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+                                     stdout=subprocess.PIPE, bufsize=0, env={**os.environ, "PYTHONPATH": str(REPO)})
         self.lock = threading.Lock()
         self.pending: list[bytes] = []
         self.total: int | None = None
+        self.busy = False  # frames of it read and not handled yet
+
+    def behind(self) -> bool:
+        """Whether its frames wait to be read or handled (every host of it may be in them)."""
+        return self.busy or (self.proc.stdout is not None and unread_bytes(self.proc.stdout.fileno()) > 0)
 
     def send(self, index: int, data: bytes) -> None:
         """Queue a host's message (written by `flush`, as an SSH transport's window would)."""
@@ -225,6 +247,9 @@ class SimChannel:
 
     def link_up(self) -> bool:
         return not self.lost
+
+    def behind(self) -> bool:
+        return self.helper.behind()
 
 
 class SimBackend(Backend):
@@ -282,25 +307,37 @@ class SimBackend(Backend):
                 helper.flush()
 
     def _read(self, run: RunView, helper: Helper) -> None:
-        """A helper's frames to each host's events, by node name."""
-        stream = helper.proc.stdout
-        assert stream is not None
-        while head := stream.read(FRAME.size):
-            index, size, kind = FRAME.unpack(head)
-            data = stream.read(size)
-            if kind == TOTAL:
-                helper.total = int(data)
+        """A helper's frames to each host's events, by node name. It waits for them without taking
+        them (select), then says it is busy, then reads: frames that reached this process are
+        always either in the pipe or in hand (`Helper.behind` has no moment of doubt)."""
+        assert helper.proc.stdout is not None
+        fd, buffer = helper.proc.stdout.fileno(), bytearray()
+        while True:
+            helper.busy = bool(buffer)
+            select.select([fd], [], [])
+            helper.busy = True
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
                 return
-            node = self.nodes[index]
-            if kind == DATA:
-                if node not in self.first_output:
-                    self.first_output[node] = time.monotonic()
-                    if len(self.first_output) == len(self.nodes):
-                        self.all_running.set()
-                run.events.data(node, data)
-            else:
-                self.channels[node].ended = True
-                run.events.end(node)
+            buffer += chunk
+            while (taken := next_frame(buffer)) is not None:
+                index, kind, data = taken
+                if kind == TOTAL:
+                    helper.total = int(data)
+                    return
+                self._frame(run, self.nodes[index], kind, data)
+
+    def _frame(self, run: RunView, node: str, kind: int, data: bytes) -> None:
+        """One frame of a host: a chunk of its stream, or its channel closed."""
+        if kind == DATA:
+            if node not in self.first_output:
+                self.first_output[node] = time.monotonic()
+                if len(self.first_output) == len(self.nodes):
+                    self.all_running.set()
+            run.events.data(node, data)
+        else:
+            self.channels[node].ended = True
+            run.events.end(node)
 
     def lose(self, node: str) -> None:
         """The host goes away: its channel closes, its link is down."""
@@ -408,12 +445,14 @@ def measure(hosts: int, seconds: float, home: Path, threads: bool = False) -> di
     backend = made[0]
     printed = sum(h.total or 0 for h in backend.helpers)
     stored = sum(e.nlines for e in read_index(str(Store().job_dir("sim-1").root)) if e.rank is not None)
+    failures = Store().get("sim-1").failures
     return {
         "hosts": hosts, "controller_cpu_s": round(cpu, 2), "wall_s": round(wall, 2),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "launch_s": round(max(backend.first_output.values()) - began, 2),
         "stop_s": round(time.monotonic() - lost_at[0], 2) if lost_at else None,
-        "lines": printed, "lines_lost": printed - stored,
+        "lines": printed, "lines_lost": printed - stored, "root_cause": failures[0]["host"] if failures else None,
+        "root_reason": failures[0]["reason"] if failures else None,
     }
 
 

@@ -45,6 +45,7 @@ class HostRun:
     on_telemetry: Any = None
     channel: Channel | None = None  # the channel to the supervisor, where the backend has one
     last_seen: float = field(default_factory=time.monotonic)
+    behind_at: float = 0.0  # when its output last waited unread in this controller (monotonic; 0: never)
     last_progress: float | None = None  # when a rank's line (not torchrun's own) last arrived; None: none yet
     exit_rc: int | None = None
     exit_error: str | None = None
@@ -188,12 +189,23 @@ class HostRun:
         return self.channel is not None and self.channel.closed() and not self.exited.is_set()
 
     def silent_for(self, awake_since: float = 0.0) -> float:
-        """Seconds since anything came from the host, counted only while the controller was awake."""
-        return time.monotonic() - max(self.last_seen, awake_since)
+        """Seconds since anything came from the host, counted only while the controller was awake
+        and had read what the host sent."""
+        return time.monotonic() - max(self.last_seen, awake_since, self.behind_at)
+
+    def silent(self, lost_after: float, awake_since: float = 0.0) -> bool:
+        """Whether the host said nothing for more than `lost_after` seconds. Output of the host that
+        waits unread in this controller is a word from it: its silence counts from now on."""
+        if self.silent_for(awake_since) <= lost_after:
+            return False
+        if self.channel is None or not self.channel.behind():
+            return True
+        self.behind_at = time.monotonic()
+        return False
 
     def reporting(self, lost_after: float, awake_since: float = 0.0) -> bool:
         """Whether the host may still report its exit: not ended, its channel open, not silent."""
-        return not self.exited.is_set() and not self.channel_closed() and self.silent_for(awake_since) <= lost_after
+        return not self.exited.is_set() and not self.channel_closed() and not self.silent(lost_after, awake_since)
 
     def last_lines(self, rank: int | None) -> tuple[str, ...]:
         """The last SUMMARY_LINES lines of a rank of this host (its stdout and stderr in the order
@@ -208,7 +220,7 @@ class HostRun:
             return self._exit_failure()
         if self.channel_closed():
             return self.lost(self._closed_reason())
-        if self.silent_for(awake_since) > lost_after:
+        if self.silent(lost_after, awake_since):
             return self.lost(f"host lost: nothing heard for {lost_after:g} s (network cut or host down)")
         return None
 

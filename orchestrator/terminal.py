@@ -60,6 +60,9 @@ def safe_text(text: str) -> str:
     """`text` as it may reach a terminal: control characters escaped but newline, tab and SGR colours."""
     if "\x1b" not in text:
         return escape_controls(text)
+    bare = _SGR.sub("", text)
+    if len(escape_controls(bare)) == len(bare):  # no control but the colours': kept whole (two C passes)
+        return text
     parts = _SGR.split(text)
     # split() with a group: the SGR sequences are at the odd places.
     return "".join(part if i % 2 else escape_controls(part) for i, part in enumerate(parts))

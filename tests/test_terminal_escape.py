@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.store import JobRecord, JobState, Store, process_start
+from orchestrator.terminal import safe_text
 from tests.helpers import REPO, distrun, ready_processes, record_this_process_as_the_jobs_root
 
 TITLE = "\x1b]0;pwned\x07"
@@ -147,3 +148,10 @@ def test_every_terminal_write_goes_through_the_one_writer() -> None:
                if p.name not in ("terminal.py", "allreduce_bench.py")
                and "remote" not in p.relative_to(REPO / "orchestrator").parts]
     assert [w for p in modules for w in _terminal_writes(p)] == []
+
+
+def test_colours_are_kept_and_a_host_control_between_them_is_still_escaped():
+    coloured = "\x1b[36m[node1 r0]\x1b[0m step 1\n" * 3
+    assert safe_text(coloured) == coloured  # only colours: kept whole
+    assert safe_text(coloured + "\x1b[36m[node1 r0]\x1b[0m " + CLEAR + "\n") == (
+        coloured + "\x1b[36m[node1 r0]\x1b[0m \\x1b[2J\\x1b[H\n")

@@ -40,6 +40,10 @@ class Channel(Protocol):
     def link_up(self) -> bool:
         """Whether the connection to the host still works."""
 
+    def behind(self) -> bool:
+        """Whether output of the host reached this controller and waits to be read or handled: the
+        controller is behind, and the host's silence is not the host's."""
+
 
 class HostEvents(Protocol):
     """A host's events, reported by the backend as they happen (from any thread)."""

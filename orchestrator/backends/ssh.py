@@ -70,6 +70,9 @@ class SupervisorChannel:
     def link_up(self) -> bool:
         return self.transport.connected()
 
+    def behind(self) -> bool:
+        return self.proc.unread()
+
 
 class SshBackend(Backend):
     """Hosts of an inventory reached over SSH; distrun starts, watches and stops everything itself."""

@@ -86,9 +86,9 @@ class TerminalWriter:
             self._drop_spill()
 
     def _queue(self, text: str, nlines: int) -> None:
+        """Queue text; the writer takes it within TICK (a wake per batch cost as much CPU as the batch)."""
         self.items.append((text, nlines))
         self.size += len(text)
-        self.cond.notify()
 
     def _spill(self, path: Path, text: str, nlines: int) -> bool:
         """Append to the spill file (the terminal reads it back in order); False when it cannot be written."""

@@ -7,6 +7,9 @@ Runner does it.
 
 from __future__ import annotations
 
+import fcntl
+import struct
+import termios
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -69,6 +72,7 @@ class RemoteProcess(ABC):
     def __init__(self) -> None:
         self._pumps: list[threading.Thread] = []
         self._stdin_lock = threading.Lock()
+        self._handling = False  # a chunk of stdout is in stream_bytes' callback
 
     @abstractmethod
     def _stdout(self) -> BinaryIO: ...
@@ -94,6 +98,18 @@ class RemoteProcess(ABC):
         through `_stdout()`'s read1; a transport with a cheaper way overrides it."""
         return self._stdout().read1(size)  # type: ignore[attr-defined]  # io.BufferedReader
 
+    def unread(self) -> bool:
+        """Whether stdout that reached this process is not handled yet: a chunk in stream_bytes'
+        callback, or bytes waiting to be read (the reader is behind; the command is not silent)."""
+        return self._handling or self._queued() > 0
+
+    def _queued(self) -> int:
+        """Bytes of stdout that arrived and wait to be read; a transport with a buffer of its own overrides it."""
+        try:
+            return unread_bytes(self._stdout().fileno())
+        except (OSError, ValueError):  # closed
+            return 0
+
     def write(self, data: bytes) -> None:
         """Send bytes to the command's stdin; several threads may call this."""
         with self._stdin_lock:
@@ -110,7 +126,7 @@ class RemoteProcess(ABC):
                      on_end: Callable[[], None] | None = None) -> None:
         """Start one thread calling back with stdout's bytes as they come, in chunks of any size
         (no per-line work: the caller frames them), then `on_end`; and one with each stderr line."""
-        for target, args in ((_pump_bytes, (self._read_stdout, on_data, on_end)), (_pump, (self._stderr(), on_stderr))):
+        for target, args in ((self._pump_bytes, (on_data, on_end)), (_pump, (self._stderr(), on_stderr))):
             thread = threading.Thread(target=target, args=args, daemon=True)
             thread.start()
             self._pumps.append(thread)
@@ -130,24 +146,35 @@ class RemoteProcess(ABC):
             thread.join(timeout)
         return None if any(thread.is_alive() for thread in self._pumps) else rc
 
+    def _pump_bytes(self, callback: DataCallback, on_end: Callable[[], None] | None) -> None:
+        try:
+            while True:
+                data = self._read_stdout(CHUNK)
+                if not data:
+                    return
+                self._handling = True
+                try:
+                    callback(data)
+                finally:
+                    self._handling = False
+        except (OSError, ValueError):
+            return  # the channel or pipe went away: its end is reported by the exit status
+        finally:
+            if on_end is not None:
+                on_end()
+
 
 def _pump(stream: BinaryIO, callback: LineCallback) -> None:
     for raw in iter(stream.readline, b""):
         callback(raw.decode("utf-8", "replace").rstrip("\r\n"))
 
 
-def _pump_bytes(read: Callable[[int], bytes], callback: DataCallback, on_end: Callable[[], None] | None) -> None:
+def unread_bytes(fd: int) -> int:
+    """Bytes that reached a pipe or socket and wait to be read (FIONREAD); 0 where it cannot say."""
     try:
-        while True:
-            data = read(CHUNK)
-            if not data:
-                return
-            callback(data)
-    except (OSError, ValueError):
-        return  # the channel or pipe went away: its end is reported by the exit status
-    finally:
-        if on_end is not None:
-            on_end()
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
+    except OSError:
+        return 0
 
 
 class Transport(ABC):

@@ -24,7 +24,7 @@ from typing import BinaryIO
 
 from orchestrator.errors import InfraError, UsageError
 from orchestrator.spec.model import NodeSpec
-from orchestrator.transport.base import ConnectError, ConnectFailure, RemoteProcess, Transport
+from orchestrator.transport.base import ConnectError, ConnectFailure, RemoteProcess, Transport, unread_bytes
 from orchestrator.transport.known_hosts import HostKeyChecker
 from orchestrator.transport.ssh_config import (
     DEFAULT_IDENTITIES,
@@ -104,6 +104,12 @@ class SSHProcess(RemoteProcess):
     def _read_stdout(self, size: int) -> bytes:
         """Straight from the channel's buffer: what arrived, up to `size` bytes (b"" at the end)."""
         return self._channel.recv(size)
+
+    def _queued(self) -> int:
+        """What waits in the channel's buffer, and in the connection's socket for paramiko's reader."""
+        sock = getattr(self._channel.get_transport(), "sock", None)
+        waiting = unread_bytes(sock.fileno()) if isinstance(sock, socket.socket) else 0
+        return waiting + int(self._channel.recv_ready())
 
     def _write(self, data: bytes) -> None:
         # After the command or the connection ended, input has nowhere to go.
