@@ -295,6 +295,17 @@ def test_finding_the_jobs_sys_path_imports_nothing_planted_in_its_directory(tmp_
     assert not marker.exists(), marker.read_text()
 
 
+def test_the_jobs_sys_path_is_known_without_a_second_python_when_the_job_runs_the_probes_own(tmp_path):
+    # Each host's probe started a second python for this (~30 ms of CPU per host, per launch).
+    code = ("import json, subprocess, sys; from orchestrator.remote import pyenv; "
+            f"asked = pyenv.job_sys_path(sys.executable, {str(tmp_path)!r}, {{'PYTHONNOUSERSITE': ''}}); "
+            "subprocess.run = None; "
+            f"known = pyenv.job_sys_path(sys.executable, {str(tmp_path)!r}, {{}}); "
+            "print(json.dumps([asked, known]))")
+    asked, known = json.loads(subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert known == asked and known[0] == str(tmp_path)
+
+
 def import_like(context: dict) -> list:
     code = ("import json, sys; from orchestrator.remote import probe; "
             f"probe.import_like_the_job({{'import_from': {context!r}}}); "

@@ -12,6 +12,7 @@ import ast
 import contextlib
 import importlib
 import os
+import shutil
 import subprocess
 import sys
 from importlib import util
@@ -76,14 +77,29 @@ def job_sys_path(python: str, cwd: str | None, env: dict[str, str]) -> list[str]
     where = os.path.expanduser(cwd) if cwd else None
     if where is not None and not os.path.isdir(where):
         where = None  # not made yet (sync makes it): nothing can be imported from it
-    try:
-        result = subprocess.run([python, "-c", "import sys; print(repr(sys.path))"],
-                                env={**os.environ, **env}, cwd=where, capture_output=True, timeout=SUBPROCESS_WAIT,
-                                check=True)
-        found = ast.literal_eval(result.stdout.decode().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, SyntaxError, IndexError):
-        return None
+    found = own_sys_path(python, env)
+    if found is None:
+        try:
+            result = subprocess.run([python, "-c", "import sys; print(repr(sys.path))"],
+                                    env={**os.environ, **env}, cwd=where, capture_output=True,
+                                    timeout=SUBPROCESS_WAIT, check=True)
+            found = ast.literal_eval(result.stdout.decode().splitlines()[-1])
+        except (OSError, subprocess.SubprocessError, ValueError, SyntaxError, IndexError):
+            return None
     return [entry or where for entry in found if entry or where]
+
+
+def own_sys_path(python: str, env: dict[str, str]) -> list[str] | None:
+    """What `python -c` would have on sys.path (its '' first), known without starting it: when
+    `python` is this interpreter and `env` sets nothing that moves sys.path (PYTHON*, HOME, PATH);
+    else None. sys.path is as this python started (the probe asks first). Saves every host's
+    probe a second python (~30 ms of CPU) at each launch."""
+    if any(key.startswith("PYTHON") or key in ("HOME", "PATH") for key in env):
+        return None
+    if os.path.abspath(shutil.which(python) or python) != sys.executable:
+        return None
+    base = sys.path[1:] if sys.path[:1] == [""] else sys.path  # '' is this -c's own first entry
+    return ([] if os.environ.get("PYTHONSAFEPATH") else [""]) + base
 
 
 def import_like_the_job(options: dict[str, Any]) -> None:
