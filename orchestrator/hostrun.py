@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.at_exit import raised_before_signal
 from orchestrator.backends.run import Channel
 from orchestrator.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, oom_reason
 from orchestrator.logs import LogSink
@@ -226,7 +227,8 @@ class HostRun:
                 "stopped": self.stop_sent or self.stop_cause is not None}
         if first is None:  # no worker record: torchrun itself failed or was killed, or none was written
             return Failure.from_returncode(self.node, rc, last_lines=self.last_lines(None), **seen)
-        return Failure.from_worker(self.node, first, last_lines=self.last_lines(first.rank), **seen)
+        lines = self.last_lines(first.rank)
+        return Failure.from_worker(self.node, first, last_lines=lines, **raised_before_signal(first, lines), **seen)
 
     @property
     def ended_itself(self) -> bool:
