@@ -281,7 +281,8 @@ class Launcher:
             self.backend.stop(self.view, [h.node for h in live])
 
     def _finish(self, state: JobState, code: int, detail: str, failures: list[Failure] | None = None) -> int:
-        extra = [*self.backend.finish(self.view), *(f"{h.node}: {line}" for h in self.hosts for line in h.gpus_freed)]
+        gpus_freed = [f"{h.node}: {line}" for h in self.hosts for line in h.gpus_freed]
+        extra = [*self.backend.finish(self.view), *gpus_freed]
         self.sink.flush()
         # The lines still queued for the terminal go before the summary (or count as missed).
         self.sink.close_screen(SCREEN_DRAIN)
@@ -295,7 +296,8 @@ class Launcher:
         try:
             self.store.end(self.plan.job_id, state, code, detail, restarts=restarts,
                            failures=[masked(f, mask).to_dict() for f in failures or []],
-                           attempts=masked_attempts(self.course, mask), quarantined=self.course.quarantined)
+                           attempts=masked_attempts(self.course, mask), quarantined=self.course.quarantined,
+                           gpus_freed=gpus_freed)
         except DistrunError as exc:
             # The hosts are stopped and the summary is known: say it, and why it is not recorded.
             detail += f"\ndistrun: warning: the job's end is not recorded: {exc}"
