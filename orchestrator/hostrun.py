@@ -49,6 +49,7 @@ class HostRun:
     last_progress: float | None = None  # when a rank's line (not torchrun's own) last arrived; None: none yet
     exit_rc: int | None = None
     exit_error: str | None = None
+    refused: bool = False  # its supervisor refused the job's settings (an unsafe checkpoint_dir) before it started
     exit_reason: str | None = None  # why the supervisor ended the job, in words, if it did
     stop_cause: StopCause | None = None  # who had the supervisor end the job, if anyone did
     workers: list[WorkerRecord] = field(default_factory=list)  # torchrun's records of its failed workers
@@ -155,6 +156,7 @@ class HostRun:
             self.exit_time = time.time()
             self.exit_rc = int(event.get("rc", 1))
             self.exit_error = event.get("error")
+            self.refused = bool(event.get("refused"))
             self.exit_reason = event.get("reason")
             self._read_ending(event)
             self.oom_kills = event.get("oom_kills")
