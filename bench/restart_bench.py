@@ -90,18 +90,9 @@ def one_round(cluster: Cluster, tmp: Path, number: int) -> dict[str, float]:
         proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "launch", str(job_file(tmp / f"r{number}")),
                                  "-i", str(inv), "--nodes", "node0,node1,node2", "--job-id", job_id, "--no-live"],
                                 cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        while not any(text.startswith(CUT_AFTER) for _, text in lines_with_times(home, job_id, 1)):
-            if proc.poll() is not None:
-                raise RuntimeError((home / "out.txt").read_text()[-3000:])
-            time.sleep(0.1)
-        cluster.cut(1)
-        cut = time.time()
-        proc.wait(timeout=300)
-    finally:
-        cluster.restore(1)
-        if proc.poll() is None:
-            proc.kill()
+    cut = cluster.cut_during(proc, 1, 300, ready_within=300,
+                             ready=lambda: any(t.startswith(CUT_AFTER) for _, t in lines_with_times(home, job_id, 1)),
+                             says=lambda: (home / "out.txt").read_text()[-3000:])
     if proc.returncode != 0:
         raise RuntimeError((home / "out.txt").read_text()[-3000:])
     attempts = Store(home).get(job_id).attempts

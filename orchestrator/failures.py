@@ -110,13 +110,16 @@ class Failure:
         return cls.from_returncode(host, worker.exitcode, rank=worker.rank, **fields)
 
     def describe(self) -> str:
-        """What happened, in a few words: "exit code 1", "killed by SIGSEGV", or the reason.
+        """What happened, in a few words: "exit code 1", "killed by SIGSEGV", "raised ValueError: boom,
+        then SIGABRT at exit" (an exception, then a signal as the interpreter exited), or the reason.
 
         A SIGKILL is most often the kernel's OOM killer; when nothing tells more (no `reason`),
         the words say so as a question: "killed by SIGKILL (out of memory?)".
         """
         if self.kind is FailureKind.EXIT:
             return f"exit code {self.exit_code}"
+        if self.kind is FailureKind.SIGNAL and self.message:
+            return f"raised {self.message}, then {self.signal} at exit"
         if self.kind is FailureKind.SIGNAL:
             why = self.reason or ("out of memory?" if self.signal == "SIGKILL" else "")
             return f"killed by {self.signal}" + (f" ({why})" if why else "")
@@ -141,7 +144,7 @@ class Failure:
             lines.append(f"  rank: {self.rank}")
         label = "exit" if self.kind in (FailureKind.EXIT, FailureKind.SIGNAL) else "reason"
         lines.append(f"  {label}: {self.describe()}")
-        if self.message:
+        if self.message and self.kind is not FailureKind.SIGNAL:  # a signal's describe() says it first
             lines.append(f"  error: {self.message}")
         if self.after_final:
             lines.append("  when: at exit, after the job's final metrics line (its work was done)")

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.at_exit import raised_before_signal
 from orchestrator.backends.run import Channel
 from orchestrator.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, oom_reason
 from orchestrator.logs import LogSink
@@ -49,6 +50,7 @@ class HostRun:
     last_progress: float | None = None  # when a rank's line (not torchrun's own) last arrived; None: none yet
     exit_rc: int | None = None
     exit_error: str | None = None
+    refused: bool = False  # its supervisor refused the job's settings (an unsafe checkpoint_dir) before it started
     exit_reason: str | None = None  # why the supervisor ended the job, in words, if it did
     stop_cause: StopCause | None = None  # who had the supervisor end the job, if anyone did
     workers: list[WorkerRecord] = field(default_factory=list)  # torchrun's records of its failed workers
@@ -155,6 +157,7 @@ class HostRun:
             self.exit_time = time.time()
             self.exit_rc = int(event.get("rc", 1))
             self.exit_error = event.get("error")
+            self.refused = bool(event.get("refused"))
             self.exit_reason = event.get("reason")
             self._read_ending(event)
             self.oom_kills = event.get("oom_kills")
@@ -238,7 +241,8 @@ class HostRun:
                 "stopped": self.stop_sent or self.stop_cause is not None}
         if first is None:  # no worker record: torchrun itself failed or was killed, or none was written
             return Failure.from_returncode(self.node, rc, last_lines=self.last_lines(None), **seen)
-        return Failure.from_worker(self.node, first, last_lines=self.last_lines(first.rank), **seen)
+        lines = self.last_lines(first.rank)
+        return Failure.from_worker(self.node, first, last_lines=lines, **raised_before_signal(first, lines), **seen)
 
     @property
     def ended_itself(self) -> bool:

@@ -23,7 +23,7 @@ from orchestrator import telemetry
 from orchestrator.at_exit import neighbours_finished, when_failed
 from orchestrator.backends.base import Backend, LaunchContext
 from orchestrator.backends.run import Channel
-from orchestrator.errors import DistrunError, ExitCode
+from orchestrator.errors import DistrunError, ExitCode, UsageError
 from orchestrator.failures import Failure, FailureKind, failed_summary, root_cause
 from orchestrator.hostrun import HostRun
 from orchestrator.logs import LogSink
@@ -192,6 +192,7 @@ class Launcher:
             failed = self._watch()
         if self.interrupted is not None:
             return self._finish_interrupted()
+        self._raise_refusal()
         ending = self.backend.conclude(self.view, failed)
         if ending.stopped is not None:
             self._stop_all("stopped outside distrun")
@@ -281,7 +282,8 @@ class Launcher:
             self.backend.stop(self.view, [h.node for h in live])
 
     def _finish(self, state: JobState, code: int, detail: str, failures: list[Failure] | None = None) -> int:
-        extra = [*self.backend.finish(self.view), *(f"{h.node}: {line}" for h in self.hosts for line in h.gpus_freed)]
+        gpus_freed = [f"{h.node}: {line}" for h in self.hosts for line in h.gpus_freed]
+        extra = [*self.backend.finish(self.view), *gpus_freed]
         self.sink.flush()
         # The lines still queued for the terminal go before the summary (or count as missed).
         self.sink.close_screen(SCREEN_DRAIN)
@@ -295,7 +297,8 @@ class Launcher:
         try:
             self.store.end(self.plan.job_id, state, code, detail, restarts=restarts,
                            failures=[masked(f, mask).to_dict() for f in failures or []],
-                           attempts=masked_attempts(self.course, mask), quarantined=self.course.quarantined)
+                           attempts=masked_attempts(self.course, mask), quarantined=self.course.quarantined,
+                           gpus_freed=gpus_freed)
         except DistrunError as exc:
             # The hosts are stopped and the summary is known: say it, and why it is not recorded.
             detail += f"\ndistrun: warning: the job's end is not recorded: {exc}"
@@ -305,6 +308,22 @@ class Launcher:
     def _say(self, text: str) -> None:
         """The summary on the terminal (stderr when detached); its host lines escaped."""
         show(text, stream=self.ctx.terminal or sys.stderr, flush=True)
+
+    def _raise_refusal(self) -> None:
+        """A host's supervisor refused the job's settings before starting it (an unsafe checkpoint_dir,
+        which on Slurm only the node can check): stop the others, record a usage error, say it in one line.
+
+        Raises:
+            UsageError: `node: why; the fix`.
+        """
+        refused = next((h for h in self.hosts if h.refused), None)
+        if refused is None:
+            return
+        message = f"{refused.node}: {refused.exit_error}"
+        self._stop_all(f"{refused.node} refused the job")
+        self.backend.finish(self.view)
+        self.store.end(self.plan.job_id, JobState.FAILED, int(ExitCode.USAGE), message)
+        raise UsageError(message)
 
     def _finish_interrupted(self) -> int:
         name = signal.Signals(self.interrupted or signal.SIGINT).name

@@ -66,6 +66,7 @@ class JobRecord:
         attempts: `restarts.Attempt.to_dict()` of each attempt of the controller's (`restarts:`),
             in order; [] for a job recorded before it started one.
         quarantined: Hosts a failure pointed at, left out of the job's later attempts.
+        gpus_freed: `node: line` for each GPU's memory the job's end freed (remote/gpu.py).
     """
 
     id: str
@@ -91,6 +92,7 @@ class JobRecord:
     command: list[str] = field(default_factory=list)
     attempts: list[dict[str, Any]] = field(default_factory=list)
     quarantined: list[str] = field(default_factory=list)
+    gpus_freed: list[str] = field(default_factory=list)
 
     @property
     def every_host(self) -> list[str]:
@@ -107,14 +109,15 @@ class JobRecord:
             "restarts": self.restarts, "backend_ref": self.backend_ref, "detail": self.detail,
             "alerts": self.alerts, "failures": self.failures, "internal": self.internal,
             "command": self.command, "attempts": self.attempts, "quarantined": self.quarantined,
+            "gpus_freed": self.gpus_freed,
         }
 
 
 _COLUMNS = ("id", "name", "spec_path", "inventory", "hosts", "master_addr", "master_port", "backend",
             "state", "started", "ended", "exit_code", "controller_pid", "restarts", "backend_ref",
             "detail", "alerts", "failures", "controller_start",
-            "internal", "command", "attempts", "quarantined")
-_JSON_COLUMNS = ("hosts", "alerts", "failures", "command", "attempts", "quarantined")
+            "internal", "command", "attempts", "quarantined", "gpus_freed")
+_JSON_COLUMNS = ("hosts", "alerts", "failures", "command", "attempts", "quarantined", "gpus_freed")
 AMBIGUOUS_SHOWN = 8
 
 BUSY_TIMEOUT = 30.0  # seconds a write waits for another process's lock on the database
@@ -126,14 +129,16 @@ CREATE TABLE IF NOT EXISTS jobs (
     started REAL NOT NULL, ended REAL, exit_code INTEGER, controller_pid INTEGER,
     restarts INTEGER DEFAULT 0, backend_ref TEXT, detail TEXT DEFAULT '', alerts TEXT DEFAULT '[]',
     failures TEXT DEFAULT '[]', controller_start TEXT, internal INTEGER DEFAULT 0,
-    command TEXT DEFAULT '[]', attempts TEXT DEFAULT '[]', quarantined TEXT DEFAULT '[]'
+    command TEXT DEFAULT '[]', attempts TEXT DEFAULT '[]', quarantined TEXT DEFAULT '[]',
+    gpus_freed TEXT DEFAULT '[]'
 )
 """
 # Columns renamed since a release wrote them: old name -> new name.
 _RENAMED = {"slurm_id": "backend_ref"}
 # Columns added since the first release: name -> its definition.
 _ADDED = {"failures": "TEXT DEFAULT '[]'", "controller_start": "TEXT", "internal": "INTEGER DEFAULT 0",
-          "command": "TEXT DEFAULT '[]'", "attempts": "TEXT DEFAULT '[]'", "quarantined": "TEXT DEFAULT '[]'"}
+          "command": "TEXT DEFAULT '[]'", "attempts": "TEXT DEFAULT '[]'", "quarantined": "TEXT DEFAULT '[]'",
+          "gpus_freed": "TEXT DEFAULT '[]'"}
 
 
 ID_RANDOM_BYTES = 3
@@ -303,7 +308,7 @@ class Store:
                rec.master_port, rec.backend, rec.state.value, rec.started, rec.ended, rec.exit_code,
                rec.controller_pid, rec.restarts, rec.backend_ref, rec.detail, json.dumps(rec.alerts),
                json.dumps(rec.failures), rec.controller_start, int(rec.internal), json.dumps(rec.command),
-               json.dumps(rec.attempts), json.dumps(rec.quarantined))
+               json.dumps(rec.attempts), json.dumps(rec.quarantined), json.dumps(rec.gpus_freed))
         marks = ",".join("?" * len(_COLUMNS))
         try:
             with self._connect() as db:

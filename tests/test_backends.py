@@ -22,7 +22,7 @@ from orchestrator.backends.run import HostEvents, RunView
 from orchestrator.backends.slurm import SlurmBackend
 from orchestrator.backends.slurm_script import SlurmOptions
 from orchestrator.cli import cli
-from orchestrator.errors import InfraError, SpecError, UsageError
+from orchestrator.errors import ExitCode, InfraError, SpecError, UsageError
 from orchestrator.failures import Failure
 from orchestrator.hostrun import HostRun
 from orchestrator.logs import LogSink
@@ -142,7 +142,8 @@ class ScriptedBackend(Backend):
     NAME = "scripted"
     DESCRIPTION = "test double"
     OPTIONS = (Option("fail", OptionType.TEXT, "the host that exits 1"),
-               Option("itself", OptionType.TEXT, "the host whose supervisor ends the job on its own"))
+               Option("itself", OptionType.TEXT, "the host whose supervisor ends the job on its own"),
+               Option("refuse", OptionType.TEXT, "the host whose supervisor refuses the job's checkpoint_dir"))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -178,10 +179,12 @@ class ScriptedBackend(Backend):
         if node == self.options.get("itself"):
             events.data(node, event({"ev": "exit", "rc": 0, "reason": "controller heartbeat silent for more than 4 s",
                                      "stop_cause": "heartbeat"}))
+        elif node == self.options.get("refuse"):  # what the supervisor sends for an unsafe checkpoint_dir
+            events.data(node, event({"ev": "exit", "rc": 127, "refused": True, "error": REFUSAL}))
         elif node == self.options.get("fail"):
             events.data(node, encode(Batch(rank, STDERR, 1, b"RuntimeError: scripted failure\n")))
             events.data(node, event({"ev": "exit", "rc": 1, "workers": WORKERS}))
-        elif not self.options.get("fail") and not self.options.get("itself"):
+        elif not any(self.options.get(key) for key in ("fail", "itself", "refuse")):
             events.data(node, event({"ev": "exit", "rc": 0}))
 
     def stop(self, run: RunView, nodes: list[str]) -> None:
@@ -199,6 +202,9 @@ class ScriptedBackend(Backend):
 
     def stop_job(self, record: JobRecord) -> Stopped:
         return Stopped(0)
+
+
+REFUSAL = "checkpoint_dir /ck: / is writable by others; use a directory only you (or root) can write"
 
 
 @pytest.fixture
@@ -232,6 +238,18 @@ def test_the_run_loop_calls_the_hooks_in_order_and_records_success(scripted, tmp
         JobState.SUCCEEDED, "scripted", "scripted-7", [])
     assert "scripted: released" in record.detail
     assert "[h0 r0] hello" in capsys.readouterr().out
+
+
+def test_a_checkpoint_dir_a_node_refuses_ends_the_job_as_a_one_line_usage_error_exit_2(scripted, tmp_path: Path):
+    """On Slurm only the node's supervisor can check checkpoint_dir: its refusal is the launch's error."""
+    request = LaunchRequest(job_file(tmp_path, "scripted: {refuse: h1}\n"), backend="scripted", job_id="s-9",
+                            live=False, skip_preflight=True, quiet=True)
+    with pytest.raises(UsageError) as refused:
+        launch.launch(request)
+
+    assert str(refused.value) == f"h1: {REFUSAL}" and refused.value.exit_code == ExitCode.USAGE
+    assert scripted[0].calls == ["prepare", "stage", "submit", "start", "stop h0", "finish", "release"]
+    assert (Store().get("s-9").state, Store().get("s-9").exit_code) == (JobState.FAILED, 2)
 
 
 def test_a_failed_host_is_the_root_cause_and_the_host_distrun_stopped_says_so(scripted, tmp_path: Path):

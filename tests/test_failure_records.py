@@ -8,17 +8,20 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator import remote
+from orchestrator.at_exit import raised_before_signal
 from orchestrator.backends.ssh import SUPERVISOR_ONLY
 from orchestrator.failures import Failure, FailureKind, is_collateral
 from orchestrator.hostrun import HostRun
 from orchestrator.logs import LogSink
 from orchestrator.plan import HostPlan
+from orchestrator.remote.stream import STDERR, Batch
 from orchestrator.remote.supervisor import StopCause
 from orchestrator.remote.workerfail import (
     WorkerRecord,
@@ -57,6 +60,7 @@ def first_of(path: Path) -> WorkerRecord:
     ("kill", -9, "SIGKILL", "Signal 9 (SIGKILL) received by PID"),
     ("segv", -11, "SIGSEGV", "Signal 11 (SIGSEGV) received by PID"),
     ("exit", 3, None, "To enable traceback see"),
+    ("raise-abort", -6, "SIGABRT", "Signal 6 (SIGABRT) received by PID"),
 ])
 def test_a_real_torchrun_records_the_failed_worker_for_each_kind_of_failure(tmp_path, kind, exitcode, signal,
                                                                             message):
@@ -103,6 +107,43 @@ def test_a_worker_killed_by_a_signal_becomes_a_failure_of_that_signal_and_rank(k
 def test_a_worker_that_exits_without_raising_gives_its_rank_and_exit_code_and_no_message():
     failure = Failure.from_worker("node1", first_failure(captured("exit")))
     assert (failure.rank, failure.describe(), failure.message, failure.traceback) == (1, "exit code 3", "", ())
+
+
+# What rank 1 of worker.py's raise-abort printed on stderr (the same real run as failures-raise-abort.json),
+# then what gloo's thread prints as it aborts the interpreter's exit.
+RAISED_THEN_ABORTED = (*(DATA / "stderr-raise-abort.log").read_text().splitlines(),
+                       "terminate called without an active exception")
+
+
+def test_a_rank_that_raised_then_died_of_sigabrt_at_exit_is_reported_as_its_exception_first(tmp_path):
+    """torchrun records only the signal; the exception comes from the rank's own output."""
+    host = host_run(tmp_path)
+    for line in ("step 1", *RAISED_THEN_ABORTED):
+        host.sink.batch("node1", Batch(1, STDERR, 1, f"{line}\n".encode()))
+    workers = [record.to_event() for record in captured("raise-abort")]
+    failure = exit_event(host, rc=1, workers=workers).failure(60.0)
+    assert (failure.rank, failure.kind, failure.signal) == (1, FailureKind.SIGNAL, "SIGABRT")
+    assert failure.describe() == "raised RuntimeError: rank 1 says boom, then aborts, then SIGABRT at exit"
+    assert failure.traceback[0] == "Traceback (most recent call last):" and failure.traceback[-1] == failure.message
+    assert "  exit: raised RuntimeError: rank 1 says boom, then aborts, then SIGABRT at exit" in failure.render()
+    assert "error:" not in failure.render()
+
+
+@pytest.mark.parametrize("lines", [
+    ("step 1",),  # no traceback: a crash, as before
+    (*RAISED_THEN_ABORTED[:-1], "step 2 after a logged traceback"),  # the rank went on after it
+], ids=["no-traceback", "work-after-the-traceback"])
+def test_a_signal_after_output_that_does_not_end_in_an_exception_stays_killed_by_that_signal(tmp_path, lines):
+    failure = Failure.from_worker("node1", first_failure(captured("raise-abort")), last_lines=lines,
+                                  **raised_before_signal(first_failure(captured("raise-abort")), lines))
+    assert (failure.describe(), failure.message) == ("killed by SIGABRT", "")
+
+
+def test_a_recorded_exception_then_a_signal_at_exit_names_the_exception_first():
+    """A worker with `@record` that raised and then aborted: torchrun's record has both."""
+    raised = first_failure(captured("raise"))
+    failure = Failure.from_worker("node1", replace(raised, exitcode=-6))
+    assert failure.describe() == "raised ValueError: rank 1 says boom, then SIGABRT at exit"
 
 
 def test_a_workers_own_error_file_gives_its_message_and_traceback():

@@ -34,6 +34,7 @@ from orchestrator.remote.sockdir import MAX_SOCKET_PATH, socket_dir, socket_path
 from orchestrator.store import JobRecord, JobState, Store
 from orchestrator.watchdog import diagnose, with_flight_rank
 from tests.helpers import ready_processes, record_this_process_as_the_jobs_root, wait_for
+from tests.test_supervisor_lifecycle import config, run_shipped
 
 DATA = Path(__file__).parent / "data" / "flight"
 
@@ -150,6 +151,18 @@ def test_a_socket_dir_too_long_for_a_unix_socket_falls_back_to_a_short_private_o
     finally:
         if made:
             shutil.rmtree(made, ignore_errors=True)
+
+
+def test_the_supervisor_removes_the_short_socket_dir_it_made_when_the_job_ends(own_tmp, tmp_path, monkeypatch):
+    """The shipped supervisor, a job asking for a socket dir too long for a socket path: the ranks
+    get a short one under the temporary directory, and it is gone once the job has ended."""
+    monkeypatch.setenv("TMPDIR", str(own_tmp))  # where the supervisor's fallback goes
+    wanted = str(tmp_path / ("s" * 100) / "sock")
+    show = "import os; d = os.environ['DISTRUN_WORKER_SOCKETS']; print(d, os.path.isdir(d))"
+    lines, _ = run_shipped(config(tmp_path, [sys.executable, "-c", show], env={"DISTRUN_WORKER_SOCKETS": wanted}))
+    made, existed = lines[-1].split()
+    assert made.startswith(str(own_tmp / "distrun-")) and existed == "True"
+    assert not os.path.exists(made) and not os.listdir(own_tmp)
 
 
 def test_no_socket_dir_is_given_when_even_the_short_one_would_be_too_long(own_tmp, monkeypatch):

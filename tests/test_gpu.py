@@ -23,7 +23,8 @@ import pytest
 from orchestrator.remote import cleanup, gpu, sampler, supervisor
 from orchestrator.remote.config import SupervisorConfig
 from orchestrator.remote.stream import StreamWriter
-from tests.helpers import record_this_process_as_the_jobs_root
+from orchestrator.store import JobRecord, JobState, Store, process_start
+from tests.helpers import REPO, distrun, record_this_process_as_the_jobs_root
 from tests.test_probe import Process, fake_pynvml
 from tests.test_sampler_nvml import FakeGpu, FakeHandle, FakeNvml
 from tests.test_supervisor_lifecycle import config, decode
@@ -187,6 +188,34 @@ def test_a_dataloader_worker_left_on_a_gpu_after_torchrun_exits_is_killed_and_in
     assert not alive(pid) and supervisor.job_processes(cfg["job_id"], os.getpid(), "n0") == []
 
 
-def test_stop_prints_the_gpu_lines_of_the_jobs_summary() -> None:
-    summary = "job j1 stopped\nnode0: freed 2.1 GB on gpu0 held by pid 4242\nOther hosts: stopped"
-    assert gpu.gpu_lines(summary) == ["node0: freed 2.1 GB on gpu0 held by pid 4242"]
+# A live job's controller, as `stop` finds it: on SIGTERM it records the job's end (the GPU lines as data,
+# a summary whose words only look like one) and exits.
+FAKE_CONTROLLER = """import signal, sys, time
+from pathlib import Path
+from orchestrator.store import JobState, Store
+def end(*_):
+    Store(Path(sys.argv[1])).end(sys.argv[2], JobState.STOPPED, 143, "job stopped\\nnot a GPU: held by pid 1 in words",
+                           gpus_freed=["node0: freed 2.1 GB on gpu0 held by pid 4242"])
+    sys.exit(0)
+signal.signal(signal.SIGTERM, end)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_stop_prints_the_gpu_lines_the_jobs_record_keeps_not_lines_of_its_summary(tmp_path: Path) -> None:
+    home, job_id = tmp_path / "home", "gpu-20261126-050000-a1b2"
+    proc = subprocess.Popen([sys.executable, "-c", FAKE_CONTROLLER, str(home), job_id, "orchestrator-test-controller"],
+                            cwd=REPO, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        Store(home).save(JobRecord(id=job_id, name="gpu", spec_path="", inventory="<built-in>",
+                                   hosts=["localhost"], state=JobState.RUNNING, controller_pid=proc.pid,
+                                   controller_start=process_start(proc.pid)))
+        stopped = json.loads(distrun("stop", job_id, "--json", home=home).stdout)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert stopped["gpus_freed"] == ["node0: freed 2.1 GB on gpu0 held by pid 4242"]
+    assert Store(home).get(job_id).gpus_freed == stopped["gpus_freed"]

@@ -31,6 +31,7 @@ from orchestrator.remote.supervisor import job_processes
 from orchestrator.store import JobRecord, JobState, Store
 from orchestrator.watchdog import diagnose
 from tests.helpers import distrun, ready_processes, record_this_process_as_the_jobs_root
+from tests.test_supervisor_lifecycle import config, run_shipped
 
 SECRET = "hunter2-SECRET-value-xyz"
 
@@ -255,6 +256,20 @@ def test_a_checkpoint_dir_in_home_is_made_0700_and_the_ranks_get_it_with_tilde_e
     assert f"ckpt at {tmp_path / 'ck' / 'pts'}" in result.stdout
     for made in (tmp_path / "ck", tmp_path / "ck" / "pts"):
         assert stat.S_IMODE(made.stat().st_mode) == 0o700
+
+
+def test_the_shipped_supervisors_refusal_of_a_checkpoint_dir_is_its_exit_events_one_line_marked_refused(
+        tmp_path: Path) -> None:
+    """What the controller turns into a one-line usage error (exit 2) on Slurm, where only the node checks."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)  # anyone can write here, and it is not sticky
+    cfg = config(tmp_path, [sys.executable, "-c", "print('never runs')"], make_dirs=[str(shared / "ck")])
+    lines, events = run_shipped(cfg)
+    end = events[-1]
+    assert (end["ev"], end["refused"], lines) == ("exit", True, [])
+    assert end["error"].startswith(f"checkpoint_dir {shared / 'ck'}: {shared} ") and "\n" not in end["error"]
+    assert not (shared / "ck").exists()
 
 
 def test_the_supervisor_refuses_an_unsafe_checkpoint_dir_too_and_accepts_a_sticky_roots_one(tmp_path: Path) -> None:

@@ -29,7 +29,6 @@ from orchestrator.group import Group, GroupError, GroupResult, parallel
 from orchestrator.logs.recover import HostCopy, rebuild
 from orchestrator.plan import DEFAULT_PORT, HostPlan, LaunchPlan, build_plan
 from orchestrator.remote.config import SupervisorConfig
-from orchestrator.remote.gpu import gpu_lines
 from orchestrator.spec import (
     Inventory,
     JobSpec,
@@ -253,8 +252,7 @@ class SshBackend(Backend):
                 time.sleep(0.2)
             ended = self.store.get(record.id)
             if ended.state.finished:
-                freed = tuple(gpu_lines(ended.detail))
-                return Stopped(int(ExitCode.OK), (f"job {record.id} stopped",), gpus_freed=freed)
+                return Stopped(int(ExitCode.OK), (f"job {record.id} stopped",), gpus_freed=tuple(ended.gpus_freed))
         return self.stop_on_hosts(record)
 
     def stop_on_hosts(self, record: JobRecord) -> Stopped:

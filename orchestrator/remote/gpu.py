@@ -288,8 +288,3 @@ class GpuHolders:
         if self.nvml is not None:
             with contextlib.suppress(Exception):
                 self.nvml.nvmlShutdown()
-
-
-def gpu_lines(summary: str) -> list[str]:
-    """The lines of a job's summary that say what its end freed on its GPUs."""
-    return [line for line in summary.splitlines() if HELD_BY in line]

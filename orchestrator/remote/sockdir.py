@@ -9,6 +9,7 @@ launch). Stdlib-only: shipped to the hosts.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import tempfile
 
@@ -28,7 +29,8 @@ def socket_dir(wanted: str, job_id: str) -> str | None:
     short private one under the temporary directory when `wanted` is too long for a socket path.
 
     The short one is made by `tempfile.mkdtemp` (a fresh random name, created 0700 with O_EXCL
-    semantics: no other user can have made it, blocked it or pointed it elsewhere).
+    semantics: no other user can have made it, blocked it or pointed it elsewhere); the supervisor
+    removes it when the job ends (`remove_fallback`).
 
     Returns:
         The directory, or None when neither could be made ours (the ranks then get no variable).
@@ -48,6 +50,13 @@ def socket_dir(wanted: str, job_id: str) -> str | None:
         return tempfile.mkdtemp(prefix=f"distrun-{job_id[:8]}-")
     except OSError:
         return None
+
+
+def remove_fallback(wanted: str, made: str) -> None:
+    """Remove the short directory `socket_dir` made in place of `wanted`, once the ranks are gone;
+    `wanted` itself is under the job's directory on the host and stays with the job's files."""
+    if made != os.path.expanduser(wanted):
+        shutil.rmtree(made, ignore_errors=True)
 
 
 def _ours(path: str) -> bool:

@@ -45,8 +45,8 @@ from orchestrator.remote.leader import Leader
 from orchestrator.remote.private import make_private_dirs
 from orchestrator.remote.provenance import Root, become_subreaper, own_roots, proven_root, record, record_path, root_of
 from orchestrator.remote.relay import Relay
-from orchestrator.remote.safedirs import expand_var, make_safe_dir
-from orchestrator.remote.sockdir import socket_dir
+from orchestrator.remote.safedirs import UnsafeDirError, expand_var, make_safe_dir
+from orchestrator.remote.sockdir import remove_fallback, socket_dir
 from orchestrator.remote.stream import StreamWriter
 from orchestrator.remote.workerfail import WorkerRecord, read_records, shim_argv
 
@@ -227,6 +227,7 @@ class Supervisor:
         self.stop_reason: str | None = None
         self.stop_cause: StopCause | None = None
         self.workers: list[WorkerRecord] = []
+        self.sockets: tuple[str, str] | None = None  # the ranks' socket directory: (as asked, as made)
         self.workers_at_stop: int | None = None
         self.gpus_freed: list[str] = []
         self.stopping = threading.Event()
@@ -291,6 +292,7 @@ class Supervisor:
             self.warn(f"no directory for the ranks' Flight Recorder sockets ({wanted}): hangs get stacks only")
         else:
             env["DISTRUN_WORKER_SOCKETS"] = made
+            self.sockets = (wanted, made)
 
     def control(self, stdin: BinaryIO) -> None:
         """Read heartbeats and stop requests; end of stdin means the controller is gone."""
@@ -345,6 +347,7 @@ class Supervisor:
         self._catch_signals()
         become_subreaper()
         error: str | None = None
+        refused = False
         sampler: threading.Thread | None = None
         try:
             self.start_child()
@@ -357,12 +360,14 @@ class Supervisor:
         except Exception as exc:
             what = "supervisor failed" if self.leader is not None else f"cannot start {self.cfg.argv[0]}"
             error = f"{what}: {type(exc).__name__}: {exc}" if self.leader else f"{what}: {exc}"
+            refused = isinstance(exc, UnsafeDirError)  # the job's own settings, not the host: a usage error
+            error = str(exc) if refused else error
         finally:
             rc = self._finish(sampler)
         self.out.end("exit", self.last_words_wait(), rc=rc, reason=self.stop_reason, stop_cause=self.stop_cause,
                      oom_kills=self._oom_kills_since_start(), workers_at_stop=self.workers_at_stop,
                      gpus_freed=self.gpus_freed, workers=[self._masked(record) for record in self.workers],
-                     **({"error": error} if error else {}))
+                     **({"error": error} if error else {}), **({"refused": True} if refused else {}))
         return 0
 
     def _masked(self, record: WorkerRecord) -> dict[str, Any]:
@@ -387,6 +392,8 @@ class Supervisor:
         rc = self.leader.wait() if self.leader is not None else 127
         self.workers = read_records(self.record_path)  # before the relay removes torchrun's files
         self.relay.finish()
+        if self.sockets is not None:
+            remove_fallback(*self.sockets)
         self.done.set()
         if sampler is not None:
             sampler.join(timeout=2)

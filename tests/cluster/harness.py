@@ -33,7 +33,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -459,6 +459,36 @@ class Cluster:
     def restore(self, i: int) -> None:
         """Plug host i back in after `cut(i)`."""
         subprocess.run(["ip", "link", "set", self._hosts[i].veth, "up"], check=True)
+
+    def cut_during(self, proc: subprocess.Popen[Any], i: int, timeout: float, ready: Callable[[], bool],
+                   ready_within: float = 180.0, says: Callable[[], str] = lambda: "") -> float:
+        """Cut host i once `ready()` holds while `proc` (a launch) runs, then wait up to `timeout` s
+        for `proc` to end. Whatever happens, host i is plugged back in and `proc` killed if it runs.
+
+        Returns:
+            When the cut was made (time.time()).
+
+        Raises:
+            ClusterError: `proc` ended, or `ready_within` s passed, before `ready()` held (`says()`
+                appended: what the launch printed).
+            subprocess.TimeoutExpired: `proc` did not end within `timeout` s of the cut.
+        """
+        try:
+            deadline = time.monotonic() + ready_within
+            while not ready():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    ended = "ended" if proc.poll() is not None else f"still ran after {ready_within:g} s"
+                    raise ClusterError(f"the launch {ended} before host {i} could be cut\n{says()}")
+                time.sleep(0.1)
+            self.cut(i)
+            cut_at = time.time()
+            proc.wait(timeout=timeout)
+            return cut_at
+        finally:
+            self.restore(i)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
     def stop_sshd(self, i: int) -> None:
         """Stop host i's sshd listener; open sessions and their processes live on."""

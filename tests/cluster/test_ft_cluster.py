@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import time
 import uuid
 from pathlib import Path
 
@@ -57,15 +56,8 @@ def test_a_cut_host_costs_its_group_only_which_comes_back_on_the_spare_healed_fr
     port = 29000 + uuid.uuid4().int % 900
     job = ft_job(tmp_path, port, ["--steps", "70", "--step-time", "0.3"])
     proc = start(job, inv, home, job_id, "--no-live", "--nodes", "node0,node1,node2,node3")
-    try:
-        assert wait_for(lambda: "ft step 12 group 1 " in output(home, job_id), 180), output(home, job_id)[-3000:]
-        cluster.cut(1)
-        cut_at = time.time()
-        proc.wait(timeout=300)
-    finally:
-        cluster.restore(1)
-        if proc.poll() is None:
-            proc.kill()
+    cut_at = cluster.cut_during(proc, 1, 300, ready=lambda: "ft step 12 group 1 " in output(home, job_id),
+                                says=lambda: output(home, job_id)[-3000:])
     out = output(home, job_id)
     assert proc.returncode == 0, out[-5000:]
     found = steps(out)

@@ -158,6 +158,28 @@ def test_cut_host_is_unreachable_until_restored(make_cluster: MakeCluster) -> No
     assert ssh(cluster, 1, "hostname").stdout.strip() == "node1"
 
 
+def test_cut_during_cuts_a_host_while_a_launch_runs_and_always_plugs_it_back_in_and_ends_the_launch(
+        make_cluster: MakeCluster) -> None:
+    cluster = make_cluster(2)
+    # A "launch" that ends once host 1 no longer answers.
+    probe = (f"import socket, time\nwhile True:\n    try:\n        socket.create_connection(('{cluster.addr(1)}', 22), "
+             "timeout=1).close()\n        time.sleep(0.2)\n    except OSError:\n        break\n")
+    ends_on_cut = subprocess.Popen([sys.executable, "-c", probe])
+    before = time.time()
+    cut_at = cluster.cut_during(ends_on_cut, 1, 30, ready=lambda: time.time() > before + 0.5)
+    assert ends_on_cut.returncode == 0 and before + 0.5 < cut_at <= time.time() and tcp_connects(cluster.addr(1))
+
+    hangs = subprocess.Popen(["sleep", "60"])
+    with pytest.raises(subprocess.TimeoutExpired):
+        cluster.cut_during(hangs, 1, 0.5, ready=lambda: True)
+    assert hangs.poll() is not None and tcp_connects(cluster.addr(1))
+
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    with pytest.raises(RuntimeError, match="ended before host 1 could be cut\nits output"):  # a ClusterError
+        cluster.cut_during(ended, 1, 5, ready=lambda: False, says=lambda: "its output")
+
+
 def test_stopped_sshd_refuses_then_restarts_with_the_same_host_key(make_cluster: MakeCluster) -> None:
     cluster = make_cluster(1, private_dirs=True)
     ssh(cluster, 0, f"touch {PRIVATE_DIR}/kept")

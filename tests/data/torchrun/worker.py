@@ -1,4 +1,7 @@
-"""A torchrun worker whose local rank 1 fails as argv[1] says (raise, kill, segv, exit); rank 0 waits.
+"""A torchrun worker whose local rank 1 fails as argv[1] says (raise, kill, segv, exit, raise-abort);
+rank 0 waits. `raise-abort` raises outside `@record` and then aborts at interpreter exit, as gloo's
+thread does ("terminate called without an active exception"): torchrun records only SIGABRT, and
+the exception is in the rank's output.
 
 The failures-<kind>.json beside it are what distrun's shim (remote/workerfail.py) wrote for real
 2-worker torchrun 2.13 runs of it on the project's test machine (`--standalone --nproc-per-node 2
@@ -7,6 +10,7 @@ is what its rank 1 wrote itself (TORCHELASTIC_ERROR_FILE) on `raise`. `exit` lea
 record of its own: the worker exits 3 without raising.
 """
 
+import atexit
 import ctypes
 import os
 import signal
@@ -31,4 +35,7 @@ def main(kind: str) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1] == "raise-abort" and os.environ["LOCAL_RANK"] == "1":
+        atexit.register(os.abort)
+        raise RuntimeError("rank 1 says boom, then aborts")
     main(sys.argv[1])
