@@ -415,6 +415,20 @@ def test_prune_of_jobs_whose_hosts_are_gone_names_local_which_forgets_them_here_
     assert Store(home).list() == [] and not (home / "jobs" / "gone-1").exists()
 
 
+def test_stop_of_a_job_whose_hosts_left_the_inventory_is_one_line_naming_them_and_exit_2(tmp_path: Path) -> None:
+    home, inventory = tmp_path / "home", tmp_path / "inv.yaml"
+    inventory.write_text(CLOSED_PORT_INVENTORY)
+    Store(home).save(JobRecord(id="moved-1", name="moved", spec_path="j.yaml", inventory=str(inventory),
+                               hosts=["node0", "node7"], backend="ssh", state=JobState.RUNNING, started=time.time(),
+                               controller_pid=None))
+
+    result = distrun("stop", "moved-1", home=home, env={"DISTRUN_SSH_TIMEOUT": "2"})
+
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert f"ran on node7, which {inventory} no longer lists" in result.stderr
+
+
 def test_the_background_controller_gets_the_script_arguments_untouched() -> None:
     from orchestrator.cli_launch import _child_argv
 

@@ -352,6 +352,11 @@ def on_record_hosts(record: JobRecord, fn: Callable[[Transport], T], only: list[
     """Connect to the hosts a job ran on (from its recorded inventory) and call fn on each;
     a host that cannot be reached has its connection error as its result."""
     inventory = record_inventory(record.inventory)
+    known = {node.name for node in inventory.nodes}
+    gone = [name for name in record.hosts if name not in known]
+    if gone:
+        raise UsageError(f"job {record.id} ran on {', '.join(gone)}, which {record.inventory} no longer lists: "
+                         f"put them back there, or forget finished records here with `distrun prune --local`")
     with Group([inventory.node(name) for name in record.hosts]) as group:
         return group.run(fn, only=only)
 
