@@ -323,8 +323,8 @@ def _prefer_known_key_types(link: paramiko.Transport, known: list[str]) -> None:
 
 def _prefer_aead_ciphers(link: paramiko.Transport) -> None:
     # AES-GCM authenticates in OpenSSL; with paramiko's CTR + HMAC each packet's MAC is compared
-    # byte by byte in Python (0.6 ms of a 5.7 ms connection running one command, more per packet
-    # after). Same ciphers offered, only reordered.
+    # byte by byte in Python (0.1 to 0.6 ms of a 5.7 ms connection running one command, more per
+    # packet after). Same ciphers offered, only reordered.
     options = link.get_security_options()
     offered = list(options.ciphers)
     options.ciphers = [c for c in offered if c in AEAD_CIPHERS] + [c for c in offered if c not in AEAD_CIPHERS]
