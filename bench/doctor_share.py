@@ -3,7 +3,7 @@
 The short form of `doctor_bench.py --scale` for issue 31's goals (at most 5 ms of controller
 CPU per host; wall time within 1.1x the CPU floor, median of 3): no pdsh and no 64-host row,
 so that it holds the shared lock for a few minutes. `--baseline REV` alternates doctor as of
-commit REV with this checkout's. Writes the "Controller's share at 244 hosts" section of
+commit REV (one that has `--all`) with this checkout's. Writes the "Controller's share at 244 hosts" section of
 bench/results/doctor.md.
 
     flock /tmp/distrun-heavy.lock .venv/bin/python bench/doctor_share.py [--rounds 3] [--baseline REV]
@@ -16,7 +16,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from common import before_all_flag, checkout, median, sshd_listeners, write_section
+from common import checkout, median, sshd_listeners, write_section
 from doctor_bench import Cell, Cluster, commands, cpu_split, floor, floor_ratio, inventory, measured
 
 HOSTS = 244
@@ -35,8 +35,8 @@ def run(rounds: int, tmp: Path, baseline: tuple[str, Path] | None) -> tuple[dict
         if baseline is not None:
             old = f"doctor {baseline[0]}"
             cells[old] = Cell()
-            runs[old] = measured(old, before_all_flag(argv), env, cells[old], listeners, cwd=baseline[1], may_fail=True)
-            measured(old, before_all_flag(argv), env, Cell(), listeners, cwd=baseline[1], may_fail=True)()
+            runs[old] = measured(old, argv, env, cells[old], listeners, cwd=baseline[1], may_fail=True)
+            measured(old, argv, env, Cell(), listeners, cwd=baseline[1], may_fail=True)()
         for _ in range(rounds):
             for call in runs.values():
                 call()
