@@ -436,3 +436,13 @@ def test_host_trusted_only_by_a_cert_authority_is_refused_with_exit_3(cluster3: 
     assert result.stderr == "distrun: 1 of 3 hosts failed: node0 (unknown host key)\n"
     assert "Traceback" not in result.stdout + result.stderr
     assert known.read_text() == before
+
+
+def test_connections_negotiate_aes_gcm_with_openssh(cluster3: Cluster, tmp_path: Path) -> None:
+    transport = connected(nodes(cluster3, tmp_path)[0])
+    try:
+        link = transport._links[-1]
+        assert (link.local_cipher, link.remote_cipher) == ("aes128-gcm@openssh.com", "aes128-gcm@openssh.com")
+        assert transport.run(["true"]).returncode == 0
+    finally:
+        transport.close()

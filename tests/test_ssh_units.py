@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -404,3 +405,19 @@ def test_closed_transport_does_not_reconnect(tmp_path: Path, monkeypatch) -> Non
     with pytest.raises(Exception, match="connection closed"):
         transport.connect()
 
+
+
+def test_aead_ciphers_are_offered_first_and_nothing_is_added_or_dropped() -> None:
+    from orchestrator.transport.ssh import AEAD_CIPHERS, _prefer_aead_ciphers
+
+    left, right = socket.socketpair()
+    try:
+        link = paramiko.Transport(left)
+        before = list(link.get_security_options().ciphers)
+        _prefer_aead_ciphers(link)
+        after = list(link.get_security_options().ciphers)
+    finally:
+        left.close()
+        right.close()
+    assert after[:len(AEAD_CIPHERS)] == list(AEAD_CIPHERS)
+    assert sorted(after) == sorted(before)

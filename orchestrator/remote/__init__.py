@@ -14,6 +14,7 @@ line on any Python 3, which is what the bootstrap (whose host python is not know
 
 from __future__ import annotations
 
+import functools
 import json
 from importlib import resources
 
@@ -38,8 +39,9 @@ SUPERVISOR_IMPORTS = ["config", "gpu", "private", "provenance", "safedirs", "soc
                       "stream", "linestore", "tail", "workerfail", "relay"]
 
 
+@functools.cache
 def module_source(name: str) -> str:
-    """The source text of `orchestrator.remote.<name>`."""
+    """The source text of `orchestrator.remote.<name>`, read once per process (every host gets the same)."""
     return resources.files(__name__).joinpath(f"{name}.py").read_text(encoding="utf-8")
 
 

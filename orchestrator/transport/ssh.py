@@ -44,6 +44,8 @@ DEAD_LINK_AFTER_MS = 30_000
 # whether it was closed and whether a keepalive is due. Each wake-up costs CPU, so with 0.1 s,
 # 244 connections open for 15 s cost the controller a second of CPU; closing does not wait on it.
 IDLE_POLL = 1.0
+# Authenticated ciphers OpenSSH offers by default, preferred over paramiko's first choice (CTR + HMAC).
+AEAD_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 NO_EXIT_STATUS = 255  # what ssh(1) exits with when the remote side gave no exit status
 _SSH_ERRORS = (OSError, EOFError, paramiko.SSHException)
 
@@ -307,6 +309,7 @@ def _login(sock: socket.socket | paramiko.Channel, endpoint: Endpoint, label: st
     link.banner_timeout = link.handshake_timeout = link.auth_timeout = timeout
     try:
         _prefer_known_key_types(link, checker.known_types(label, endpoint))
+        _prefer_aead_ciphers(link)
         _handshake(link, label, timeout)
         checker.check(label, endpoint, link.get_remote_server_key())
         _authenticate(link, endpoint, label)
@@ -322,6 +325,15 @@ def _prefer_known_key_types(link: paramiko.Transport, known: list[str]) -> None:
     options = link.get_security_options()
     offered = list(options.key_types)
     options.key_types = [t for t in offered if t in known] + [t for t in offered if t not in known]
+
+
+def _prefer_aead_ciphers(link: paramiko.Transport) -> None:
+    # AES-GCM authenticates in OpenSSL; with paramiko's CTR + HMAC each packet's MAC is compared
+    # byte by byte in Python (0.1 to 0.6 ms of a 5.7 ms connection running one command, more per
+    # packet after). Same ciphers offered, only reordered.
+    options = link.get_security_options()
+    offered = list(options.ciphers)
+    options.ciphers = [c for c in offered if c in AEAD_CIPHERS] + [c for c in offered if c not in AEAD_CIPHERS]
 
 
 def _handshake(link: paramiko.Transport, label: str, timeout: float) -> None:
