@@ -106,11 +106,12 @@ def test_two_replica_groups_train_beside_a_lighthouse_that_ends_with_the_job(tmp
     assert lines and all(line.startswith("[lighthouse] ") for line in lines)
     assert not lighthouses(port_of(job)), "the lighthouse ended with the job"
     assert f"lighthouse ({job_id}-lh): started 1 time(s), last on a" in out, "a job of its own, on a host"
-    assert "last quorum: 2 group(s) (group0, group1) at step " in out
+    # The latest quorum may hold only the group still stepping once the other took its last step.
+    assert re.search(r"last quorum: [12] group\(s\) \((group0, group1|group0|group1)\) at step ", out), out[-2000:]
     state = json.loads((home / "jobs" / job_id / "groups.json").read_text())
     assert [(g["index"], g["hosts"], g["state"]) for g in state["groups"]] == [(0, ["a"], "succeeded"),
                                                                                 (1, ["b"], "succeeded")]
-    assert state["quorum"]["participants"] == ["group0", "group1"]
+    assert set(state["quorum"]["participants"]) <= {"group0", "group1"} and state["quorum"]["participants"]
 
 
 def test_a_lighthouse_killed_mid_run_is_started_again_and_the_job_succeeds(tmp_path: Path) -> None:

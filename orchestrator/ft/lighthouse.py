@@ -14,6 +14,7 @@ them. Its lines go to the job directory's `lighthouse.log`, each as `[lighthouse
 from __future__ import annotations
 
 import ctypes
+import json
 import re
 import signal
 import socket
@@ -21,7 +22,8 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from enum import Enum
 from pathlib import Path, PurePosixPath
 
 from orchestrator.errors import InfraError
@@ -85,6 +87,15 @@ def places(training: Sequence[NodeSpec], spares: Sequence[NodeSpec]) -> list[Nod
     """The hosts the lighthouse may run on, the first first: spares (they do not train), then the
     training hosts."""
     return [*spares, *training]
+
+
+def inventory_text(hosts: Sequence[NodeSpec]) -> str:
+    """An inventory of `hosts` in this order (JSON, which is YAML): a launch takes its first host
+    and keeps the others as spares in inventory order, so this order is the lighthouse's."""
+    nodes = [{key: value.value if isinstance(value, Enum) else value
+              for key, value in asdict(node).items() if key != "line" and value not in (None, (), {})}
+             for node in hosts]
+    return json.dumps({"nodes": nodes}, indent=1) + "\n"
 
 
 def upstreams(hosts: Sequence[NodeSpec], port: int) -> str:

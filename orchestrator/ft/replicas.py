@@ -98,7 +98,10 @@ def launch(request: LaunchRequest, job: JobSpec) -> int:
     argvs = _group_argvs(request, job, job_id, groups, beacon, jobs_dir.root, inv_args)
     light_file = jobs_dir.root / f"{job.name}-lh.yaml"
     light_file.write_text(job_to_yaml(lighthouse.lighthouse_job(job, places, light_file)), encoding="utf-8")
-    light_argv = lighthouse_argv(light_file, places, job_id + LIGHTHOUSE_SUFFIX, inv_args, request.backend)
+    light_inv = jobs_dir.root / "lighthouse-inventory.yaml"
+    light_inv.write_text(lighthouse.inventory_text(places), encoding="utf-8")
+    light_argv = lighthouse_argv(light_file, places, job_id + LIGHTHOUSE_SUFFIX, ["-i", str(light_inv)],
+                                 request.backend)
     return _Parent(request, job, job_id, store, jobs_dir, groups, argvs, (places, light_argv), inventory.path).run()
 
 
