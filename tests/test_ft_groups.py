@@ -6,6 +6,7 @@ import json
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from orchestrator.errors import UsageError
 from orchestrator.ft.groups import ReplicaGroup, group_job, split
 from orchestrator.ft.lighthouse import Quorum, quorum_of
+from orchestrator.remote import ftforward
 from orchestrator.remote.ftforward import UPSTREAMS, forward_lighthouse
 from orchestrator.spec.job import job_from_text
 from orchestrator.spec.model import FaultTolerance
@@ -194,3 +196,16 @@ def test_the_forwarder_reaches_the_lighthouse_wherever_it_listens_now() -> None:
     with socket.create_connection(("127.0.0.1", local), timeout=5) as conn:
         assert conn.recv(64) == b""
     assert forward_lighthouse({"A": "1"}) is None
+
+
+def test_the_forwarder_drops_a_connection_whose_lighthouse_went_silent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ftforward, "SILENT", 1.5)
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers: a host cut off
+    env = {UPSTREAMS: f"127.0.0.1:{silent.getsockname()[1]}"}
+    forward_lighthouse(env)
+    with socket.create_connection(("127.0.0.1", int(env["TORCHFT_LIGHTHOUSE"].rsplit(":", 1)[1])), timeout=10) as conn:
+        conn.sendall(b"quorum?")
+        started = time.monotonic()
+        assert conn.recv(64) == b""
+        assert 1.5 < time.monotonic() - started < 5
+    silent.close()

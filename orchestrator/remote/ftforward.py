@@ -10,7 +10,10 @@ the one that accepted last tried first. Nobody has to tell the forwarder where t
 only one host runs it (a lighthouse on a host the controller lost is ended there by its own
 supervisor, on the controller's silent heartbeat), and a host without it refuses the connection
 (or, cut off, lets it time out after CONNECT_TIMEOUT). A connection refused here is what torchft
-sees while no lighthouse listens; its quorum retries cover the move.
+sees while no lighthouse listens; its quorum retries cover the move. A connection whose upstream
+went silent (its host cut off: nothing comes back for SILENT seconds while the rank sends, and
+the ranks heartbeat every 100 ms) is closed, so that torchft asks again, through a new connection,
+instead of waiting out its quorum timeout on a lighthouse that is gone.
 
 Stdlib only: it runs on the hosts, shipped with the supervisor.
 """
@@ -20,11 +23,13 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 
 UPSTREAMS = "DISTRUN_LIGHTHOUSE_UPSTREAMS"
 LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
 CONNECT_TIMEOUT = 1.0  # per upstream: a cut host must not hold up a connection for long
 CHUNK = 65536
+SILENT = 10.0  # seconds without a byte back from the lighthouse, while the rank sends, that end a connection
 
 
 class Forwarder:
@@ -60,14 +65,29 @@ class Forwarder:
         if upstream is None:
             client.close()
             return
-        threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
-        _pipe(client, upstream)
+        heard = [time.monotonic(), 0.0]  # when the upstream last sent, when the rank first sent since
+        threading.Thread(target=_pipe, args=(upstream, client, heard, 0), daemon=True).start()
+        _pipe(client, upstream, heard, 1)
 
 
-def _pipe(source: socket.socket, sink: socket.socket) -> None:
-    """Copy `source` to `sink` until either ends, then close both."""
+def _pipe(source: socket.socket, sink: socket.socket, heard: list[float], side: int) -> None:
+    """Copy `source` to `sink` until either ends, then close both; reading the upstream (side 0),
+    also end when it was silent for SILENT seconds since the rank sent (`heard`)."""
+    source.settimeout(1.0)
     try:
-        while data := source.recv(CHUNK):
+        while True:
+            try:
+                data = source.recv(CHUNK)
+            except TimeoutError:
+                if side == 0 and heard[1] and time.monotonic() - max(heard[0], heard[1]) > SILENT:
+                    break
+                continue
+            if not data:
+                break
+            if side == 0:
+                heard[0], heard[1] = time.monotonic(), 0.0
+            elif not heard[1]:
+                heard[1] = time.monotonic()
             sink.sendall(data)
     except OSError:
         pass
