@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,8 @@ import pytest
 from orchestrator.errors import UsageError
 from orchestrator.ft.groups import ReplicaGroup, group_job, split
 from orchestrator.ft.lighthouse import Quorum, quorum_of
+from orchestrator.remote import ftforward
+from orchestrator.remote.ftforward import UPSTREAMS, forward_lighthouse
 from orchestrator.spec.job import job_from_text
 from orchestrator.spec.model import FaultTolerance
 from orchestrator.spec.overrides import job_to_yaml
@@ -29,7 +33,9 @@ def ft_job(tmp_path: Path, body: str) -> Path:
 def local_inventory(tmp_path: Path, names: list[str]) -> Path:
     """Hosts that are all this machine, through the local transport (no SSH)."""
     path = tmp_path / "inv.yaml"
-    path.write_text("nodes:\n" + "".join(f"  - {{name: {n}, host: localhost, transport: local}}\n" for n in names))
+    python = sys.executable
+    path.write_text("nodes:\n" + "".join(f"  - {{name: {n}, host: localhost, transport: local, python: {python}}}\n"
+                                         for n in names))
     return path
 
 
@@ -69,26 +75,27 @@ def test_hosts_split_into_groups_in_order_each_free_to_take_every_spare() -> Non
 def test_a_group_job_is_a_plain_job_of_its_hosts_with_torchfts_variables(tmp_path: Path) -> None:
     job = job_from_text(f"name: ft\nscript: {WORKER}\nnnodes: 4\nenv: {{A: '1', TORCHFT_QUORUM_RETRIES: '3'}}\n"
                         "rendezvous: {port: 29400}\nfault_tolerance: {hosts_per_group: 2}\n", "job.yaml")
-    one = group_job(job, ReplicaGroup(1, ("n2", "n3")), 2, "http://10.0.0.1:29510")
+    one = group_job(job, ReplicaGroup(1, ("n2", "n3")), 2, "10.0.0.9:29510,10.0.0.1:29510")
     assert (one.name, one.nnodes, one.fault_tolerance, one.rendezvous.port) == ("ft-g1", 2, None, 29401)
     assert one.env == {"A": "1", "TORCHFT_QUORUM_RETRIES": "3", "REPLICA_GROUP_ID": "1", "NUM_REPLICA_GROUPS": "2",
-                       "TORCHFT_LIGHTHOUSE": "http://10.0.0.1:29510"}
+                       "DISTRUN_LIGHTHOUSE_UPSTREAMS": "10.0.0.9:29510,10.0.0.1:29510"}
     assert job_from_text(job_to_yaml(one), "again.yaml").env == one.env
 
 
-def test_dry_run_shows_the_lighthouse_and_every_groups_torchrun_and_env(tmp_path: Path) -> None:
-    inv = local_inventory(tmp_path, ["a", "b"])
+def test_dry_run_shows_the_lighthouse_on_the_spare_and_every_groups_torchrun_and_env(tmp_path: Path) -> None:
+    inv = local_inventory(tmp_path, ["a", "b", "c"])
     home = tmp_path / "home"
-    result = distrun("launch", str(ft_job(tmp_path, "fault_tolerance: {min_replicas: 1, lighthouse_port: 29577}\n")),
-                     "-i", str(inv), "--dry-run", home=home)
+    body = "nnodes: 2\nfault_tolerance: {min_replicas: 1, lighthouse_port: 29577}\n"
+    result = distrun("launch", str(ft_job(tmp_path, body)), "-i", str(inv), "--dry-run", "--job-id", "ft-x", home=home)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "2 replica group(s), min_replicas 1; lighthouse at http://127.0.0.1:29577" in out
-    assert "--min_replicas 1 --bind 0.0.0.0:29577" in out
+    assert ("2 replica group(s), min_replicas 1; lighthouse on c (a spare, not training, then a, b if it is lost), "
+            f"port 29577, job ft-x-lh: {Path(sys.executable).parent / 'torchft_lighthouse'} --min_replicas 1 "
+            "--bind 0.0.0.0:29577") in out
     for index, node in enumerate(["a", "b"]):
         block = out.split(f"== replica group {index}: {node} ==")[1].split("== replica group")[0]
         assert f"REPLICA_GROUP_ID={index}" in block and "NUM_REPLICA_GROUPS=2" in block
-        assert "TORCHFT_LIGHTHOUSE=http://127.0.0.1:29577" in block
+        assert "DISTRUN_LIGHTHOUSE_UPSTREAMS=localhost:29577" in block
         assert "--nnodes 1 --nproc-per-node 1" in block and str(WORKER) in block
     assert not (home / "jobs").exists() or not any((home / "jobs").iterdir()), "a dry run writes no job"
 
@@ -142,7 +149,7 @@ def test_a_lighthouse_port_already_taken_fails_the_launch_before_any_group_start
         job = ft_job(tmp_path, f"fault_tolerance: {{lighthouse_port: {port}}}\n")
         result = distrun("launch", str(job), "-i", str(inv), "--skip-preflight", home=tmp_path / "home")
     assert result.returncode == 3, result.stdout + result.stderr
-    assert f"port {port} on this machine is taken, so the torchft lighthouse cannot listen there" in result.stdout
+    assert f"port {port} on a is taken, so the torchft lighthouse cannot listen there" in result.stdout
     assert "replica group 0 on a" not in result.stdout
     state = json.loads(distrun("ps", "--json", home=tmp_path / "home").stdout)
     assert [(job["state"], job["exit_code"]) for job in state] == [("failed", 3)]
@@ -153,7 +160,52 @@ def test_the_bundled_resnet50_ft_job_dry_runs_as_two_one_process_groups_of_ft_dd
     result = distrun("launch", str(REPO / "jobs" / "resnet50-ft.yaml"), "-i", str(inv), "--dry-run",
                      home=tmp_path / "home")
     assert result.returncode == 0, result.stderr
-    assert "2 replica group(s), min_replicas 1; lighthouse at " in result.stdout
+    assert "2 replica group(s), min_replicas 1; lighthouse on c (a spare, not training" in result.stdout
     for index, node in enumerate(["a", "b"]):
         block = result.stdout.split(f"== replica group {index}: {node} ==")[1].split("== replica group")[0]
         assert "--nnodes 1 --nproc-per-node 1" in block and "--strategy ft-ddp" in block, block
+
+
+def _serve_once(server: socket.socket, reply: bytes) -> None:
+    conn, _ = server.accept()
+    with conn:
+        conn.sendall(reply + conn.recv(64))
+
+
+def test_the_forwarder_reaches_the_lighthouse_wherever_it_listens_now() -> None:
+    first, second = socket.create_server(("127.0.0.1", 0)), socket.create_server(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in (first, second)]
+    env = {UPSTREAMS: f"127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}"}
+    forward_lighthouse(env)
+    local = int(env["TORCHFT_LIGHTHOUSE"].rsplit(":", 1)[1])
+    assert env["TORCHFT_LIGHTHOUSE"] == f"http://127.0.0.1:{local}"
+
+    def ask(server: socket.socket, reply: bytes) -> bytes:
+        thread = threading.Thread(target=_serve_once, args=(server, reply))
+        thread.start()
+        with socket.create_connection(("127.0.0.1", local), timeout=5) as conn:
+            conn.sendall(b"?")
+            got = conn.recv(64)
+        thread.join(5)
+        return got
+
+    assert ask(first, b"one") == b"one?"
+    first.close()  # the lighthouse moved: its old host refuses
+    assert ask(second, b"two") == b"two?"
+    second.close()  # none listens: the connection is closed at once (torchft retries its quorum)
+    with socket.create_connection(("127.0.0.1", local), timeout=5) as conn:
+        assert conn.recv(64) == b""
+    assert forward_lighthouse({"A": "1"}) is None
+
+
+def test_the_forwarder_drops_a_connection_whose_lighthouse_went_silent(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ftforward, "SILENT", 1.5)
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts, never answers: a host cut off
+    env = {UPSTREAMS: f"127.0.0.1:{silent.getsockname()[1]}"}
+    forward_lighthouse(env)
+    with socket.create_connection(("127.0.0.1", int(env["TORCHFT_LIGHTHOUSE"].rsplit(":", 1)[1])), timeout=10) as conn:
+        conn.sendall(b"quorum?")
+        started = time.monotonic()
+        assert conn.recv(64) == b""
+        assert 1.5 < time.monotonic() - started < 5
+    silent.close()

@@ -84,7 +84,13 @@ def longest_pause(lines: list[tuple[int, int, float]]) -> float:
 
 
 def lighthouses(port: int) -> list[psutil.Process]:
+    """The lighthouse's processes: the lighthouse and the torchrun that runs it."""
     return [p for p in psutil.process_iter(["cmdline"]) if f"0.0.0.0:{port}" in " ".join(p.info["cmdline"] or [])]
+
+
+def the_lighthouse(port: int) -> psutil.Process:
+    (light,) = [p for p in lighthouses(port) if "torch.distributed.run" not in " ".join(p.info["cmdline"] or [])]
+    return light
 
 
 def port_of(job: Path) -> int:
@@ -105,11 +111,13 @@ def test_two_replica_groups_train_beside_a_lighthouse_that_ends_with_the_job(tmp
     lines = (home / "jobs" / job_id / "lighthouse.log").read_text().splitlines()
     assert lines and all(line.startswith("[lighthouse] ") for line in lines)
     assert not lighthouses(port_of(job)), "the lighthouse ended with the job"
-    assert "last quorum: 2 group(s) (group0, group1) at step " in out
+    assert f"lighthouse ({job_id}-lh): started 1 time(s), last on a" in out, "a job of its own, on a host"
+    # The latest quorum may hold only the group still stepping once the other took its last step.
+    assert re.search(r"last quorum: [12] group\(s\) \((group0, group1|group0|group1)\) at step ", out), out[-2000:]
     state = json.loads((home / "jobs" / job_id / "groups.json").read_text())
     assert [(g["index"], g["hosts"], g["state"]) for g in state["groups"]] == [(0, ["a"], "succeeded"),
                                                                                 (1, ["b"], "succeeded")]
-    assert state["quorum"]["participants"] == ["group0", "group1"]
+    assert set(state["quorum"]["participants"]) <= {"group0", "group1"} and state["quorum"]["participants"]
 
 
 def test_a_lighthouse_killed_mid_run_is_started_again_and_the_job_succeeds(tmp_path: Path) -> None:
@@ -118,13 +126,13 @@ def test_a_lighthouse_killed_mid_run_is_started_again_and_the_job_succeeds(tmp_p
     port = port_of(job)
 
     def kill_lighthouse() -> None:
-        (light,) = lighthouses(port)
-        light.send_signal(signal.SIGKILL)
+        the_lighthouse(port).send_signal(signal.SIGKILL)
 
     code, out = launch(tmp_path, job, home, when="ft step 10 ", act=kill_lighthouse)
     assert code == 0, out[-4000:]
-    assert "lighthouse exited (signal SIGKILL); starting it again" in out
-    assert "lighthouse: started 2 time(s)" in out
+    # SIGKILL points at its host (as a rank's crash does): the lighthouse moves to the next host.
+    assert "[lighthouse] restarting: attempt 2 on b: b in place of a" in out
+    assert re.search(r"lighthouse \(\S+-lh\): started 2 time\(s\), last on b", out), out[-3000:]
     relaunched = "[g0]   attempt 2 on a" in out or "[g1]   attempt 2 on b" in out
     for group, lines in steps(out).items():
         numbers = [step for step, _, _ in lines]
@@ -170,7 +178,8 @@ def test_a_group_whose_rank_is_killed_comes_back_on_the_spare_healed_from_its_pe
     (listed,) = [j for j in json.loads(distrun("ps", "--json", home=home).stdout) if j["id"] == job_id]
     assert [(g["index"], g["job"], g["hosts"], g["state"], g["relaunches"]) for g in listed["groups"]] == [
         (0, f"{job_id}-g0", ["a"], "succeeded", 0), (1, f"{job_id}-g1", ["c"], "succeeded", 1)]
-    assert listed["quorum"]["participants"] == ["group0", "group1"] and listed["quorum"]["step"] >= 149
+    # The latest quorum may hold only the group still stepping once the other took its last step.
+    assert set(listed["quorum"]["participants"]) <= {"group0", "group1"} and listed["quorum"]["step"] >= 149
 
 
 def test_fewer_groups_than_min_replicas_fail_the_job_named(tmp_path: Path) -> None:

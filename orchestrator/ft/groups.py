@@ -9,12 +9,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from orchestrator.errors import UsageError
+from orchestrator.remote.ftforward import UPSTREAMS
 from orchestrator.spec.model import FaultTolerance, JobSpec, Rendezvous
 
 # What distrun sets for every rank of a replica group (jobs/README.md's contract).
 GROUP_ID = "REPLICA_GROUP_ID"
 GROUP_COUNT = "NUM_REPLICA_GROUPS"
-LIGHTHOUSE = "TORCHFT_LIGHTHOUSE"
+# TORCHFT_LIGHTHOUSE is set on each host by the supervisor's forwarder to the lighthouse's hosts
+# (remote/ftforward.py), which the group's env names in UPSTREAMS.
 # A quorum that fails (the lighthouse is being restarted) is tried again this often before the
 # rank raises (torchft's default is 0: the first failed quorum ends the group); the job's env wins.
 QUORUM_RETRIES = {"TORCHFT_QUORUM_RETRIES": "10"}
@@ -56,16 +58,17 @@ def split(hosts: Sequence[str], spares: Sequence[str], ft: FaultTolerance) -> li
     return [ReplicaGroup(i, tuple(hosts[i * size:(i + 1) * size]), tuple(spares)) for i in range(count)]
 
 
-def group_env(index: int, count: int, lighthouse: str) -> dict[str, str]:
-    """The variables every rank of group `index` gets beside torchrun's own."""
-    return {GROUP_ID: str(index), GROUP_COUNT: str(count), LIGHTHOUSE: lighthouse}
+def group_env(index: int, count: int, upstreams: str) -> dict[str, str]:
+    """The variables every rank of group `index` gets beside torchrun's own (`upstreams`: the
+    lighthouse's hosts, `host:port,...`, for the forwarder that sets TORCHFT_LIGHTHOUSE)."""
+    return {GROUP_ID: str(index), GROUP_COUNT: str(count), UPSTREAMS: upstreams}
 
 
-def group_job(job: JobSpec, group: ReplicaGroup, count: int, lighthouse: str) -> JobSpec:
+def group_job(job: JobSpec, group: ReplicaGroup, count: int, upstreams: str) -> JobSpec:
     """The job one replica group launches: its hosts only, torchft's variables set, no
     `fault_tolerance` (a group is a plain job), and with a fixed rendezvous port one port per group
     (groups may share a host)."""
     port = job.rendezvous.port + group.index if job.rendezvous.port else None
     return replace(job, name=f"{job.name}{group.job_id_suffix}", nnodes=len(group.hosts), fault_tolerance=None,
-                   env={**QUORUM_RETRIES, **job.env, **group_env(group.index, count, lighthouse)},
+                   env={**QUORUM_RETRIES, **job.env, **group_env(group.index, count, upstreams)},
                    rendezvous=Rendezvous(job.rendezvous.backend, port), spares=None)

@@ -1,36 +1,46 @@
-"""The torchft lighthouse of a fault-tolerant job: started beside the parent controller, kept
-alive (started again whenever it exits while the job runs), and ended with the job.
+"""The torchft lighthouse of a fault-tolerant job: run on a host of the job, kept alive, ended
+with the job.
 
-It dies with the controller too: the kernel sends it SIGKILL when its parent dies
-(PR_SET_PDEATHSIG), so a controller killed with SIGKILL leaves no lighthouse behind. Its lines go
-to the job directory's `lighthouse.log`, each as `[lighthouse] ...`.
+The lighthouse is a job of its own (`<job>-lh`): `torchft_lighthouse` beside the hosts' python,
+one process under torchrun, launched by a child distrun controller as any job is (`lighthouse_job`).
+So it is supervised on its host like every rank (it ends when the controller's heartbeat goes
+silent, a SIGKILLed controller included), and it is started again by that controller's
+`restarts`: on the same host when it exits, on the next of its hosts when its host is lost. Its
+hosts are the job's spares first (hosts that do not train), then the training hosts. The groups
+reach it through a forwarder on their own hosts (remote/ftforward.py), so a move needs nothing of
+them. Its lines go to the job directory's `lighthouse.log`, each as `[lighthouse] ...`.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import re
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from enum import Enum
+from pathlib import Path, PurePosixPath
 
 from orchestrator.errors import InfraError
+from orchestrator.spec.model import JobSpec, NodeSpec, Restarts
 
+# Starts of the lighthouse after its first: as many as a job could need, each host lost at most once.
 PR_SET_PDEATHSIG = 1
-RESTART_PAUSE = 0.5  # between the lighthouse's exit and its next start
-STOP_WAIT = 5.0
+PROGRAM = "torchft_lighthouse"
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+RESTARTS = Restarts(max=100, backoff=0.0, on=("host-lost", "rank-failed"))
 # Quorum timings for a job that steps in seconds, not minutes: heartbeating stragglers get 5 s to
 # join a quorum (a restarted lighthouse waits that long for every group to come back, not one
 # group alone), and a group silent for 5 s is out of it (torchft's defaults: 60 s and 5 s).
 TUNING = ("--join_timeout_ms", "5000", "--quorum_tick_ms", "100", "--heartbeat_timeout_ms", "5000")
-READY_WAIT = 60.0  # how long a starting lighthouse may take to listen (its python imports torch)
+READY_WAIT = 120.0  # how long a starting lighthouse may take to listen (ssh, torchrun, its imports)
+STOP_WAIT = 60.0  # beyond the job's stop grace, how long its controller gets to stop its host
+RANK_LINE = re.compile(rb"^\[\S+ r\d+(?: err)?\] ")  # a line of the lighthouse itself, not of its controller
 
 
 QUORUM = re.compile(rb"Quorum! Quorum \{ quorum_id: (\d+), participants: \[(.*)")
@@ -62,26 +72,63 @@ def quorum_of(line: bytes) -> Quorum | None:
                   max((int(m[1]) for m in members), default=0))
 
 
-def address_towards(host: str) -> str:
-    """This machine's address on the route to `host` (what the hosts reach the lighthouse at)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((socket.gethostbyname(host), 9))
-        return str(probe.getsockname()[0])
+def program(node: NodeSpec) -> str:
+    """`torchft_lighthouse` beside the host's python (where pip installed torchft's scripts), else
+    as the host's PATH finds it (an inventory's python given by a bare name)."""
+    return str(PurePosixPath(node.python).parent / PROGRAM) if "/" in node.python else PROGRAM
 
 
-def argv(min_replicas: int, port: int) -> list[str]:
-    """The lighthouse's command line: the `torchft_lighthouse` beside this python (else on PATH),
-    on every address at `port`."""
-    beside = Path(sys.executable).parent / "torchft_lighthouse"
-    program = str(beside) if beside.exists() else (shutil.which("torchft_lighthouse") or "torchft_lighthouse")
-    return [program, "--min_replicas", str(min_replicas), "--bind", f"0.0.0.0:{port}", *TUNING]
+def args(min_replicas: int, port: int) -> tuple[str, ...]:
+    """The lighthouse's arguments: on every address of its host at `port`."""
+    return ("--min_replicas", str(min_replicas), "--bind", f"0.0.0.0:{port}", *TUNING)
 
 
-def listening(port: int) -> bool:
-    """Whether something accepts connections on this machine's `port`."""
-    with socket.socket() as probe:
-        probe.settimeout(0.5)
-        return probe.connect_ex(("127.0.0.1", port)) == 0
+def places(training: Sequence[NodeSpec], spares: Sequence[NodeSpec]) -> list[NodeSpec]:
+    """The hosts the lighthouse may run on, the first first: spares (they do not train), then the
+    training hosts."""
+    return [*spares, *training]
+
+
+def inventory_text(hosts: Sequence[NodeSpec]) -> str:
+    """An inventory of `hosts` in this order (JSON, which is YAML): a launch takes its first host
+    and keeps the others as spares in inventory order, so this order is the lighthouse's."""
+    nodes = [{key: value.value if isinstance(value, Enum) else value
+              for key, value in asdict(node).items() if key != "line" and value not in (None, (), {})}
+             for node in hosts]
+    return json.dumps({"nodes": nodes}, indent=1) + "\n"
+
+
+def upstreams(hosts: Sequence[NodeSpec], port: int) -> str:
+    """DISTRUN_LIGHTHOUSE_UPSTREAMS for the groups' forwarders (remote/ftforward.py)."""
+    return ",".join(f"{node.host}:{port}" for node in hosts)
+
+
+def lighthouse_job(job: JobSpec, hosts: Sequence[NodeSpec], path: Path) -> JobSpec:
+    """The lighthouse's own job: one process under torchrun on one of `hosts`, restarted (RESTARTS).
+
+    torchrun starts a process as `$PYTHON_EXEC -u -m MODULE ARGS`, and the lighthouse's command line
+    parser reads the process's own argv, which `python -u ...` garbles. So PYTHON_EXEC is `env`:
+    torchrun starts `env -u -m torchft_lighthouse ARGS` (`-u -m`: a variable named `-m` unset), the
+    lighthouse as a shell would, found beside the host's python (PATH) or on the host's PATH.
+    """
+    ft = job.fault_tolerance
+    assert ft is not None
+    beside = {"PATH": f"{PurePosixPath(program(hosts[0])).parent}:{SYSTEM_PATH}"} if "/" in hosts[0].python else {}
+    return JobSpec(path=str(path), name=f"{job.name}-lh", module=PROGRAM,
+                   args=args(ft.min_replicas, ft.lighthouse_port), nnodes=1, nproc_per_node=1,
+                   env={"PYTHON_EXEC": "/usr/bin/env", **beside},
+                   heartbeat_timeout=job.heartbeat_timeout, stop_grace=job.stop_grace, restarts=RESTARTS)
+
+
+def listening(hosts: Sequence[NodeSpec], port: int) -> bool:
+    """Whether one of `hosts` accepts connections on `port`."""
+    for node in hosts:
+        try:
+            with socket.create_connection((node.host, port), timeout=0.5):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def die_with_parent() -> None:
@@ -90,81 +137,70 @@ def die_with_parent() -> None:
 
 
 class Lighthouse:
-    """The job's lighthouse process, restarted each time it exits until `stop`."""
+    """The lighthouse job's controller (job `job_id`) as the parent follows it: its lines, its
+    latest quorum. It dies with the parent (PR_SET_PDEATHSIG), and its host's supervisor then ends
+    the lighthouse."""
 
-    def __init__(self, command: list[str], log: Path, say: Callable[[str], None]) -> None:
-        self.command = command
+    def __init__(self, argv: list[str], job_id: str, log: Path, say: Callable[[str], None]) -> None:
+        self.argv = argv
+        self.job_id = job_id
         self.log = log
         self.say = say
-        self.starts = 0
         self.quorum: Quorum | None = None  # the latest, once one formed
         self.proc: subprocess.Popen[bytes] | None = None
-        self.stopping = threading.Event()
-        self.keeper = threading.Thread(target=self._keep, daemon=True, name="lighthouse")
+        self.pump: threading.Thread | None = None
 
-    def start(self, port: int) -> None:
-        """Start it and wait until it listens on `port`.
+    def start(self, hosts: Sequence[NodeSpec], port: int) -> None:
+        """Start its controller and wait until the lighthouse listens on one of `hosts`.
 
         Raises:
-            InfraError: the port is taken, or it did not listen within READY_WAIT seconds (its last
-                line said why).
+            InfraError: the port is taken on one of `hosts` already, its controller ended first, or
+                it did not listen within READY_WAIT seconds.
         """
-        if listening(port):
-            raise InfraError(f"port {port} on this machine is taken, so the torchft lighthouse cannot listen there "
-                             "(set fault_tolerance.lighthouse_port to a free port)")
-        self._spawn()
-        self.keeper.start()
+        taken = [node.name for node in hosts if listening([node], port)]
+        if taken:
+            raise InfraError(f"port {port} on {', '.join(taken)} is taken, so the torchft lighthouse cannot listen "
+                             "there (set fault_tolerance.lighthouse_port to a port free on every host of the job)")
+        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, preexec_fn=die_with_parent, start_new_session=True)
+        self.pump = threading.Thread(target=self._pump, daemon=True, name="lighthouse")
+        self.pump.start()
         deadline = time.monotonic() + READY_WAIT
-        while not listening(port):
-            if time.monotonic() > deadline:
-                self.stop()
-                last = self.log.read_text(errors="replace").strip().splitlines()[-1:] if self.log.exists() else []
-                raise InfraError(f"the torchft lighthouse did not listen on port {port} within {READY_WAIT:g} s"
-                                 f"{': ' + last[0] if last else ''} (see {self.log})")
-            time.sleep(0.1)
+        while not listening(hosts, port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                why = (f"its launch ended ({_ended(self.proc.returncode)})" if self.proc.poll() is not None
+                       else f"it did not listen on port {port} within {READY_WAIT:g} s")
+                self.stop(0)
+                raise InfraError(f"the torchft lighthouse did not start: {why} (see {self.log})")
+            time.sleep(0.2)
 
-    def _spawn(self) -> None:
-        if self.stopping.is_set():
-            return
-        self.starts += 1
-        self.proc = subprocess.Popen(self.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-        again = f", start {self.starts}" if self.starts > 1 else ""
-        self.say(f"lighthouse started (pid {self.proc.pid}{again})")
-
-    def _keep(self) -> None:
-        """Copy its lines to the log; start it again whenever it exits before `stop`."""
+    def _pump(self) -> None:
+        """Every line of its controller to the log; distrun's own (not the lighthouse's) to `say` too."""
+        assert self.proc is not None and self.proc.stdout is not None
         with self.log.open("ab") as kept:
-            while True:
-                proc = self.proc
-                if proc is None or proc.stdout is None:
-                    return
-                for line in proc.stdout:
-                    kept.write(b"[lighthouse] " + line)
-                    kept.flush()
-                    self.quorum = quorum_of(line) or self.quorum
-                rc = proc.wait()
-                if self.stopping.is_set():
-                    return
-                self.say(f"lighthouse exited ({_ended(rc)}); starting it again")
-                time.sleep(RESTART_PAUSE)
-                if self.stopping.is_set():
-                    return
-                self._spawn()
+            for line in self.proc.stdout:
+                kept.write(b"[lighthouse] " + line)
+                kept.flush()
+                self.quorum = quorum_of(line) or self.quorum
+                if not RANK_LINE.match(line):
+                    self.say(line.decode(errors="replace").rstrip("\n"))
 
-    def stop(self) -> None:
-        """End it (SIGTERM, then SIGKILL after STOP_WAIT) and wait for its lines."""
-        self.stopping.set()
+    def ended(self) -> int | None:
+        """Its controller's exit code once it ended (its restarts spent), else None."""
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self, grace: float) -> None:
+        """End it: SIGTERM its controller (which stops its host), SIGKILL after `grace` + STOP_WAIT."""
         proc = self.proc
         if proc is not None and proc.poll() is None:
             proc.terminate()
             try:
-                proc.wait(STOP_WAIT)
+                proc.wait(grace + STOP_WAIT)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if self.keeper.is_alive():
-            self.keeper.join(STOP_WAIT)
+        if self.pump is not None:
+            self.pump.join(5)
 
 
 def _ended(rc: int) -> str:

@@ -1,11 +1,12 @@
 """`distrun launch` of a job with `fault_tolerance`: the parent controller of its replica groups.
 
 The parent selects the job's hosts and spares, splits them into replica groups (groups.py), starts
-the torchft lighthouse beside itself (lighthouse.py) and launches each group as a child distrun
-controller (`distrun launch` of the group's own job, `--job-id <job>-g<K>`). A child runs its
-group as any job: its own torchrun on its hosts, stopped on every host of the group when one
-fails, relaunched after the job's `restarts` (a spare in place of a lost host). The other groups
-never notice: torchft drops the lost group from the quorum and heals it from a peer when it is back.
+the torchft lighthouse on a host of the job, a job of its own (`<job>-lh`, lighthouse.py), and
+launches each group as a child distrun controller (`distrun launch` of the group's own job,
+`--job-id <job>-g<K>`). A child runs its group as any job: its own torchrun on its hosts,
+stopped on every host of the group when one fails, relaunched after the job's `restarts` (a
+spare in place of a lost host). The other groups never notice: torchft drops the lost group from
+the quorum and heals it from a peer when it is back.
 
 The job fails when fewer than `min_replicas` groups can still run (a child ended failed: its
 restarts were spent or could not help); the groups left are then stopped. The parent's record
@@ -41,12 +42,13 @@ from orchestrator.ft.view import GroupRow, LiveGroups, group_row, render
 from orchestrator.restarts import Attempt
 from orchestrator.spare_pool import POOL_ENV
 from orchestrator.spec import resolve_inventory_path, select_with_spares
-from orchestrator.spec.model import JobSpec
+from orchestrator.spec.model import JobSpec, NodeSpec
 from orchestrator.spec.overrides import job_to_yaml
 from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id, process_start
 from orchestrator.terminal import show
 
 POLL = 0.2
+LIGHTHOUSE_SUFFIX = "-lh"  # the lighthouse's job id: its parent's, then -lh
 ON_HOSTS = ("ssh", "local")  # the backends a fault-tolerant job runs on (the groups' hosts are the inventory's)
 STATE_EVERY = 2.0  # seconds between two writes of groups.json while the job runs
 STOP_WAIT = 60.0  # beyond the job's stop grace, how long a group's controller gets to stop its hosts
@@ -91,20 +93,26 @@ def launch(request: LaunchRequest, job: JobSpec) -> int:
     spares = [n.name for n in spare_nodes] if job.restarts.max else []
     groups = split([n.name for n in nodes], spares, ft)
     job_id = request.job_id or new_job_id(job.name)
-    beacon = f"http://{lighthouse.address_towards(nodes[0].host)}:{ft.lighthouse_port}"
+    places = lighthouse.places(nodes, spare_nodes)
+    beacon = lighthouse.upstreams(places, ft.lighthouse_port)
     inv_args = [] if inventory.path.startswith("<") else ["-i", inventory.path]
     if request.dry_run:
         with tempfile.TemporaryDirectory(prefix="distrun-ft-") as scratch:
             argvs = _group_argvs(request, job, job_id, groups, beacon, Path(scratch), inv_args)
-            return _dry_run(job_id, ft.min_replicas, ft.lighthouse_port, beacon, groups, argvs)
-    _need_torchft()
+            return _dry_run(job_id, job, places, groups, argvs)
     if not request.skip_preflight:
         check_torchft([*nodes, *(n for n in spare_nodes if n.name in spares)])
     store = Store()
     jobs_dir = store.job_dir(job_id)
     jobs_dir.create()
     argvs = _group_argvs(request, job, job_id, groups, beacon, jobs_dir.root, inv_args)
-    return _Parent(request, job, job_id, store, jobs_dir, groups, argvs, beacon, inventory.path).run()
+    light_file = jobs_dir.root / f"{job.name}-lh.yaml"
+    light_file.write_text(job_to_yaml(lighthouse.lighthouse_job(job, places, light_file)), encoding="utf-8")
+    light_inv = jobs_dir.root / "lighthouse-inventory.yaml"
+    light_inv.write_text(lighthouse.inventory_text(places), encoding="utf-8")
+    light_argv = lighthouse_argv(light_file, places, job_id + LIGHTHOUSE_SUFFIX, ["-i", str(light_inv)],
+                                 request.backend)
+    return _Parent(request, job, job_id, store, jobs_dir, groups, argvs, (places, light_argv), inventory.path).run()
 
 
 def _check_request(request: LaunchRequest, job: JobSpec) -> None:
@@ -139,26 +147,34 @@ def group_argv(request: LaunchRequest, job_file: Path, group: ReplicaGroup, job_
     return argv + (["--", *request.extra_args] if request.extra_args else [])
 
 
+def lighthouse_argv(job_file: Path, places: Sequence[NodeSpec], job_id: str, inv_args: Sequence[str],
+                    backend: str | None) -> list[str]:
+    """The `distrun launch` of the lighthouse's controller: its first host, then the others it may move to."""
+    argv = [sys.executable, "-m", "orchestrator", "launch", str(job_file), *inv_args]
+    for node in places:
+        argv += ["--nodes", node.name]
+    argv += ["--nnodes", "1", "--job-id", job_id, "--no-live", "--skip-preflight"]
+    return argv + (["--backend", backend] if backend else [])
+
+
 def _write_group_job(root: Path, job: JobSpec) -> Path:
     path = root / f"{job.name}.yaml"
     path.write_text(job_to_yaml(job), encoding="utf-8")
     return path
 
 
-def _need_torchft() -> None:
-    """The lighthouse runs from this python's torchft."""
-    import importlib.util
-
-    if importlib.util.find_spec("torchft") is None:
-        raise UsageError(f"fault_tolerance: torchft is not installed in {sys.executable}, which runs the "
-                         "lighthouse (pip install torchft, or install distrun with its [train] extra)")
-
-
-def _dry_run(job_id: str, min_replicas: int, port: int, beacon: str, groups: Sequence[ReplicaGroup],
+def _dry_run(job_id: str, job: JobSpec, places: Sequence[NodeSpec], groups: Sequence[ReplicaGroup],
              argvs: dict[int, list[str]]) -> int:
     """Each group's own dry run (its torchrun's argv and env), after the lighthouse's line."""
-    show(f"job {job_id}: {len(groups)} replica group(s), min_replicas {min_replicas}; lighthouse at {beacon} "
-         f"(beside this controller, port {port}): {' '.join(lighthouse.argv(min_replicas, port))}")
+    assert job.fault_tolerance is not None
+    ft = job.fault_tolerance
+    training = {host for group in groups for host in group.hosts}
+    first = places[0]
+    role = "a training host: no spare" if first.name in training else "a spare, not training"
+    then = f", then {', '.join(n.name for n in places[1:])} if it is lost" if len(places) > 1 else ""
+    show(f"job {job_id}: {len(groups)} replica group(s), min_replicas {ft.min_replicas}; lighthouse on "
+         f"{first.name} ({role}{then}), port {ft.lighthouse_port}, job {job_id}{LIGHTHOUSE_SUFFIX}: "
+         f"{lighthouse.program(first)} {' '.join(lighthouse.args(ft.min_replicas, ft.lighthouse_port))}")
     for group in groups:
         done = subprocess.run([*argvs[group.index], "--dry-run"], capture_output=True, text=True, check=False)
         show(f"\n== replica group {group.index}: {', '.join(group.hosts)} ==")
@@ -172,15 +188,17 @@ class _Parent:
     """The parent controller while the job runs."""
 
     def __init__(self, request: LaunchRequest, job: JobSpec, job_id: str, store: Store, jobs_dir: JobDir,
-                 groups: list[ReplicaGroup], argvs: dict[int, list[str]], beacon: str, inventory: str) -> None:
+                 groups: list[ReplicaGroup], argvs: dict[int, list[str]],
+                 light: tuple[Sequence[NodeSpec], list[str]], inventory: str) -> None:
         assert job.fault_tolerance is not None
         self.request, self.job, self.job_id, self.store, self.dir = request, job, job_id, store, jobs_dir
         self.ft = job.fault_tolerance
-        self.groups, self.argvs, self.beacon, self.inventory = groups, argvs, beacon, inventory
+        self.groups, self.argvs, self.inventory = groups, argvs, inventory
         self.out_lock = threading.Lock()
         self.log: IO[str] = jobs_dir.open(jobs_dir.root / "groups.log", "a", encoding="utf-8")
-        self.light = lighthouse.Lighthouse(lighthouse.argv(self.ft.min_replicas, self.ft.lighthouse_port),
-                                           jobs_dir.root / "lighthouse.log", self.say)
+        self.places = light[0]
+        self.light = lighthouse.Lighthouse(light[1], job_id + LIGHTHOUSE_SUFFIX, jobs_dir.root / "lighthouse.log",
+                                           lambda text: self.say(text, prefix="[lighthouse] "))
         self.runs: list[GroupRun] = []
         self.interrupted: int | None = None
         self.next_state = 0.0  # when groups.json is written next (monotonic)
@@ -188,6 +206,7 @@ class _Parent:
         self.timeline = Timeline()
         self.quorums = QuorumTail(jobs_dir.root / "lighthouse.log", self.timeline)
         self.rows: list[GroupRow] = []
+        self.light_now: tuple[list[str], int] = ([], 0)  # the lighthouse's host and starts, as last read
         self.screen = LiveGroups(self._frame)
         self.out: IO[str] = sys.stdout
 
@@ -203,14 +222,14 @@ class _Parent:
         self.out = self.screen.terminal(sys.stdout, self.request.live)
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            self.light.start(self.ft.lighthouse_port)
+            self.light.start(self.places, self.ft.lighthouse_port)
             self.runs = [self._start(group) for group in self.groups]
             code, summary = self._follow()
         except DistrunError as exc:
             code, summary = int(exc.exit_code), f"job {self.job_id} FAILED: {exc}"
         finally:
             self._stop_groups()
-            self.light.stop()
+            self.light.stop(self.job.stop_grace)
             self._refresh()
             self.screen.stop()
             self.out = sys.stdout
@@ -260,6 +279,9 @@ class _Parent:
                 done = sum(r.rc == 0 for r in self.runs)
                 return int(ExitCode.OK), (f"job {self.job_id} succeeded: {done} of {len(self.runs)} replica "
                                           f"group(s) finished")
+            if self.light.ended() is not None:
+                return int(ExitCode.FAILED), (f"job {self.job_id} FAILED: the lighthouse could not be kept running "
+                                              f"(its job {self.light.job_id} ended, see lighthouse.log)")
             self.quorums.poll()
             if time.monotonic() >= self.next_view:
                 self._refresh()
@@ -306,10 +328,12 @@ class _Parent:
             run.hosts = tuple(record.hosts) or run.hosts
             run.attempts = [Attempt.from_dict(a) for a in record.attempts]
         self.rows = [group_row(r.group.index, r.rc, r.hosts, r.attempts, self.timeline) for r in self.runs]
+        self.light_now = self._light_record()
 
     def _frame(self) -> Group:
+        hosts, starts = self.light_now
         return render(self.rows, f"{self.job_id} · {len(self.runs)} replica group(s)",
-                      f"lighthouse {self.beacon} · started {self.light.starts} time(s)", self.timeline)
+                      f"lighthouse on {', '.join(hosts) or '-'} · started {starts} time(s)", self.timeline)
 
     def _story(self, run: GroupRun) -> list[str]:
         """The group's story (relaunches, the steps of its loss and of its heal), then its attempts,
@@ -328,10 +352,19 @@ class _Parent:
                 continue
         return found
 
+    def _light_record(self) -> tuple[list[str], int]:
+        """The lighthouse's host now (as its record has it) and how often it was started."""
+        try:
+            record = self.store.get(self.light.job_id)
+        except DistrunError:
+            return [], 0
+        return list(record.hosts or []), max(len(record.attempts), 1)
+
     def groups_state(self) -> dict[str, object]:
-        """What `groups.json` in the job directory holds: each group, and the latest quorum."""
+        """What `groups.json` in the job directory holds: each group, the lighthouse, and the latest quorum."""
         quorum = self.light.quorum
-        return {"lighthouse": {"url": self.beacon, "starts": self.light.starts},
+        hosts, starts = self._light_record()
+        return {"lighthouse": {"job": self.light.job_id, "hosts": hosts, "starts": starts},
                 "quorum": None if quorum is None else {"id": quorum.id, "participants": list(quorum.participants),
                                                       "step": quorum.step},
                 "groups": [{"index": r.group.index, "job": r.job_id, "hosts": list(r.hosts), "state": r.state(),
@@ -346,7 +379,8 @@ class _Parent:
     def _end(self, code: int, summary: str) -> None:
         self._write_state()
         quorum = self.light.quorum
-        lines = [summary, f"  lighthouse: started {self.light.starts} time(s)"]
+        hosts, starts = self._light_record()
+        lines = [summary, f"  lighthouse ({self.light.job_id}): started {starts} time(s), last on {', '.join(hosts)}"]
         if quorum is not None:
             lines.append(f"  last quorum: {len(quorum.participants)} group(s) ({', '.join(quorum.participants)}) "
                          f"at step {quorum.step}")

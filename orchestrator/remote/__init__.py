@@ -35,7 +35,7 @@ BOOTSTRAP = SAFE_PATH + "\n" + (
 _PACKAGES = ["orchestrator", "orchestrator.remote"]
 # What remote/supervisor.py imports, dependencies first: shipped before it wherever it runs or
 # where a program finds a job's processes through it.
-SUPERVISOR_IMPORTS = ["config", "gpu", "private", "provenance", "safedirs", "sockdir", "leader", "redact",
+SUPERVISOR_IMPORTS = ["config", "ftforward", "gpu", "private", "provenance", "safedirs", "sockdir", "leader", "redact",
                       "stream", "linestore", "tail", "workerfail", "relay"]
 
 

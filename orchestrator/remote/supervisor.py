@@ -40,6 +40,7 @@ from enum import Enum
 from typing import Any, BinaryIO
 
 from orchestrator.remote.config import SupervisorConfig
+from orchestrator.remote.ftforward import forward_lighthouse
 from orchestrator.remote.gpu import GpuHolders
 from orchestrator.remote.leader import Leader
 from orchestrator.remote.private import make_private_dirs
@@ -257,6 +258,7 @@ class Supervisor:
         env["DISTRUN_NODE"] = self.node
         expand_var(env)
         self.resolve_sockets(env)
+        forward_lighthouse(env)  # a replica group's: TORCHFT_LIGHTHOUSE, wherever the lighthouse moves
         cwd = self.cfg.cwd
         make_dirs(self.cfg.make_dirs, cwd)
         with contextlib.suppress(OSError):

@@ -112,12 +112,12 @@ DEFAULT_LIGHTHOUSE_PORT = 29510
 @dataclass(frozen=True)
 class FaultTolerance:
     """Per-step fault tolerance with torchft (`fault_tolerance:`): the job's hosts split into replica
-    groups, each its own torchrun, kept in step by a lighthouse distrun runs beside the controller.
+    groups, each its own torchrun, kept in step by a lighthouse distrun runs on a host of the job.
 
     Attributes:
         min_replicas: Replica groups needed for a step (the lighthouse's `--min_replicas`).
         hosts_per_group: Hosts of each replica group (default: one group per host).
-        lighthouse_port: The lighthouse's port on the controller's machine.
+        lighthouse_port: The lighthouse's port on its host.
     """
 
     min_replicas: int = 1

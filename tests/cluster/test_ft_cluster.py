@@ -1,12 +1,15 @@
 """Fault-tolerant jobs on real hosts (namespace hosts, real sshd, torchrun and torchft, gloo on CPU):
-one replica group per host, the lighthouse beside the controller."""
+one replica group per host, the lighthouse a job of its own on the spare (node3)."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import re
+import signal
+import time
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -41,12 +44,19 @@ def steps(out: str) -> dict[int, list[tuple[str, int, float]]]:
 
 
 def group_procs(cluster, job_id: str, groups: int = 3) -> dict[int, list]:
-    """Every host's processes of any of the job's groups."""
+    """Every host's processes of any of the job's groups, and of its lighthouse."""
     seen: dict[int, list] = {i: [] for i in range(cluster.n)}
-    for index in range(groups):
-        for host, procs in job_procs(cluster, f"{job_id}-g{index}").items():
+    for child in [*(f"-g{index}" for index in range(groups)), "-lh"]:
+        for host, procs in job_procs(cluster, job_id + child).items():
             seen[host] += procs
     return seen
+
+
+def listening_at(log: str, node: str) -> float:
+    """When the lighthouse on `node` said it listens, as lighthouse.log has it (its clock: this machine's)."""
+    stamp = re.search(rf"^\[lighthouse\] \[{node} r0 err\] (\S+) \[INFO\] \S+ - Lighthouse listening", log, re.M)
+    assert stamp, log[-3000:]
+    return datetime.fromisoformat(stamp[1]).replace(tzinfo=timezone.utc).timestamp()
 
 
 def test_a_cut_host_costs_its_group_only_which_comes_back_on_the_spare_healed_from_a_peer(make_cluster, tmp_path):
@@ -85,3 +95,55 @@ def _cmdline_has(proc: Path, text: str) -> bool:
         return text in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return False
+
+
+def test_a_cut_lighthouse_host_moves_it_and_the_groups_step_on_without_a_relaunch(make_cluster, tmp_path):
+    cluster = make_cluster(4)
+    inv = cluster.write_inventory(tmp_path / "inv.yaml")
+    job_id, home = f"ft-{uuid.uuid4().hex[:6]}", tmp_path / "home"
+    port = 29000 + uuid.uuid4().int % 900
+    job = ft_job(tmp_path, port, ["--steps", "80", "--step-time", "0.3"])
+    proc = start(job, inv, home, job_id, "--no-live", "--nodes", "node0,node1,node2,node3")
+    try:
+        assert wait_for(lambda: "ft step 12 group 2 " in output(home, job_id), 180), output(home, job_id)[-3000:]
+        cluster.cut(3)  # the spare, where the lighthouse runs
+        cut_at = time.time()
+        proc.wait(timeout=300)
+        out = output(home, job_id)
+        assert proc.returncode == 0, out[-5000:]
+        assert "[lighthouse] restarting: attempt 2 on node0: node0 in place of node3" in out
+        assert f"lighthouse ({job_id}-lh): started 2 time(s), last on node0" in out
+        assert not re.search(r"^\[g\d\] restarting", out, re.M), "no group was relaunched"
+        for group, lines in steps(out).items():
+            numbers = [step for _, step, _ in lines]
+            assert numbers == list(range(numbers[0], 81)), f"group {group} stepped on, no step repeated: {numbers}"
+            pause = max(b[2] - a[2] for a, b in itertools.pairwise(lines))
+            print(f"MEASURED group {group} longest pause with its lighthouse's host cut: {pause:.1f} s")
+        log = (home / "jobs" / job_id / "lighthouse.log").read_text(errors="replace")
+        print(f"MEASURED lighthouse listening on node0 {listening_at(log, 'node0') - cut_at:.1f} s after the cut")
+    finally:
+        cluster.restore(3)
+        if proc.poll() is None:
+            proc.kill()
+    assert wait_for(lambda: not any(group_procs(cluster, job_id).values()), CUT_HOST_BOUND), \
+        group_procs(cluster, job_id)
+
+
+def test_a_killed_controller_has_the_hosts_end_every_group_and_the_lighthouse(make_cluster, tmp_path):
+    cluster = make_cluster(4)
+    inv = cluster.write_inventory(tmp_path / "inv.yaml")
+    job_id, home = f"ft-{uuid.uuid4().hex[:6]}", tmp_path / "home"
+    port = 29000 + uuid.uuid4().int % 900
+    job = ft_job(tmp_path, port, ["--steps", "400", "--step-time", "0.3"])
+    proc = start(job, inv, home, job_id, "--no-live", "--nodes", "node0,node1,node2,node3")
+    try:
+        assert wait_for(lambda: "ft step 5 group 2 " in output(home, job_id), 180), output(home, job_id)[-3000:]
+        assert job_procs(cluster, f"{job_id}-lh")[3], "the lighthouse runs on the spare"
+        proc.send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        assert wait_for(lambda: not any(group_procs(cluster, job_id).values()), HEARTBEAT + 10), \
+            group_procs(cluster, job_id)
+        print(f"MEASURED every group and the lighthouse ended {time.time() - killed_at:.1f} s after the SIGKILL")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
