@@ -13,11 +13,11 @@ import pytest
 
 from orchestrator.errors import UsageError
 from orchestrator.ft.groups import ReplicaGroup, group_job, split
-from orchestrator.ft.lighthouse import Quorum, quorum_of
+from orchestrator.ft.lighthouse import SYSTEM_PATH, Quorum, lighthouse_job, quorum_of
 from orchestrator.remote import ftforward
 from orchestrator.remote.ftforward import UPSTREAMS, forward_lighthouse
 from orchestrator.spec.job import job_from_text
-from orchestrator.spec.model import FaultTolerance
+from orchestrator.spec.model import FaultTolerance, NodeSpec
 from orchestrator.spec.overrides import job_to_yaml
 from tests.helpers import REPO, distrun
 
@@ -98,6 +98,17 @@ def test_dry_run_shows_the_lighthouse_on_the_spare_and_every_groups_torchrun_and
         assert "DISTRUN_LIGHTHOUSE_UPSTREAMS=localhost:29577" in block
         assert "--nnodes 1 --nproc-per-node 1" in block and str(WORKER) in block
     assert not (home / "jobs").exists() or not any((home / "jobs").iterdir()), "a dry run writes no job"
+
+
+def test_the_lighthouse_is_found_where_the_preflight_saw_pip_put_it_before_beside_the_hosts_python(
+        tmp_path: Path) -> None:
+    # The fault matrix's hosts run a wrapper python (python-gated): torchft_lighthouse is not beside
+    # it, and the lighthouse failed with "env: 'torchft_lighthouse': No such file or directory".
+    job = job_from_text(f"name: ft\nscript: {WORKER}\nnnodes: 2\nfault_tolerance: {{min_replicas: 1}}\n", "j.yaml")
+    wrapped = [NodeSpec(name="n2", host="h2", python="/tmp/gate/python-gated")]
+    found = lighthouse_job(job, wrapped, tmp_path / "lh.yaml", "/opt/venv/bin")
+    assert found.env["PATH"] == f"/opt/venv/bin:/tmp/gate:{SYSTEM_PATH}"
+    assert "PATH" not in lighthouse_job(job, [NodeSpec(name="n2", host="h2")], tmp_path / "lh.yaml").env
 
 
 def test_the_lighthouses_quorum_line_gives_its_participants_and_highest_step() -> None:

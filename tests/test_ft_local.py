@@ -210,7 +210,7 @@ def test_a_killed_controller_leaves_no_group_and_no_lighthouse_behind(tmp_path: 
         parents.append(parent.pid)
         parent.send_signal(signal.SIGKILL)
 
-    code, out = launch(tmp_path, job, home, when="ft step 5 group 1", act=kill_controller)
+    code, out = launch(tmp_path, job, home, when=" group 1 participants 2 ", act=kill_controller)
     assert code == -signal.SIGKILL, out[-3000:]
 
     def leftovers() -> list[psutil.Process]:
@@ -232,7 +232,7 @@ def test_distrun_stop_of_the_job_stops_every_group_and_the_lighthouse(tmp_path: 
                               capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode == 0, done.stdout + done.stderr
 
-    code, out = launch(tmp_path, job, home, when="ft step 5 group 1", act=stop)
+    code, out = launch(tmp_path, job, home, when=" group 1 participants 2 ", act=stop)
     assert code == 143, out[-3000:]
     assert "stopping replica group 0" in out and "stopping replica group 1" in out
     assert "stopped (SIGTERM); every group and the lighthouse ended" in out

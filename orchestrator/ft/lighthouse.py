@@ -103,17 +103,20 @@ def upstreams(hosts: Sequence[NodeSpec], port: int) -> str:
     return ",".join(f"{node.host}:{port}" for node in hosts)
 
 
-def lighthouse_job(job: JobSpec, hosts: Sequence[NodeSpec], path: Path) -> JobSpec:
+def lighthouse_job(job: JobSpec, hosts: Sequence[NodeSpec], path: Path, scripts: str | None = None) -> JobSpec:
     """The lighthouse's own job: one process under torchrun on one of `hosts`, restarted (RESTARTS).
 
     torchrun starts a process as `$PYTHON_EXEC -u -m MODULE ARGS`, and the lighthouse's command line
     parser reads the process's own argv, which `python -u ...` garbles. So PYTHON_EXEC is `env`:
     torchrun starts `env -u -m torchft_lighthouse ARGS` (`-u -m`: a variable named `-m` unset), the
-    lighthouse as a shell would, found beside the host's python (PATH) or on the host's PATH.
+    lighthouse as a shell would: from `scripts` (where the preflight found pip put it), beside the
+    host's python, or on the host's PATH.
     """
     ft = job.fault_tolerance
     assert ft is not None
-    beside = {"PATH": f"{PurePosixPath(program(hosts[0])).parent}:{SYSTEM_PATH}"} if "/" in hosts[0].python else {}
+    dirs = [*([scripts] if scripts else []),
+            *([str(PurePosixPath(program(hosts[0])).parent)] if "/" in hosts[0].python else [])]
+    beside = {"PATH": ":".join([*dict.fromkeys(dirs), SYSTEM_PATH])} if dirs else {}
     return JobSpec(path=str(path), name=f"{job.name}-lh", module=PROGRAM,
                    args=args(ft.min_replicas, ft.lighthouse_port), nnodes=1, nproc_per_node=1,
                    env={"PYTHON_EXEC": "/usr/bin/env", **beside},

@@ -11,7 +11,9 @@ from orchestrator.group import Group
 from orchestrator.spec import NodeSpec
 from orchestrator.transport import CommandResult, Transport
 
-PROBE = "import torchft"
+# torchft imports, and where its `torchft_lighthouse` is: the scripts directory of the python that
+# runs (an inventory's python may be a wrapper around the one pip installed torchft into).
+PROBE = "import sysconfig, torchft; print(sysconfig.get_path('scripts'))"
 PROBE_TIMEOUT = 120.0  # torchft imports torch: seconds on a cold or busy host
 
 
@@ -19,9 +21,12 @@ def _imports(transport: Transport) -> CommandResult:
     return transport.run([transport.node.python, "-c", PROBE], timeout=PROBE_TIMEOUT)
 
 
-def check_torchft(nodes: Sequence[NodeSpec]) -> None:
+def check_torchft(nodes: Sequence[NodeSpec]) -> dict[str, str]:
     """Refuse the launch when torchft does not import on a host (one line naming every such host);
     a host that cannot be reached is left to its group's own preflight.
+
+    Returns:
+        Each host's scripts directory, where pip put `torchft_lighthouse` (hosts that answered).
 
     Raises:
         PreflightError: torchft is missing on at least one host.
@@ -34,3 +39,4 @@ def check_torchft(nodes: Sequence[NodeSpec]) -> None:
         raise PreflightError(f"preflight failed; nothing was started (--skip-preflight starts anyway): torchft does "
                              f"not import in the python of {fold_hosts(missing)} ({last}); install it there "
                              f"(pip install torchft==0.2.0) or name another python in the inventory")
+    return {node: lines[-1] for node, result in results.succeeded.items() if (lines := result.stdout.split())}

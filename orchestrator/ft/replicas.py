@@ -100,14 +100,14 @@ def launch(request: LaunchRequest, job: JobSpec) -> int:
         with tempfile.TemporaryDirectory(prefix="distrun-ft-") as scratch:
             argvs = _group_argvs(request, job, job_id, groups, beacon, Path(scratch), inv_args)
             return _dry_run(job_id, job, places, groups, argvs)
-    if not request.skip_preflight:
-        check_torchft([*nodes, *(n for n in spare_nodes if n.name in spares)])
+    scripts = {} if request.skip_preflight else check_torchft([*nodes, *spare_nodes])
     store = Store()
     jobs_dir = store.job_dir(job_id)
     jobs_dir.create()
     argvs = _group_argvs(request, job, job_id, groups, beacon, jobs_dir.root, inv_args)
     light_file = jobs_dir.root / f"{job.name}-lh.yaml"
-    light_file.write_text(job_to_yaml(lighthouse.lighthouse_job(job, places, light_file)), encoding="utf-8")
+    light_job = lighthouse.lighthouse_job(job, places, light_file, scripts.get(places[0].name))
+    light_file.write_text(job_to_yaml(light_job), encoding="utf-8")
     light_inv = jobs_dir.root / "lighthouse-inventory.yaml"
     light_inv.write_text(lighthouse.inventory_text(places), encoding="utf-8")
     light_argv = lighthouse_argv(light_file, places, job_id + LIGHTHOUSE_SUFFIX, ["-i", str(light_inv)],
