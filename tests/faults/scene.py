@@ -229,9 +229,9 @@ class Controller:
 def write_ft_job(path: Path, cell: Cell, port: int, until: Path) -> Path:
     """The fault-tolerant cells' job: 2 replica groups of one host and one rank (node0, node1), node2 the
     spare; stepping until `until` exists. Fewer than min_replicas left: 2 needed, no relaunch. The
-    lighthouse SIGKILLed: a group torchft crashes meanwhile may be relaunched twice."""
+    lighthouse SIGKILLed: a group torchft crashes meanwhile may be relaunched 3 times."""
     below = cell.fault is Fault.GROUPS_BELOW_MIN
-    relaunches = 0 if below else 2 if cell.fault is Fault.LIGHTHOUSE_KILLED else 1
+    relaunches = 0 if below else 3 if cell.fault is Fault.LIGHTHOUSE_KILLED else 1
     args = json.dumps(["--steps", "100000", "--step-time", "0.2", "--until", str(until)])
     path.write_text(f"name: faulty\nscript: {FT_WORKER}\nargs: {args}\n"
                     f"nproc_per_node: 1\nnnodes: 2\nenv: {{OMP_NUM_THREADS: '1', RUST_LOG: warn}}\n"
