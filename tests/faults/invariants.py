@@ -10,13 +10,14 @@ import itertools
 import re
 import signal
 
-from tests.faults.matrix import FT_GROUP, GRACE, HEARTBEAT, Cell, Fault, Outcome, Phase
+from tests.faults.matrix import FT_GROUP, GRACE, HEARTBEAT, LIGHTHOUSE_NEXT, Cell, Fault, Outcome, Phase
 from tests.faults.scene import HOSTS, IMPOSTOR_RANK, Observed
 
 TERMINAL_LINE = re.compile(r"^\[(node\d) r(\d+)\] (tick \d+ \d+)$")
 TICK = re.compile(r"^tick (\d+) (\d+)$")
 FT_LINE = re.compile(r"^\[g(\d+)\] \[(node\d) r0\] ft step (\d+) group \d+ participants \d+ t ([\d.]+)$", re.M)
 FT_RELAUNCH = "restarting: attempt 2"
+LIGHTHOUSE_MOVED = re.compile(r"^\[lighthouse\] restarting: attempt 2 on (\S+?):", re.M)
 MAX_PAUSE = 20.0  # the longest a surviving replica group may go without a step (issue 27)
 SPARE = "node2"
 CUT_HOST_BOUND = HEARTBEAT + GRACE + 3  # a cut host ends the job itself, from its link's return
@@ -158,6 +159,8 @@ def other_groups_untouched(cell: Cell, seen: Observed) -> list[str]:
     was cut) and heals from its peer: its first step after the relaunch is above its last before."""
     if cell.phase is not Phase.FT or cell.outcome is not Outcome.SUCCEEDED:
         return []
+    if cell.fault is Fault.LIGHTHOUSE_KILLED:
+        return lighthouse_back(cell, seen)
     problems = []
     survivor = [(int(step), float(when)) for group, _, step, when in FT_LINE.findall(seen.terminal)
                 if int(group) != FT_GROUP]
@@ -178,4 +181,27 @@ def other_groups_untouched(cell: Cell, seen: Observed) -> list[str]:
         problems.append(f"e) group {FT_GROUP} came back on {new[0][0]}, not the spare {SPARE}")
     print(f"{cell.id}: other group's longest pause {pause:.1f} s; group {FT_GROUP} back at step "
           f"{new[0][1] if new else None} (last before: {max(old, default=None)})")
+    return problems
+
+
+def lighthouse_back(cell: Cell, seen: Observed) -> list[str]:
+    """e) The SIGKILLed lighthouse is started again on the next host, and group FT_GROUP steps after
+    it. A group torchft 0.2.0 crashes meanwhile may be relaunched (README "Training that never stops"),
+    so neither "no relaunch" nor the other group's pause is demanded; the pauses are printed."""
+    moved = LIGHTHOUSE_MOVED.search(seen.terminal)
+    if moved is None:
+        return ["e) the lighthouse was not started again"]
+    problems = []
+    if moved.group(1) != LIGHTHOUSE_NEXT:
+        problems.append(f"e) the lighthouse came back on {moved.group(1)}, not {LIGHTHOUSE_NEXT}")
+    after = seen.terminal[moved.end():]
+    if not any(int(group) == FT_GROUP for group, *_ in FT_LINE.findall(after)):
+        problems.append(f"e) group {FT_GROUP} never stepped after the lighthouse was started again")
+    for group in ("0", "1"):
+        times = [float(when) for g, _, _, when in FT_LINE.findall(seen.terminal) if g == group]
+        pause = max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+        print(f"{cell.id}: group {group}'s longest pause {pause:.1f} s")
+    relaunched = [line for line in seen.terminal.splitlines()
+                  if FT_RELAUNCH in line and not line.startswith("[lighthouse]")]
+    print(f"{cell.id}: lighthouse back on {moved.group(1)}; group relaunches: {relaunched}")
     return problems

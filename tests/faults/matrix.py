@@ -25,8 +25,10 @@ FAULTY_HOST = "node2"
 MASTER = "node0"
 RANK = 3
 RANK_HOST = "node1"
-# Fault-tolerant cells: replica group 1 (node1) takes the fault; node2 is the spare.
+# Fault-tolerant cells: replica group 1 (node1) takes the fault; node2 is the spare, where the
+# lighthouse runs first (LIGHTHOUSE_NEXT: where it moves when it is SIGKILLed).
 FT_GROUP = 1
+LIGHTHOUSE_NEXT = "node0"
 
 
 class Phase(str, Enum):
@@ -54,6 +56,7 @@ class Fault(str, Enum):
     DATABASE_LOCKED = "job database locked by another process"
     MASTER_LOST = "master host lost"
     GROUPS_BELOW_MIN = "SIGKILL of one worker, fewer than min_replicas groups left"
+    LIGHTHOUSE_KILLED = "SIGKILL of the lighthouse"
 
 
 class Outcome(str, Enum):
@@ -208,6 +211,14 @@ CELLS: tuple[Cell, ...] = (
     Cell(Fault.WORKER_KILLED, Phase.FT, 50, Outcome.SUCCEEDED),
     Cell(Fault.GROUPS_BELOW_MIN, Phase.FT, REPORTED_BOUND + GRACE + 5, Outcome.FAILED,
          Cause(RANK_HOST, "signal", TORCHRUN_SIGKILL.words, rank=0, signal="SIGKILL")),
+    # The child controllers die with the parent; each host's supervisor ends its group, and the
+    # lighthouse's host the lighthouse, once the heartbeat is silent (then the stop grace).
+    Cell(Fault.CONTROLLER_KILLED, Phase.FT, SILENT_BOUND, Outcome.LOST),
+    # The lighthouse (on the spare, node2) is started again on the next host (node0). A restarted
+    # lighthouse numbers quorums from 1 again and torchft 0.2.0 may then crash a group, which is
+    # relaunched (README "Training that never stops"): no "no relaunch" demanded here, and the bound
+    # leaves room for 3 relaunches of a group (each ~20 s: torch imports, a quorum; 67 s measured with 2).
+    Cell(Fault.LIGHTHOUSE_KILLED, Phase.FT, 120, Outcome.SUCCEEDED),
 )
 
 

@@ -36,6 +36,7 @@ from tests.faults.matrix import (
     STALL,
     Cell,
     Fault,
+    Outcome,
     Phase,
 )
 from tests.helpers import REPO, distrun, job_lines, unique_job_id, wait_for
@@ -43,6 +44,9 @@ from tests.helpers import REPO, distrun, job_lines, unique_job_id, wait_for
 WORKER = Path(__file__).parent / "jobs" / "worker.py"
 FT_WORKER = REPO / "jobs" / "train_ft.py"
 FT_BACK = re.compile(rf"restarting: attempt 2.*?^\[g{FT_GROUP}\] \[node\d r0\] ft step ", re.M | re.S)
+# The lighthouse started again, then 5 steps of group FT_GROUP (from whichever start of it).
+LIGHTHOUSE_BACK = re.compile(rf"^\[lighthouse\] restarting: attempt 2.*?(?:^\[g{FT_GROUP}\] \[node\d r0\] ft step "
+                             r".*?){5}", re.M | re.S)
 POLL = 0.1
 PHASE_WAIT = 120.0
 HOSTS = ("node0", "node1", "node2")
@@ -57,9 +61,10 @@ IMPOSTOR_RANK = 7
 
 def job_processes(cluster: Cluster, i: int, job_id: str) -> list[Proc]:
     """Every process of the job on host i: its supervisor (the job id in its argv) and everything
-    started with the job's id (or one of its replica groups', `<id>-g<K>`) in its environment (the
-    gate, torchrun, the ranks), the job's user's (the impostor carries the same markers as another user)."""
-    ours = re.compile(re.escape(job_id) + r"(-g\d+)?")
+    started with the job's id (or one of its replica groups', `<id>-g<K>`, or its lighthouse's,
+    `<id>-lh`) in its environment (the gate, torchrun, the ranks, the lighthouse), the job's user's
+    (the impostor carries the same markers as another user)."""
+    ours = re.compile(re.escape(job_id) + r"(-g\d+|-lh)?")
     return [p for p in cluster.processes(i) if p.uid() == os.getuid()
             and (ours.fullmatch(p.environ().get("DISTRUN_JOB_ID", "")) or any(job_id in arg for arg in p.cmdline))]
 
@@ -103,7 +108,8 @@ class Gate:
 
     The wrapper is a shell script the inventory names as node2's python; it recognises the
     probe by its `distrun-probe` tag and torchrun by `torch.distributed.run`, and execs the
-    real python once released (the held process is then the real one, same pid).
+    real python once released (the held process is then the real one, same pid). Beside it, as
+    beside any host's python, is `torchft_lighthouse` (a fault-tolerant job's lighthouse, lighthouse.program).
     """
 
     ROLES: ClassVar[dict[str, str]] = {"probe": "*distrun-probe*", "torchrun": "*torch.distributed.run*"}
@@ -123,6 +129,9 @@ class Gate:
             f'exec {sys.executable} "$@"\n'
         )
         self.path.chmod(0o755)
+        beside = Path(sys.executable).parent / "torchft_lighthouse"
+        if beside.exists() and not (root / beside.name).exists():
+            (root / beside.name).symlink_to(beside)
 
     def arm(self, role: str) -> None:
         (self.dir / f"arm-{role}").touch()
@@ -219,13 +228,15 @@ class Controller:
 
 def write_ft_job(path: Path, cell: Cell, port: int, until: Path) -> Path:
     """The fault-tolerant cells' job: 2 replica groups of one host and one rank (node0, node1), node2 the
-    spare; stepping until `until` exists. Fewer than min_replicas left: 2 needed, no relaunch."""
+    spare; stepping until `until` exists. Fewer than min_replicas left: 2 needed, no relaunch. The
+    lighthouse SIGKILLed: a group torchft crashes meanwhile may be relaunched 3 times."""
     below = cell.fault is Fault.GROUPS_BELOW_MIN
+    relaunches = 0 if below else 3 if cell.fault is Fault.LIGHTHOUSE_KILLED else 1
     args = json.dumps(["--steps", "100000", "--step-time", "0.2", "--until", str(until)])
     path.write_text(f"name: faulty\nscript: {FT_WORKER}\nargs: {args}\n"
                     f"nproc_per_node: 1\nnnodes: 2\nenv: {{OMP_NUM_THREADS: '1', RUST_LOG: warn}}\n"
                     f"heartbeat_timeout: {HEARTBEAT:g}\nstop_grace: {GRACE:g}\n"
-                    f"restarts: {{max: {0 if below else 1}, backoff: 1}}\n"
+                    f"restarts: {{max: {relaunches}, backoff: 1}}\n"
                     f"fault_tolerance: {{min_replicas: {2 if below else 1}, lighthouse_port: {port}}}\n")
     return path
 
@@ -433,13 +444,15 @@ class Scene:
         self.fault_at = time.monotonic()
         (FT_FAULTS if self.cell.phase is Phase.FT else FAULTS)[self.cell.fault](self)
         self.gate.release()
-        if self.cell.phase is Phase.FT:
+        if self.cell.phase is Phase.FT and self.cell.outcome is not Outcome.LOST:
             threading.Thread(target=self.end_ft_job_once_healed, daemon=True).start()
 
     def end_ft_job_once_healed(self) -> None:
-        """Once the faulted group is relaunched and has stepped again, every group may end (`--until`)."""
+        """Once the faulted group (or the lighthouse) is started again and group FT_GROUP has stepped
+        again, every group may end (`--until`)."""
         assert self.controller is not None
-        wait_for(lambda: FT_BACK.search(self.controller.terminal()), self.cell.bound)  # type: ignore[union-attr]
+        back = LIGHTHOUSE_BACK if self.cell.fault is Fault.LIGHTHOUSE_KILLED else FT_BACK
+        wait_for(lambda: back.search(self.controller.terminal()), self.cell.bound)  # type: ignore[union-attr]
         self.until.touch()
 
     # -- watching -----------------------------------------------------------------
@@ -647,10 +660,20 @@ def _ft_worker_killed(scene: Scene) -> None:
                and p.environ_has("0", key="RANK") and str(FT_WORKER) in p.cmdline, "group 1's rank 0"))
 
 
+def _lighthouse_killed(scene: Scene) -> None:
+    """The torchft_lighthouse process itself (not the torchrun that runs it) on node2, the spare."""
+    light = f"{scene.job_id}-lh"
+    _kill(_one(scene.cluster, NODE2, lambda p: p.environ_has(light, key="DISTRUN_JOB_ID")
+               and any(arg.endswith("torchft_lighthouse") for arg in p.cmdline)
+               and not any("torch.distributed.run" in arg for arg in p.cmdline), "the lighthouse"))
+
+
 FT_FAULTS: dict[Fault, Callable[[Scene], None]] = {
     Fault.LINK_CUT: _ft_cut,
     Fault.WORKER_KILLED: _ft_worker_killed,
     Fault.GROUPS_BELOW_MIN: _ft_worker_killed,
+    Fault.CONTROLLER_KILLED: _controller_killed,
+    Fault.LIGHTHOUSE_KILLED: _lighthouse_killed,
 }
 
 HOST_DIR = "/root/.distrun"
