@@ -293,8 +293,10 @@ def test_logs_group_shows_one_groups_lines_and_ps_lists_the_groups_under_their_j
 
     group1 = distrun("logs", job_id, "--group", "1", "--grep", "ft step", "--bare", home=home)
     assert group1.returncode == 0, group1.stderr
-    assert [line.split(" participants")[0] for line in group1.stdout.splitlines()] == [
-        f"ft step {step} group 1" for step in range(1, 5)]
+    shown = [line.split(" participants")[0] for line in group1.stdout.splitlines()]
+    # Group 1 may join late and heal past the first steps (seen under load: its first line was step 3).
+    first = int(shown[0].split()[2]) if shown else 0
+    assert shown == [f"ft step {step} group 1" for step in range(first, 5)] and first >= 1, group1.stdout
     via_last = distrun("logs", "last", "--group", "0", "--grep", "ft step 4 ", "--bare", home=home)
     assert via_last.stdout.startswith("ft step 4 group 0 "), "`last` is a group's job: its parent's group 0"
     beyond = distrun("logs", job_id, "--group", "2", home=home)
@@ -349,6 +351,6 @@ def test_on_a_terminal_the_parent_draws_a_row_per_group_and_the_lighthouse_and_q
     last = text[text.rindex("relaunches"):]  # the last frame, left on screen at the end
     assert re.search(r"^ *0 +done +a +0 +\d+ +(in|out) *$", last, re.M), last
     assert re.search(r"^ *1 +done +b +0 +\d+ +(in|out) *$", last, re.M), last
-    assert re.search(r"^lighthouse http://\S+ · started 1 time\(s\) *$", last, re.M), last
+    assert re.search(r"^lighthouse on \S+ · started 1 time\(s\) *$", last, re.M), last
     assert re.search(r"^quorum: [12] group\(s\) \(group[01](, group1)?\) at step \d+ *$", last, re.M), last
     assert "succeeded: 2 of 2 replica group(s) finished" in text
