@@ -7,6 +7,7 @@ import itertools
 import json
 import re
 import signal
+import subprocess
 import time
 import uuid
 from datetime import datetime, timezone
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cluster.harness import Cluster
 from tests.cluster.test_launch_cluster import job_procs, output, start
 from tests.faults.invariants import CUT_HOST_BOUND
 from tests.helpers import REPO, wait_for
@@ -33,6 +35,17 @@ def ft_job(tmp_path: Path, port: int, args: list[str], extra: str = "") -> Path:
                     f"restarts: {{max: 1, backoff: 1}}\n"
                     f"fault_tolerance: {{min_replicas: 1, lighthouse_port: {port}}}\n{extra}")
     return path
+
+
+def start_ft(make_cluster, tmp_path: Path, steps: int) -> tuple[Cluster, str, Path, int, subprocess.Popen]:
+    """A 4-host cluster and a launch of `steps` steps on it, 3 groups of one host and the spare node3:
+    the cluster, the job id, DISTRUN_HOME, the lighthouse's port and the launch."""
+    cluster = make_cluster(4)
+    inv = cluster.write_inventory(tmp_path / "inv.yaml")
+    job_id, home = f"ft-{uuid.uuid4().hex[:6]}", tmp_path / "home"
+    port = 29000 + uuid.uuid4().int % 900
+    job = ft_job(tmp_path, port, ["--steps", str(steps), "--step-time", "0.3"])
+    return cluster, job_id, home, port, start(job, inv, home, job_id, "--no-live", "--nodes", "node0,node1,node2,node3")
 
 
 def steps(out: str) -> dict[int, list[tuple[str, int, float]]]:
@@ -60,12 +73,7 @@ def listening_at(log: str, node: str) -> float:
 
 
 def test_a_cut_host_costs_its_group_only_which_comes_back_on_the_spare_healed_from_a_peer(make_cluster, tmp_path):
-    cluster = make_cluster(4)
-    inv = cluster.write_inventory(tmp_path / "inv.yaml")
-    job_id, home = f"ft-{uuid.uuid4().hex[:6]}", tmp_path / "home"
-    port = 29000 + uuid.uuid4().int % 900
-    job = ft_job(tmp_path, port, ["--steps", "70", "--step-time", "0.3"])
-    proc = start(job, inv, home, job_id, "--no-live", "--nodes", "node0,node1,node2,node3")
+    cluster, job_id, home, port, proc = start_ft(make_cluster, tmp_path, 70)
     cut_at = cluster.cut_during(proc, 1, 300, ready=lambda: "ft step 12 group 1 " in output(home, job_id),
                                 says=lambda: output(home, job_id)[-3000:])
     out = output(home, job_id)
@@ -98,12 +106,7 @@ def _cmdline_has(proc: Path, text: str) -> bool:
 
 
 def test_a_cut_lighthouse_host_moves_it_and_the_groups_step_on_without_a_relaunch(make_cluster, tmp_path):
-    cluster = make_cluster(4)
-    inv = cluster.write_inventory(tmp_path / "inv.yaml")
-    job_id, home = f"ft-{uuid.uuid4().hex[:6]}", tmp_path / "home"
-    port = 29000 + uuid.uuid4().int % 900
-    job = ft_job(tmp_path, port, ["--steps", "80", "--step-time", "0.3"])
-    proc = start(job, inv, home, job_id, "--no-live", "--nodes", "node0,node1,node2,node3")
+    cluster, job_id, home, _port, proc = start_ft(make_cluster, tmp_path, 80)
     try:
         assert wait_for(lambda: "ft step 12 group 2 " in output(home, job_id), 180), output(home, job_id)[-3000:]
         cluster.cut(3)  # the spare, where the lighthouse runs
@@ -135,12 +138,7 @@ def test_a_cut_lighthouse_host_moves_it_and_the_groups_step_on_without_a_relaunc
 
 
 def test_a_killed_controller_has_the_hosts_end_every_group_and_the_lighthouse(make_cluster, tmp_path):
-    cluster = make_cluster(4)
-    inv = cluster.write_inventory(tmp_path / "inv.yaml")
-    job_id, home = f"ft-{uuid.uuid4().hex[:6]}", tmp_path / "home"
-    port = 29000 + uuid.uuid4().int % 900
-    job = ft_job(tmp_path, port, ["--steps", "400", "--step-time", "0.3"])
-    proc = start(job, inv, home, job_id, "--no-live", "--nodes", "node0,node1,node2,node3")
+    cluster, job_id, home, _port, proc = start_ft(make_cluster, tmp_path, 400)
     try:
         assert wait_for(lambda: "ft step 5 group 2 " in output(home, job_id), 180), output(home, job_id)[-3000:]
         assert job_procs(cluster, f"{job_id}-lh")[3], "the lighthouse runs on the spare"
