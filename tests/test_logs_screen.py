@@ -285,6 +285,24 @@ def test_a_failures_aftermath_folds_to_one_counted_line_per_host_and_the_failed_
     assert len(stored(job_dir, stderr=True)) == 8 * 5 + 9 + 2 * 2, "the files keep everything"
 
 
+def test_distruns_notes_about_a_host_it_is_stopping_fold_into_that_hosts_counted_line(tmp_path: Path) -> None:
+    # One rank's failure on 3 hosts showed 44 lines against the issue's 40: the stopped hosts'
+    # "stopping" and "job processes ended" notes were 4 of them.
+    terminal = io.StringIO()
+    sink = LogSink(JobDir(tmp_path), Screen(terminal, job_id="j-5"))
+    run = host(sink, "node0")
+    run.on_data(b'\x1e{"ev": "note", "msg": "started"}\n')
+    sink.stopping("node0")
+    run.on_data(b'\x1e{"ev": "note", "msg": "stopping (node1 failed)"}\n')
+    run.on_data(b'\x1e{"ev": "note", "msg": "job processes ended (stopped by the controller); 0 needed SIGKILL"}\n')
+    run.on_data(b'\x1e{"ev": "exit", "rc": -15}\n')
+    sink.close()
+
+    assert terminal.getvalue().splitlines() == [
+        "[node0] distrun: started", "[node0] 2 lines of shutdown output (distrun logs j-5 --node node0)"]
+    assert "distrun: stopping (node1 failed)" in sink.last_lines("node0", None, 5), "the files keep them"
+
+
 def test_the_root_causes_traceback_shows_once_known_when_another_ranks_came_first(tmp_path: Path) -> None:
     terminal = io.StringIO()
     sink = LogSink(JobDir(tmp_path), Screen(terminal, job_id="j-4"))

@@ -13,7 +13,7 @@ root causes, before distrun's own. `ShutdownFold` decides, line by line, what st
   `release` shows them after all); its other lines show;
 - a host's torchrun (no rank), from its first traceback, ChildFailedError or exit-barrier error
   on, is folded; so is everything torchrun and the ranks print on stderr once distrun is
-  stopping the host (`stopping`).
+  stopping the host (`stopping`), and distrun's own notes about that host from then on.
 
 Folded lines are counted per host, for one line each: `[node0] 52 lines of shutdown output
 (distrun logs ID --node node0)`.
@@ -64,6 +64,14 @@ class ShutdownFold:
             else:
                 shown.append(line + "\n")
         return "".join(shown)
+
+    def note(self, node: str) -> bool:
+        """Whether distrun's own note about `node` folds: once distrun is stopping the host, its notes
+        (stopping, the processes ended) are shutdown output too, counted with the rest."""
+        if node not in self.stopping_hosts:
+            return False
+        self.counts[node] = self.counts.get(node, 0) + 1
+        return True
 
     def stopping(self, node: str) -> None:
         """distrun began stopping `node`: fold all of its stderr from now on."""

@@ -167,6 +167,8 @@ class Screen:
         """A line of distrun's own about a host."""
         line = shown(f"distrun: {text}".encode())
         with self.lock:
+            if self.fold.note(node):
+                return
             self.writer.offer(f"{self._label(node, None, 'o', False)} {line}\n", 1)
 
     def stopping(self, node: str) -> None:
