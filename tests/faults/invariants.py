@@ -162,6 +162,14 @@ def other_groups_untouched(cell: Cell, seen: Observed) -> list[str]:
     if cell.fault is Fault.LIGHTHOUSE_KILLED:
         return lighthouse_back(cell, seen)
     problems = []
+    if re.search(rf"^\[g(?!{FT_GROUP}\])\d+\] restarting", seen.terminal, re.M):
+        # torchft 0.2.0 may crash the other group too when its peer dies mid-allreduce (its DDP
+        # comm hook's `assert fut._fut`, seen once in CI); `restarts` relaunches it and the job
+        # succeeds, but then no group holds the state to heal from: only the relaunches are held.
+        if not re.search(rf"^\[g{FT_GROUP}\] restarting", seen.terminal, re.M):
+            problems.append(f"e) group {FT_GROUP} was not relaunched")
+        print(f"{cell.id}: the other group crashed and was relaunched too (torchft's hazard)")
+        return problems
     survivor = [(int(step), float(when)) for group, _, step, when in FT_LINE.findall(seen.terminal)
                 if int(group) != FT_GROUP]
     steps = [step for step, _ in survivor]
