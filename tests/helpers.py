@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import secrets
+import select
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -104,3 +109,37 @@ def ready_processes(commands: Sequence[tuple[list[str], dict[str, str]]]) -> Ite
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def on_terminal(args: Sequence[str], home: Path, env: dict[str, str], size: tuple[int, int] = (40, 140),
+                timeout: float = 240) -> str:
+    """Run distrun with its stdout and stderr on a pseudo-terminal of `size` (rows, columns) until it
+    exits 0 (asserted); what it wrote, read until its last writer closed the terminal."""
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", *size, 0, 0))
+    full_env = {**os.environ, "DISTRUN_HOME": str(home), "TERM": "xterm-256color", **env}
+    full_env.pop("DISTRUN_INVENTORY", None)
+    full_env.pop("NO_COLOR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], cwd=REPO, env=full_env,
+                            stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    out = bytearray()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if not select.select([controller], [], [], 1.0)[0]:
+                continue
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: every writer closed the terminal
+                break
+            if not chunk:
+                break
+            out += chunk
+        text = out.decode(errors="replace")
+        assert proc.wait(10) == 0, text[-4000:]
+    finally:
+        os.close(controller)
+        if proc.poll() is None:
+            proc.kill()
+    return text

@@ -3,27 +3,21 @@
 
 from __future__ import annotations
 
-import fcntl
 import itertools
 import json
 import os
-import pty
 import re
-import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
-import termios
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.helpers import REPO, distrun, wait_for
+from tests.helpers import REPO, distrun, on_terminal, wait_for
 
 pytest.importorskip("torchft")
 
@@ -312,41 +306,13 @@ def test_logs_group_shows_one_groups_lines_and_ps_lists_the_groups_under_their_j
                         under[2]), under
 
 
-def read_until_closed(screen: int, timeout: float) -> bytes:
-    """What a terminal's writers wrote until the last one closed it (at most `timeout` seconds)."""
-    seen = bytearray()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not select.select([screen], [], [], 1.0)[0]:
-            continue
-        try:
-            chunk = os.read(screen, 65536)
-        except OSError:  # EIO: the last writer closed it
-            break
-        if not chunk:
-            break
-        seen += chunk
-    return bytes(seen)
-
-
 def test_on_a_terminal_the_parent_draws_a_row_per_group_and_the_lighthouse_and_quorum_under_them(
         tmp_path: Path) -> None:
     home = tmp_path / "home"
     job = write_job(tmp_path, ["--steps", "6", "--step-time", "0.1"])
-    screen, terminal = pty.openpty()
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
-    env = {**os.environ, "DISTRUN_HOME": str(home), "OMP_NUM_THREADS": "1", "XDG_CONFIG_HOME": str(home / "nc")}
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "launch", str(job), "-i",
-                             str(tmp_path / "inv.yaml")], cwd=REPO, env=env, stdout=terminal, stderr=terminal)
-    os.close(terminal)
-    try:
-        seen = read_until_closed(screen, 240)
-        assert proc.wait(timeout=10) == 0, seen[-4000:]
-    finally:
-        os.close(screen)
-        if proc.poll() is None:
-            proc.kill()
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace")).replace("\r", "")
+    seen = on_terminal(["launch", str(job), "-i", str(tmp_path / "inv.yaml")], home,
+                       {"OMP_NUM_THREADS": "1", "XDG_CONFIG_HOME": str(home / "nc")}, size=(50, 160))
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen).replace("\r", "")
     assert re.search(r"^ *group +state +hosts +relaunches +step +quorum *$", text, re.M), text[-3000:]
     last = text[text.rindex("relaunches"):]  # the last frame, left on screen at the end
     assert re.search(r"^ *0 +done +a +0 +\d+ +(in|out) *$", last, re.M), last

@@ -6,21 +6,16 @@ so its sampler reports two GPUs: one with its memory 99% full and one with an XI
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import pty
 import re
-import struct
 import subprocess
 import sys
-import termios
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, distrun, job_lines
+from tests.helpers import REPO, distrun, job_lines, on_terminal
 
 INTERVAL = 0.25
 SHIM = f"""\
@@ -101,30 +96,6 @@ def test_top_prints_the_last_samples_of_the_finished_job(piped) -> None:
     assert re.search(r"localhost\s+cpu\s+\d+%", result.stdout)
     assert re.search(r"gpu0\s+90%\s+79\.0/80\.0 GB\s+61°C\s+412/700 W", result.stdout)
     assert "XID 1" in result.stdout and "2 alert(s)" in result.stdout
-
-
-def on_terminal(args: list[str], home: Path, env: dict[str, str]) -> str:
-    """Run distrun with its stdout and stderr on a 140x40 pseudo-terminal; what it wrote."""
-    controller, terminal = pty.openpty()
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 140, 0, 0))
-    full_env = {**os.environ, "DISTRUN_HOME": str(home), "TERM": "xterm-256color", **env}
-    full_env.pop("DISTRUN_INVENTORY", None)
-    full_env.pop("NO_COLOR", None)
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], cwd=REPO, env=full_env,
-                            stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal)
-    os.close(terminal)
-    out = b""
-    while True:
-        try:
-            chunk = os.read(controller, 65536)
-        except OSError:  # EIO: every writer closed the terminal
-            break
-        if not chunk:
-            break
-        out += chunk
-    os.close(controller)
-    assert proc.wait(120) == 0, out.decode(errors="replace")
-    return out.decode(errors="replace")
 
 
 @pytest.mark.parametrize("live", [True, False], ids=["live", "no-live"])
