@@ -45,6 +45,15 @@ def write_job(tmp_path: Path, args: list[str], extra: str = "", nodes: tuple[str
     return path
 
 
+def kill_group(script: Path, group: int) -> None:
+    """SIGKILL every rank of replica group `group` running `script` (at least one)."""
+    ranks = [p for p in psutil.process_iter(["cmdline", "environ"]) if str(script) in " ".join(
+        p.info["cmdline"] or []) and (p.info["environ"] or {}).get("REPLICA_GROUP_ID") == str(group)]
+    assert ranks
+    for rank in ranks:
+        rank.send_signal(signal.SIGKILL)
+
+
 def launch(tmp_path: Path, job: Path, home: Path, when: str | None = None,
            act: Callable[[], None] | None = None) -> tuple[int, str]:
     """`distrun launch JOB -i inv.yaml`; once its output shows `when`, `act()`; its exit code and output."""
@@ -148,14 +157,7 @@ def test_a_group_whose_rank_is_killed_comes_back_on_the_spare_healed_from_its_pe
     job = write_job(tmp_path, ["--steps", "150", "--step-time", "0.1"], "nnodes: 2\nrestarts: {max: 1}\n",
                     nodes=("a", "b", "c"))
 
-    def kill_group_1() -> None:
-        ranks = [p for p in psutil.process_iter(["cmdline", "environ"]) if str(WORKER) in " ".join(
-            p.info["cmdline"] or []) and (p.info["environ"] or {}).get("REPLICA_GROUP_ID") == "1"]
-        assert ranks
-        for rank in ranks:
-            rank.send_signal(signal.SIGKILL)
-
-    code, out = launch(tmp_path, job, home, when="ft step 15 group 1", act=kill_group_1)
+    code, out = launch(tmp_path, job, home, when="ft step 15 group 1", act=lambda: kill_group(WORKER, 1))
     assert code == 0, out[-4000:]
     found = steps(out)
     survivor = [step for step, _, _ in found[0]]
@@ -259,14 +261,8 @@ def test_bundled_resnet_script_group_killed_mid_run_is_relaunched_and_heals_from
                                "--slow-s", "0.1"], "nnodes: 2\nrestarts: {max: 1}\n", nodes=("a", "b", "c"),
                     script=script)
 
-    def kill_group_1() -> None:
-        ranks = [p for p in psutil.process_iter(["cmdline", "environ"]) if str(script) in " ".join(
-            p.info["cmdline"] or []) and (p.info["environ"] or {}).get("REPLICA_GROUP_ID") == "1"]
-        assert ranks
-        for rank in ranks:
-            rank.send_signal(signal.SIGKILL)
-
-    code, out = launch(tmp_path, job, home, when="train_resnet50: ft step 10 group 1 ", act=kill_group_1)
+    code, out = launch(tmp_path, job, home, when="train_resnet50: ft step 10 group 1 ",
+                       act=lambda: kill_group(script, 1))
     assert code == 0, out[-4000:]
     logged = [(group, host, int(step)) for group, host, step in re.findall(
         r"^\[g(\d)\] \[(\w+) r0\] train_resnet50: ft step (\d+) group \1 participants \d$", out, re.M)]
