@@ -118,20 +118,26 @@ def test_a_hang_on_hosts_without_py_spy_names_no_host_and_says_how_to_find_the_s
 
 def test_stack_folds_the_six_ranks_of_a_healthy_job_into_one_group_and_ps_shows_it_running(cluster3, inv, tmp_path):
     home = tmp_path / "home"
-    # Each step: a tiny all_reduce, then 2 s of sleep, where every rank is when it is dumped.
-    job = write_job(tmp_path, "healthy", ["--steps", "100000", "--step-time", "2"], script=HANG_WORKER)
+    # Each step: a tiny all_reduce, then 4 s of sleep, where every rank is when it is dumped, unless
+    # a dump straddles a step's end (py-spy pauses each rank in turn): then another dump is taken.
+    job = write_job(tmp_path, "healthy", ["--steps", "100000", "--step-time", "4"], script=HANG_WORKER)
     proc = start(job, inv, home, "ok-1", "--no-live")
     try:
         wait_for_line(home, "ok-1", "step 2")
-        began = time.monotonic()
-        done = distrun("stack", "ok-1", "--json", home=home, timeout=60)
-        took = time.monotonic() - began
-        assert done.returncode == 0, done.stderr
-        groups = json.loads(done.stdout)["groups"]
+        for _ in range(3):
+            began = time.monotonic()
+            done = distrun("stack", "ok-1", "--json", home=home, timeout=60)
+            took = time.monotonic() - began
+            assert done.returncode == 0, done.stderr
+            groups = json.loads(done.stdout)["groups"]
+            if len(groups) == 1:
+                break
         assert [(g["ranks"], g["hosts"]) for g in groups] == [(list(range(6)), ["node0", "node1", "node2"])]
         assert groups[0]["where"] == "steps (hang_worker.py:63)"
         text = distrun("stack", "ok-1", "--node", "node1", home=home, timeout=60).stdout.splitlines()
-        assert text[1] == "ranks 2-3 (on node1)"
+        titles = [line for line in text if re.match(r"ranks? [0-9,-]+ \(on ", line)]
+        assert titles in (["ranks 2-3 (on node1)"], ["rank 2 (on node1)", "rank 3 (on node1)"],
+                          ["rank 3 (on node1)", "rank 2 (on node1)"]), text
         assert record(home, "ok-1")["state"] == "running"
     finally:
         distrun("stop", "ok-1", home=home, timeout=60)
