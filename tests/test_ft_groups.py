@@ -13,7 +13,8 @@ import pytest
 
 from orchestrator.errors import UsageError
 from orchestrator.ft.groups import ReplicaGroup, group_job, split
-from orchestrator.ft.lighthouse import SYSTEM_PATH, Quorum, lighthouse_job, quorum_of
+from orchestrator.ft.lighthouse import SYSTEM_PATH, lighthouse_job
+from orchestrator.ft.timeline import quorum_of
 from orchestrator.remote import ftforward
 from orchestrator.remote.ftforward import UPSTREAMS, forward_lighthouse
 from orchestrator.spec.job import job_from_text
@@ -118,7 +119,8 @@ def test_the_lighthouses_quorum_line_gives_its_participants_and_highest_step() -
             b'QuorumMember { replica_id: "group2:5918146b", address: "http://node2:36149", store_address: '
             b'"10.0.0.12:29854", step: 14, world_size: 1, shrink_only: false, commit_failures: 0, data: "" }], '
             b'created: Some(Timestamp { seconds: 1795657116, nanos: 276907907 }) }\n')
-    assert quorum_of(line) == Quorum(4, ("group0", "group2"), 14)
+    quorum = quorum_of(line)
+    assert (quorum.id, quorum.participants, quorum.step) == (4, ("group0", "group2"), 14)
     assert quorum_of(b"[INFO] [torchft::lighthouse] - Quorum status: New quorum not ready\n") is None
 
 

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from orchestrator.failures import Failure, FailureKind
 from orchestrator.ft.story import story
-from orchestrator.ft.timeline import Member, QuorumTail, Timeline, heal_source, members_of
+from orchestrator.ft.timeline import Member, QuorumTail, Timeline, heal_source, quorum_of
 from orchestrator.ft.view import group_row, render
 from orchestrator.restarts import Attempt, AttemptHistory
 from orchestrator.spare_pool import SparePool
@@ -37,12 +37,12 @@ def cut_and_heal() -> Timeline:
     step on to 28, group 1 comes back at t=200 at step 0 and heals; all three step to 30."""
     timeline = Timeline()
     for step in range(1, 13):
-        timeline.observe(members_of(quorum_line(2, {0: step, 1: step, 2: step})), 100.0 + step)
+        timeline.observe(quorum_of(quorum_line(2, {0: step, 1: step, 2: step})), 100.0 + step)
     for step in range(13, 29):
-        timeline.observe(members_of(quorum_line(3, {0: step, 2: step})), 150.0 + step)
-    timeline.observe(members_of(quorum_line(4, {0: 28, 1: 0, 2: 28})), 200.0)
+        timeline.observe(quorum_of(quorum_line(3, {0: step, 2: step})), 150.0 + step)
+    timeline.observe(quorum_of(quorum_line(4, {0: 28, 1: 0, 2: 28})), 200.0)
     for step in (29, 30):
-        timeline.observe(members_of(quorum_line(4, {0: step, 1: step, 2: step})), 200.0 + step)
+        timeline.observe(quorum_of(quorum_line(4, {0: step, 1: step, 2: step})), 200.0 + step)
     return timeline
 
 
@@ -51,9 +51,10 @@ def lost(host: str) -> Failure:
 
 
 def test_a_lighthouse_quorum_line_gives_each_member_its_group_and_step() -> None:
-    members = members_of(quorum_line(4, {0: 28, 1: 0}))
-    assert [(m.group, m.step) for m in members] == [(0, 28), (1, 0)]
-    assert members_of(b"[lighthouse] ... Quorum status: Valid quorum found [1/1 participants healthy]") is None
+    quorum = quorum_of(quorum_line(4, {0: 28, 1: 0}))
+    assert [(m.group, m.step) for m in quorum.members] == [(0, 28), (1, 0)]
+    assert (quorum.id, quorum.participants, quorum.step) == (4, ("group0", "group1"), 28)
+    assert quorum_of(b"[lighthouse] ... Quorum status: Valid quorum found [1/1 participants healthy]") is None
 
 
 def test_a_group_behind_heals_from_the_groups_at_the_top_step_in_torchfts_order() -> None:
@@ -69,13 +70,14 @@ def test_the_timeline_keeps_the_step_a_group_was_lost_at_and_how_it_came_back() 
     assert (first.joined_step, first.last_step, first.healed) == (1, 12, False)
     assert (back.began, back.joined_step, back.top_step, back.source, back.healed) == (200.0, 0, 28, 0, True)
     assert timeline.last_step(1) == 30 and timeline.latest == (0, 1, 2) and timeline.top_step == 30
+    assert (timeline.last.id, timeline.last.participants) == (4, ("group0", "group1", "group2"))
 
 
 def test_a_relaunched_group_is_a_new_stint_even_when_no_quorum_formed_without_it() -> None:
     timeline = Timeline()
-    timeline.observe(members_of(quorum_line(2, {0: 5, 1: 5})), 100.0)
+    timeline.observe(quorum_of(quorum_line(2, {0: 5, 1: 5})), 100.0)
     relaunched = quorum_line(3, {0: 5, 1: 0}).replace(b'"group1' + UUID.encode(), b'"group1:new-process')
-    timeline.observe(members_of(relaunched), 150.0)
+    timeline.observe(quorum_of(relaunched), 150.0)
     first, back = timeline.of(1)
     assert (first.last_step, back.began, back.healed, back.source) == (5, 150.0, True, 0)
     assert len(timeline.of(0)) == 1
@@ -132,8 +134,8 @@ def test_a_groups_row_says_relaunching_until_it_is_back_in_a_quorum_then_healed(
 def test_the_live_table_has_a_row_per_group_and_the_lighthouse_and_quorum_under_it() -> None:
     timeline = Timeline()
     for step in range(1, 13):
-        timeline.observe(members_of(quorum_line(2, {0: step, 1: step, 2: step})), 100.0 + step)
-    timeline.observe(members_of(quorum_line(3, {0: 13, 2: 13})), 170.0)
+        timeline.observe(quorum_of(quorum_line(2, {0: step, 1: step, 2: step})), 100.0 + step)
+    timeline.observe(quorum_of(quorum_line(3, {0: 13, 2: 13})), 170.0)
     ended = [Attempt(1, ("node1",), started=95.0, ended=175.0, failure=lost("node1"))]
     rows = [group_row(0, None, ("node0",), [], timeline), group_row(1, None, ("node3",), ended, timeline),
             group_row(2, None, ("node2",), [], timeline)]

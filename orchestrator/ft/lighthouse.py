@@ -22,7 +22,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from enum import Enum
 from pathlib import Path, PurePosixPath
 
@@ -42,34 +42,6 @@ READY_WAIT = 120.0  # how long a starting lighthouse may take to listen (ssh, to
 STOP_WAIT = 60.0  # beyond the job's stop grace, how long its controller gets to stop its host
 RANK_LINE = re.compile(rb"^\[\S+ r\d+(?: err)?\] ")  # a line of the lighthouse itself, not of its controller
 
-
-QUORUM = re.compile(rb"Quorum! Quorum \{ quorum_id: (\d+), participants: \[(.*)")
-MEMBER = re.compile(rb'replica_id: "([^":]*)[^"]*",.*?step: (\d+)')
-
-
-@dataclass(frozen=True)
-class Quorum:
-    """The lighthouse's latest quorum, as its log line tells it.
-
-    Attributes:
-        id: torchft's quorum id (it grows when the participants change).
-        participants: The replica ids in it (`group0`, ... as the scripts name them).
-        step: The highest step of a participant.
-    """
-
-    id: int
-    participants: tuple[str, ...]
-    step: int
-
-
-def quorum_of(line: bytes) -> Quorum | None:
-    """The quorum a lighthouse line announces (`Quorum! Quorum { quorum_id: ...`), else None."""
-    found = QUORUM.search(line)
-    if found is None:
-        return None
-    members = MEMBER.findall(found.group(2))
-    return Quorum(int(found.group(1)), tuple(m[0].decode(errors="replace") for m in members),
-                  max((int(m[1]) for m in members), default=0))
 
 
 def program(node: NodeSpec) -> str:
@@ -140,16 +112,14 @@ def die_with_parent() -> None:
 
 
 class Lighthouse:
-    """The lighthouse job's controller (job `job_id`) as the parent follows it: its lines, its
-    latest quorum. It dies with the parent (PR_SET_PDEATHSIG), and its host's supervisor then ends
-    the lighthouse."""
+    """The lighthouse job's controller (job `job_id`) as the parent follows it: its lines. It dies
+    with the parent (PR_SET_PDEATHSIG), and its host's supervisor then ends the lighthouse."""
 
     def __init__(self, argv: list[str], job_id: str, log: Path, say: Callable[[str], None]) -> None:
         self.argv = argv
         self.job_id = job_id
         self.log = log
         self.say = say
-        self.quorum: Quorum | None = None  # the latest, once one formed
         self.proc: subprocess.Popen[bytes] | None = None
         self.pump: threading.Thread | None = None
 
@@ -184,7 +154,6 @@ class Lighthouse:
             for line in self.proc.stdout:
                 kept.write(b"[lighthouse] " + line)
                 kept.flush()
-                self.quorum = quorum_of(line) or self.quorum
                 if not RANK_LINE.match(line):
                     self.say(line.decode(errors="replace").rstrip("\n"))
 

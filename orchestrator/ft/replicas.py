@@ -362,7 +362,7 @@ class _Parent:
 
     def groups_state(self) -> dict[str, object]:
         """What `groups.json` in the job directory holds: each group, the lighthouse, and the latest quorum."""
-        quorum = self.light.quorum
+        quorum = self.timeline.last
         hosts, starts = self._light_record()
         return {"lighthouse": {"job": self.light.job_id, "hosts": hosts, "starts": starts},
                 "quorum": None if quorum is None else {"id": quorum.id, "participants": list(quorum.participants),
@@ -378,7 +378,7 @@ class _Parent:
 
     def _end(self, code: int, summary: str) -> None:
         self._write_state()
-        quorum = self.light.quorum
+        quorum = self.timeline.last
         hosts, starts = self._light_record()
         lines = [summary, f"  lighthouse ({self.light.job_id}): started {starts} time(s), last on {', '.join(hosts)}"]
         if quorum is not None:

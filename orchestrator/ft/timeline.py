@@ -3,8 +3,8 @@ at which step, whether it had to heal and from which group, and the last step it
 
 The parent controller reads the job's `lighthouse.log` as it grows (`QuorumTail`) and feeds every
 quorum to a `Timeline`; the live view (view.py) and the summary's stories (story.py) read it.
-Every quorum line counts (the one in which a relaunched group heals is a single line), which the
-lighthouse's `quorum` (the latest only) cannot tell.
+Every quorum line counts (the one in which a relaunched group heals is a single line); the latest is
+also what `groups.json` and the summary show.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from orchestrator.ft.lighthouse import QUORUM
-
+QUORUM = re.compile(rb"Quorum! Quorum \{ quorum_id: (\d+), participants: \[(.*)")
 # The whole replica id (torchft orders a quorum's members by it), and the member's step.
 MEMBER = re.compile(rb'replica_id: "([^"]*)",.*?step: (\d+)')
 TRAILING_DIGITS = re.compile(r"(\d+)$")
@@ -36,12 +35,36 @@ class Member:
         return int(found[1]) if found else None
 
 
-def members_of(line: bytes) -> list[Member] | None:
-    """The members of the quorum a lighthouse line announces, else None."""
+@dataclass(frozen=True)
+class Quorum:
+    """A quorum the lighthouse formed, as its log line tells it.
+
+    Attributes:
+        id: torchft's quorum id (it grows when the participants change).
+        members: Its members in the line's order.
+    """
+
+    id: int
+    members: tuple[Member, ...]
+
+    @property
+    def participants(self) -> tuple[str, ...]:
+        """The members' names (`group0`, ... as the scripts name them), without torchft's uuid."""
+        return tuple(m.replica_id.split(":")[0] for m in self.members)
+
+    @property
+    def step(self) -> int:
+        """The highest step of a member."""
+        return max((m.step for m in self.members), default=0)
+
+
+def quorum_of(line: bytes) -> Quorum | None:
+    """The quorum a lighthouse line announces (`Quorum! Quorum { quorum_id: ...`), else None."""
     found = QUORUM.search(line)
     if found is None:
         return None
-    return [Member(rid.decode(errors="replace"), int(step)) for rid, step in MEMBER.findall(found.group(2))]
+    return Quorum(int(found.group(1)), tuple(Member(rid.decode(errors="replace"), int(step))
+                                             for rid, step in MEMBER.findall(found.group(2))))
 
 
 def heal_source(members: Sequence[Member], healing: Member) -> Member | None:
@@ -90,10 +113,12 @@ class Timeline:
     ids: dict[int, str] = field(default_factory=dict)  # each group's latest replica id
     latest: tuple[int, ...] = ()  # the groups in the latest quorum
     top_step: int | None = None  # the latest quorum's highest step
+    last: Quorum | None = None  # the latest quorum
 
-    def observe(self, members: Sequence[Member], when: float) -> None:
+    def observe(self, quorum: Quorum, when: float) -> None:
         """One quorum, read at `when`."""
-        top = max((m.step for m in members), default=0)
+        members, top = quorum.members, quorum.step
+        self.last = quorum
         current = []
         for member in members:
             index = member.group
@@ -139,6 +164,6 @@ class QuorumTail:
         self.offset += cut
         now = time.time()
         for line in chunk[:cut].splitlines():
-            members = members_of(line)
-            if members:
-                self.timeline.observe(members, now)
+            quorum = quorum_of(line)
+            if quorum is not None and quorum.members:
+                self.timeline.observe(quorum, now)
