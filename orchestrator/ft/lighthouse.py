@@ -27,6 +27,8 @@ from enum import Enum
 from pathlib import Path, PurePosixPath
 
 from orchestrator.errors import InfraError
+from orchestrator.failures import FailureKind
+from orchestrator.restarts import Attempt
 from orchestrator.spec.model import JobSpec, NodeSpec, Restarts
 
 # Starts of the lighthouse after its first: as many as a job could need, each host lost at most once.
@@ -106,6 +108,19 @@ def listening(hosts: Sequence[NodeSpec], port: int) -> bool:
     return False
 
 
+def crashed_first(attempts: Sequence[dict]) -> str | None:
+    """How the lighthouse's process failed in its first attempt, from its record's `attempts`
+    (`node2 (10.0.0.12) rank 0: exit code 1, last line: RuntimeError: Address already in use`); None
+    while that attempt runs, and when its host failed, not the process. A lighthouse that exits
+    before it ever listened (its port bound, a torchft that refuses its arguments, a broken install)
+    would do the same again on every restart."""
+    first = Attempt.from_dict(attempts[0]).failure if attempts else None
+    if first is None or first.kind not in (FailureKind.EXIT, FailureKind.SIGNAL):
+        return None
+    last = [line.strip() for line in first.last_lines if line.strip()]
+    return first.brief() + (f", last line: {last[-1]}" if last else "")
+
+
 def die_with_parent() -> None:
     """In a child before exec: the kernel sends it SIGKILL when this process dies."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
@@ -115,11 +130,13 @@ class Lighthouse:
     """The lighthouse job's controller (job `job_id`) as the parent follows it: its lines. It dies
     with the parent (PR_SET_PDEATHSIG), and its host's supervisor then ends the lighthouse."""
 
-    def __init__(self, argv: list[str], job_id: str, log: Path, say: Callable[[str], None]) -> None:
+    def __init__(self, argv: list[str], job_id: str, log: Path, say: Callable[[str], None],
+                 crashed: Callable[[], str | None]) -> None:
         self.argv = argv
         self.job_id = job_id
         self.log = log
         self.say = say
+        self.crashed = crashed  # how its first start's process failed, once it did (crashed_first)
         self.proc: subprocess.Popen[bytes] | None = None
         self.pump: threading.Thread | None = None
 
@@ -127,8 +144,8 @@ class Lighthouse:
         """Start its controller and wait until the lighthouse listens on one of `hosts`.
 
         Raises:
-            InfraError: the port is taken on one of `hosts` already, its controller ended first, or
-                it did not listen within READY_WAIT seconds.
+            InfraError: the port is taken on one of `hosts` already, its controller ended first, its
+                process exited before it listened, or it did not listen within READY_WAIT seconds.
         """
         taken = [node.name for node in hosts if listening([node], port)]
         if taken:
@@ -140,12 +157,23 @@ class Lighthouse:
         self.pump.start()
         deadline = time.monotonic() + READY_WAIT
         while not listening(hosts, port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                why = (f"its launch ended ({_ended(self.proc.returncode)})" if self.proc.poll() is not None
-                       else f"it did not listen on port {port} within {READY_WAIT:g} s")
+            why = self._not_starting(port, deadline)
+            if why:
                 self.stop(0)
                 raise InfraError(f"the torchft lighthouse did not start: {why} (see {self.log})")
             time.sleep(0.2)
+
+    def _not_starting(self, port: int, deadline: float) -> str | None:
+        """Why waiting on for the lighthouse to listen is pointless, else None."""
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            return f"its launch ended ({_ended(self.proc.returncode)})"
+        crashed = self.crashed()
+        if crashed:
+            return f"it exited before it listened: {crashed}"
+        if time.monotonic() > deadline:
+            return f"it did not listen on port {port} within {READY_WAIT:g} s"
+        return None
 
     def _pump(self) -> None:
         """Every line of its controller to the log; distrun's own (not the lighthouse's) to `say` too."""

@@ -198,7 +198,7 @@ class _Parent:
         self.log: IO[str] = jobs_dir.open(jobs_dir.root / "groups.log", "a", encoding="utf-8")
         self.places = light[0]
         self.light = lighthouse.Lighthouse(light[1], job_id + LIGHTHOUSE_SUFFIX, jobs_dir.root / "lighthouse.log",
-                                           lambda text: self.say(text, prefix="[lighthouse] "))
+                                           lambda text: self.say(text, prefix="[lighthouse] "), self._light_crashed)
         self.runs: list[GroupRun] = []
         self.interrupted: int | None = None
         self.next_state = 0.0  # when groups.json is written next (monotonic)
@@ -351,6 +351,12 @@ class _Parent:
             except DistrunError:
                 continue
         return found
+
+    def _light_crashed(self) -> str | None:
+        try:
+            return lighthouse.crashed_first(self.store.get(self.light.job_id).attempts)
+        except DistrunError:
+            return None
 
     def _light_record(self) -> tuple[list[str], int]:
         """The lighthouse's host now (as its record has it) and how often it was started."""
