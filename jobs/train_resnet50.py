@@ -8,7 +8,8 @@ GPU in one process; a plain single process without GPUs), ``ddp``
 (DistributedDataParallel, one process per GPU or CPU slot) and ``fsdp`` (FSDP2
 ``fully_shard`` per residual block, then the root). ``ddp`` and ``fsdp`` started
 without torchrun run as a one-rank process group. ``ft-ddp``: torchft's Manager,
-DistributedDataParallel and Optimizer wrapper (gloo on CPU, NCCL on GPUs), one process per replica group of a
+DistributedDataParallel (its comm hook made safe for a peer that dies: ``ft_comm_hook``) and
+Optimizer wrapper (gloo on CPU, NCCL on GPUs), one process per replica group of a
 job with ``fault_tolerance:`` (jobs/README.md); each group reads its own share of the data,
 gradients are averaged over the groups in the quorum, and a group that comes back heals
 from a peer. It prints ``ft step S group G participants P`` every ``--log-every`` steps.
@@ -756,6 +757,33 @@ def group_batches(args: argparse.Namespace, device: torch.device, group: int,
         yield from micro_batch_groups(make_loader(args, share, 0), 1)
 
 
+def ft_comm_hook(state, bucket):  # unannotated: DDP refuses the string annotations of this module
+    """torchft 0.2.0's DDP comm hook, safe for a peer group that dies mid-allreduce.
+
+    torchft's own asserts on the future of an allreduce that failed (`assert fut._fut`: the manager
+    caught the error before it chained the future), so a peer group SIGKILLed mid-allreduce crashed
+    this group too. Here a failed allreduce hands DDP the bucket as it is: the manager has the error
+    and does not commit the step, as torchft intends. A good one returns what torchft's returns."""
+    work = state.allreduce(bucket.buffer())
+    work.wait()
+    chained = getattr(work.get_future(), "_fut", None)
+    if chained is not None:
+        return chained
+    as_is: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    as_is.set_result(bucket.buffer())
+    return as_is
+
+
+def ft_ddp(manager: Any, model: nn.Module) -> nn.Module:
+    """torchft's DistributedDataParallel with `ft_comm_hook` for its comm hook."""
+    import torchft
+
+    class SafeHook(torchft.DistributedDataParallel):
+        _comm_hook = staticmethod(ft_comm_hook)
+
+    return SafeHook(manager, model)
+
+
 def train_ft(args: argparse.Namespace, runtime: Runtime) -> None:
     """--strategy ft-ddp: train until torchft's step count reaches --steps, which a group that
     healed from a peer continues from; only committed steps count and log."""
@@ -785,7 +813,7 @@ def train_ft(args: argparse.Namespace, runtime: Runtime) -> None:
     manager = torchft.Manager(pg=pg_class(timeout=timedelta(seconds=10)), min_replica_size=1,
                               load_state_dict=load_state_dict, state_dict=state_dict, replica_id=f"group{group}",
                               timeout=timedelta(seconds=10), quorum_timeout=timedelta(seconds=30))
-    trainer = Trainer(model=torchft.DistributedDataParallel(manager, model),
+    trainer = Trainer(model=ft_ddp(manager, model),
                       optimizer=torchft.Optimizer(manager, optimizer), strategy=Strategy.FT_DDP, runtime=runtime,
                       amp_dtype=amp_dtype, grad_accum=1, sync_wait=SyncWait(runtime.device))
     common = {"world_size": 1, "global_batch": args.batch_size, "strategy": Strategy.FT_DDP.value,
