@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,9 +55,10 @@ def kill_group(script: Path, group: int) -> None:
         rank.send_signal(signal.SIGKILL)
 
 
-def launch(tmp_path: Path, job: Path, home: Path, when: str | None = None,
+def launch(tmp_path: Path, job: Path, home: Path, when: str | Callable[[str], bool] | None = None,
            act: Callable[[], None] | None = None) -> tuple[int, str]:
-    """`distrun launch JOB -i inv.yaml`; once its output shows `when`, `act()`; its exit code and output."""
+    """`distrun launch JOB -i inv.yaml`; once its output shows `when` (or `when(output)` holds), `act()`;
+    its exit code and output."""
     env = {**os.environ, "DISTRUN_HOME": str(home), "OMP_NUM_THREADS": "1", "XDG_CONFIG_HOME": str(home / "nc")}
     out = tmp_path / "out.txt"
     with open(out, "w") as sink:
@@ -65,7 +67,8 @@ def launch(tmp_path: Path, job: Path, home: Path, when: str | None = None,
                                 stderr=subprocess.STDOUT)
     try:
         if when is not None:
-            assert wait_for(lambda: when in out.read_text(), 120), out.read_text()[-3000:]
+            seen = when if callable(when) else (lambda text: when in text)
+            assert wait_for(lambda: seen(out.read_text()), 120), out.read_text()[-3000:]
             assert act is not None
             act()
         return proc.wait(timeout=240), out.read_text()
@@ -194,6 +197,25 @@ def test_fewer_groups_than_min_replicas_fail_the_job_named(tmp_path: Path) -> No
     assert (root["host"], root["rank"], root["kind"], root["exit_code"]) == ("b", 0, "exit", 3), listed["failures"]
 
 
+def test_a_lighthouse_that_exits_before_it_listens_fails_the_job_at_once_naming_why(tmp_path: Path) -> None:
+    # A socket bound to the port and not listening: the connect check finds the port free, and the
+    # real lighthouse then exits with "RuntimeError: Address already in use". Every restart would too.
+    home = tmp_path / "home"
+    job = write_job(tmp_path, ["--steps", "50", "--step-time", "0.1"])
+    with socket.socket() as squatter:
+        squatter.bind(("0.0.0.0", port_of(job)))
+        began = time.monotonic()
+        code, out = launch(tmp_path, job, home)
+        took = time.monotonic() - began
+    assert code == 3, out[-3000:]
+    assert re.search(r"FAILED: the torchft lighthouse did not start: it exited before it listened: a \(localhost\) "
+                     r"rank 0: exit code 1, last line: RuntimeError: Address already in use", out), out[-3000:]
+    assert took < 60, f"{took:.1f} s: the lighthouse's restarts were waited out"
+    assert "Attempts (1 of at most" in out, "no second start of a lighthouse that cannot listen"
+    assert "replica group 0 on" not in out, "no group starts without a lighthouse"
+    assert not lighthouses(port_of(job))
+
+
 def test_a_killed_controller_leaves_no_group_and_no_lighthouse_behind(tmp_path: Path) -> None:
     home = tmp_path / "home"
     job = write_job(tmp_path, ["--steps", "400", "--step-time", "0.1"], "heartbeat_timeout: 4\n")
@@ -256,21 +278,23 @@ def test_bundled_resnet_script_group_killed_mid_run_is_relaunched_and_heals_from
     home = tmp_path / "home"
     script = REPO / "jobs" / "train_resnet50.py"
     # --slow-s paces every group's rank 0 (0.1 s a step): group 0 is still stepping when group 1 is back.
+    # The kill waits for a step both groups took (a group that started late runs alone at first).
     job = write_job(tmp_path, ["--strategy", "ft-ddp", "--model", "tiny", "--image-size", "16", "--batch-size", "4",
-                               "--num-classes", "10", "--steps", "150", "--log-every", "1", "--slow-rank", "0",
+                               "--num-classes", "10", "--steps", "250", "--log-every", "1", "--slow-rank", "0",
                                "--slow-s", "0.1"], "nnodes: 2\nrestarts: {max: 1}\n", nodes=("a", "b", "c"),
                     script=script)
 
-    code, out = launch(tmp_path, job, home, when="train_resnet50: ft step 10 group 1 ",
+    both = re.compile(r"train_resnet50: ft step (\d+) group 0 participants 2$", re.M)
+    code, out = launch(tmp_path, job, home, when=lambda text: any(int(s) >= 30 for s in both.findall(text)),
                        act=lambda: kill_group(script, 1))
     assert code == 0, out[-4000:]
     logged = [(group, host, int(step)) for group, host, step in re.findall(
         r"^\[g(\d)\] \[(\w+) r0\] train_resnet50: ft step (\d+) group \1 participants \d$", out, re.M)]
     survivor = [step for group, _, step in logged if group == "0"]
-    assert survivor == list(range(survivor[0], 151)), "group 0 never repeated nor skipped a step"
+    assert survivor == list(range(survivor[0], 251)), "group 0 never repeated nor skipped a step"
     before = [step for group, host, step in logged if group == "1" and host == "b"]
     after = [step for group, host, step in logged if group == "1" and host == "c"]
-    assert before and after and after[0] > before[-1] >= 10, f"group 1 healed from its peer: {before} then {after}"
+    assert before and after and after[0] > before[-1] >= 30, f"group 1 healed from its peer: {before} then {after}"
     assert "restarting: attempt 2 on c: c in place of b" in out
     assert "succeeded: 2 of 2 replica group(s) finished" in out
 
