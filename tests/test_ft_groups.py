@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -14,11 +15,12 @@ import pytest
 from orchestrator.errors import UsageError
 from orchestrator.ft.groups import ReplicaGroup, group_job, split
 from orchestrator.ft.lighthouse import SYSTEM_PATH, lighthouse_job
+from orchestrator.ft.preflight import check_torchft
 from orchestrator.ft.timeline import quorum_of
 from orchestrator.remote import ftforward
 from orchestrator.remote.ftforward import UPSTREAMS, forward_lighthouse
 from orchestrator.spec.job import job_from_text
-from orchestrator.spec.model import FaultTolerance, NodeSpec
+from orchestrator.spec.model import FaultTolerance, NodeSpec, TransportKind
 from orchestrator.spec.overrides import job_to_yaml
 from tests.helpers import REPO, distrun
 
@@ -110,6 +112,24 @@ def test_the_lighthouse_is_found_where_the_preflight_saw_pip_put_it_before_besid
     found = lighthouse_job(job, wrapped, tmp_path / "lh.yaml", "/opt/venv/bin")
     assert found.env["PATH"] == f"/opt/venv/bin:/tmp/gate:{SYSTEM_PATH}"
     assert "PATH" not in lighthouse_job(job, [NodeSpec(name="n2", host="h2")], tmp_path / "lh.yaml").env
+
+
+def test_the_preflight_finds_the_lighthouse_of_a_pip_target_install_in_its_bin(tmp_path: Path) -> None:
+    # `pip install --target DIR` puts torchft in DIR and torchft_lighthouse in DIR/bin, beside no
+    # python: on the lent GPU machine the lighthouse was looked for in the python's scripts
+    # directory and failed with "env: 'torchft_lighthouse': No such file or directory".
+    torchft = pytest.importorskip("torchft")
+    target = tmp_path / "site"
+    (target / "bin").mkdir(parents=True)
+    (target / "torchft").symlink_to(Path(torchft.__file__).parent)
+    (target / "bin" / "torchft_lighthouse").write_text("#!/bin/sh\n")
+    (target / "bin" / "torchft_lighthouse").chmod(0o755)
+    python = tmp_path / "python-target"  # the base python, torchft from the target, torch from the venv
+    path = f"{target}:{sysconfig.get_path('purelib')}"
+    python.write_text(f"#!/bin/sh\nPYTHONPATH={path} exec {sys._base_executable} \"$@\"\n")
+    python.chmod(0o755)
+    scripts = check_torchft([NodeSpec(name="a", host="localhost", transport=TransportKind.LOCAL, python=str(python))])
+    assert scripts == {"a": str(target / "bin")}
 
 
 def test_the_lighthouses_quorum_line_gives_its_participants_and_highest_step() -> None:

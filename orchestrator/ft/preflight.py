@@ -11,9 +11,15 @@ from orchestrator.group import Group
 from orchestrator.spec import NodeSpec
 from orchestrator.transport import CommandResult, Transport
 
-# torchft imports, and where its `torchft_lighthouse` is: the scripts directory of the python that
-# runs (an inventory's python may be a wrapper around the one pip installed torchft into).
-PROBE = "import sysconfig, torchft; print(sysconfig.get_path('scripts'))"
+# torchft imports, and where its `torchft_lighthouse` is: the first directory that has it of the
+# scripts directory of the python that runs (an inventory's python may be a wrapper around the one
+# pip installed torchft into), the python's own, the `bin` beside torchft's package (`pip install
+# --target DIR` puts it in DIR/bin) and the host's PATH; else the scripts directory.
+PROBE = ("import os, shutil, sys, sysconfig, torchft; "
+         "dirs = [sysconfig.get_path('scripts'), os.path.dirname(sys.executable), "
+         "os.path.join(os.path.dirname(os.path.dirname(torchft.__file__)), 'bin'), "
+         "os.path.dirname(shutil.which('torchft_lighthouse') or '')]; "
+         "print(next((d for d in dirs if d and os.access(os.path.join(d, 'torchft_lighthouse'), os.X_OK)), dirs[0]))")
 PROBE_TIMEOUT = 120.0  # torchft imports torch: seconds on a cold or busy host
 
 
