@@ -5,6 +5,7 @@
 # wheels in .whl/ (paramiko and its needs, py-spy, torchft and its needs; gpu.md lists them).
 #   bash bench/gpu_run.sh            # on the GPU machine; logs and job files go to $OUT
 #   SMALL=1 bash bench/gpu_run.sh    # the same steps on CPU with tiny sizes (checks the script)
+#   ONLY="ft held" bash bench/gpu_run.sh   # only the steps named (doctor doctor-json bandwidth compare ft held ps)
 set -u
 OUT=${OUT:-/tmp/gpu-out}
 SRC=$PWD
@@ -22,6 +23,7 @@ rm -rf /tmp/w && mkdir -p /tmp/w && cd /tmp/w || exit 1
 step() {  # step NAME SECONDS COMMAND...: run it, say its exit status and time, show its last lines
     local name=$1 limit=$2 start rc
     shift 2
+    [ -z "${ONLY:-}" ] || [[ " $ONLY " == *" $name "* ]] || return 0
     echo "=== $name: $*"
     start=$(date +%s)
     timeout "$limit" "$@" >"/tmp/w/$name.log" 2>&1
