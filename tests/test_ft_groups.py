@@ -129,7 +129,8 @@ def test_the_preflight_finds_the_lighthouse_of_a_pip_target_install_in_its_bin(t
     python.write_text(f"#!/bin/sh\nPYTHONPATH={path} exec {sys._base_executable} \"$@\"\n")
     python.chmod(0o755)
     scripts = check_torchft([NodeSpec(name="a", host="localhost", transport=TransportKind.LOCAL, python=str(python))])
-    assert scripts == {"a": str(target / "bin")}
+    # Then the base python's own directory: a python named `python3` is found under that PATH as it was.
+    assert scripts == {"a": f"{target / 'bin'}:{Path(sys._base_executable).parent}"}
 
 
 def test_the_lighthouses_quorum_line_gives_its_participants_and_highest_step() -> None:

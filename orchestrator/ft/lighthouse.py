@@ -83,12 +83,13 @@ def lighthouse_job(job: JobSpec, hosts: Sequence[NodeSpec], path: Path, scripts:
     torchrun starts a process as `$PYTHON_EXEC -u -m MODULE ARGS`, and the lighthouse's command line
     parser reads the process's own argv, which `python -u ...` garbles. So PYTHON_EXEC is `env`:
     torchrun starts `env -u -m torchft_lighthouse ARGS` (`-u -m`: a variable named `-m` unset), the
-    lighthouse as a shell would: from `scripts` (where the preflight found pip put it), beside the
-    host's python, or on the host's PATH.
+    lighthouse as a shell would, on a PATH of `scripts` (the PATH prefix the preflight found:
+    where pip put it, and the python's own directories), beside the host's python, then the
+    system's directories.
     """
     ft = job.fault_tolerance
     assert ft is not None
-    dirs = [*([scripts] if scripts else []),
+    dirs = [*(scripts.split(":") if scripts else []),
             *([str(PurePosixPath(program(hosts[0])).parent)] if "/" in hosts[0].python else [])]
     beside = {"PATH": ":".join([*dict.fromkeys(dirs), SYSTEM_PATH])} if dirs else {}
     return JobSpec(path=str(path), name=f"{job.name}-lh", module=PROGRAM,

@@ -11,15 +11,18 @@ from orchestrator.group import Group
 from orchestrator.spec import NodeSpec
 from orchestrator.transport import CommandResult, Transport
 
-# torchft imports, and where its `torchft_lighthouse` is: the first directory that has it of the
-# scripts directory of the python that runs (an inventory's python may be a wrapper around the one
-# pip installed torchft into), the python's own, the `bin` beside torchft's package (`pip install
-# --target DIR` puts it in DIR/bin) and the host's PATH; else the scripts directory.
+# torchft imports, and the directories the lighthouse's PATH needs, as one PATH prefix: first the
+# one that has `torchft_lighthouse` of the scripts directory of the python that runs (an inventory's
+# python may be a wrapper around the one pip installed torchft into), the python's own, the `bin`
+# beside torchft's package (`pip install --target DIR` puts it in DIR/bin) and the host's PATH;
+# then the scripts directory and the python's own, so that a python named by a bare name (`python3`)
+# is the same one under that PATH.
 PROBE = ("import os, shutil, sys, sysconfig, torchft; "
-         "dirs = [sysconfig.get_path('scripts'), os.path.dirname(sys.executable), "
-         "os.path.join(os.path.dirname(os.path.dirname(torchft.__file__)), 'bin'), "
+         "own = [sysconfig.get_path('scripts'), os.path.dirname(sys.executable)]; "
+         "dirs = [*own, os.path.join(os.path.dirname(os.path.dirname(torchft.__file__)), 'bin'), "
          "os.path.dirname(shutil.which('torchft_lighthouse') or '')]; "
-         "print(next((d for d in dirs if d and os.access(os.path.join(d, 'torchft_lighthouse'), os.X_OK)), dirs[0]))")
+         "found = [d for d in dirs if d and os.access(os.path.join(d, 'torchft_lighthouse'), os.X_OK)]; "
+         "print(os.pathsep.join(dict.fromkeys([*found[:1], *own])))")
 PROBE_TIMEOUT = 120.0  # torchft imports torch: seconds on a cold or busy host
 
 
@@ -32,7 +35,7 @@ def check_torchft(nodes: Sequence[NodeSpec]) -> dict[str, str]:
     a host that cannot be reached is left to its group's own preflight.
 
     Returns:
-        Each host's scripts directory, where pip put `torchft_lighthouse` (hosts that answered).
+        Each host's PATH prefix for the lighthouse (PROBE), from the hosts that answered.
 
     Raises:
         PreflightError: torchft is missing on at least one host.
