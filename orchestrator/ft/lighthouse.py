@@ -45,7 +45,6 @@ STOP_WAIT = 60.0  # beyond the job's stop grace, how long its controller gets to
 RANK_LINE = re.compile(rb"^\[\S+ r\d+(?: err)?\] ")  # a line of the lighthouse itself, not of its controller
 
 
-
 def program(node: NodeSpec) -> str:
     """`torchft_lighthouse` beside the host's python (where pip installed torchft's scripts), else
     as the host's PATH finds it (an inventory's python given by a bare name)."""

@@ -353,6 +353,7 @@ class _Parent:
         return found
 
     def _light_crashed(self) -> str | None:
+        """How the lighthouse's first start failed, from its record (lighthouse.crashed_first)."""
         try:
             return lighthouse.crashed_first(self.store.get(self.light.job_id).attempts)
         except DistrunError:
