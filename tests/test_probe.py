@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -189,6 +190,26 @@ def test_master_probe_listens_until_stopped_and_records_who_connected():
     assert facts["listen"] == {"port": port, "ok": True, "error": None, "accepted": ["127.0.0.1"]}
     assert facts["port_exact_free"] is True
     assert probe.port_free(port), "the probe leaves the port free for torchrun"
+
+
+def test_the_masters_listener_takes_every_host_of_a_large_job_at_once_while_it_drains_one() -> None:
+    # 300 hosts connect at once while the accept thread drains one connection that stays open (up to
+    # DRAIN_TIMEOUT): with a backlog of 128 the kernel dropped the handshakes past it, and those hosts'
+    # connects timed out (CONNECT_TIMEOUT, 2 s): a false port-reachable error at 244 hosts.
+    listener = probe.Listener(free_port())
+    held = socket.create_connection(("127.0.0.1", listener.port), timeout=5)
+    burst = [socket.socket() for _ in range(300)]
+    try:
+        for sock in burst:
+            sock.setblocking(False)
+            sock.connect_ex(("127.0.0.1", listener.port))
+        _, pending, _ = select.select([], burst, [], 1.0)
+        done = [s for s in pending if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0]
+        assert len(done) == len(burst), f"{len(burst) - len(done)} of {len(burst)} handshakes not done within 1 s"
+    finally:
+        for sock in [held, *burst]:
+            sock.close()
+        listener.close()
 
 
 def test_master_probe_reports_a_port_another_process_listens_on():

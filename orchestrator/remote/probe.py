@@ -225,7 +225,8 @@ class Listener:
         sock = _bindable_socket()
         try:
             sock.bind(("0.0.0.0", port))
-            sock.listen(128)
+            # Every host of a large job may connect at once (the kernel caps this at net.core.somaxconn).
+            sock.listen(socket.SOMAXCONN)
         except OSError as exc:
             sock.close()
             self.error = (exc.strerror or str(exc)).lower()
