@@ -352,20 +352,22 @@ class _Parent:
                 continue
         return found
 
-    def _light_crashed(self) -> str | None:
-        """How the lighthouse's first start failed, from its record (lighthouse.crashed_first)."""
+    def _light_job(self) -> JobRecord | None:
+        """The lighthouse job's record; None before its controller saved one."""
         try:
-            return lighthouse.crashed_first(self.store.get(self.light.job_id).attempts)
+            return self.store.get(self.light.job_id)
         except DistrunError:
             return None
 
+    def _light_crashed(self) -> str | None:
+        """How the lighthouse's first start failed, from its record (lighthouse.crashed_first)."""
+        record = self._light_job()
+        return None if record is None else lighthouse.crashed_first(record.attempts)
+
     def _light_record(self) -> tuple[list[str], int]:
         """The lighthouse's host now (as its record has it) and how often it was started."""
-        try:
-            record = self.store.get(self.light.job_id)
-        except DistrunError:
-            return [], 0
-        return list(record.hosts or []), max(len(record.attempts), 1)
+        record = self._light_job()
+        return ([], 0) if record is None else (list(record.hosts or []), max(len(record.attempts), 1))
 
     def groups_state(self) -> dict[str, object]:
         """What `groups.json` in the job directory holds: each group, the lighthouse, and the latest quorum."""

@@ -112,13 +112,16 @@ class Timeline:
     stints: dict[int, list[Stint]] = field(default_factory=dict)
     ids: dict[int, str] = field(default_factory=dict)  # each group's latest replica id
     latest: tuple[int, ...] = ()  # the groups in the latest quorum
-    top_step: int | None = None  # the latest quorum's highest step
     last: Quorum | None = None  # the latest quorum
+
+    @property
+    def top_step(self) -> int | None:
+        """The latest quorum's highest step; None before the first."""
+        return None if self.last is None else self.last.step
 
     def observe(self, quorum: Quorum, when: float) -> None:
         """One quorum, read at `when`."""
         members, top = quorum.members, quorum.step
-        self.last = quorum
         current = []
         for member in members:
             index = member.group
@@ -133,7 +136,7 @@ class Timeline:
                 continue
             source = heal_source(members, member)
             runs.append(Stint(when, member.step, top, source.group if source else None, member.step))
-        self.latest, self.top_step = tuple(sorted(current)), top
+        self.latest, self.last = tuple(sorted(current)), quorum
 
     def of(self, index: int) -> list[Stint]:
         return self.stints.get(index, [])
