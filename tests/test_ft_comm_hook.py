@@ -59,9 +59,6 @@ class Manager:
     def report_error(self, error: Exception) -> None:
         self.errors.append(error)
 
-    def wrap_future(self, fut: torch.futures.Future, default: object) -> torch.futures.Future:
-        return fut
-
     def allreduce(self, tensor: torch.Tensor) -> _ManagedWork:
         self.made.append(self.work(tensor) if self.work is Done else self.work())
         return _ManagedWork(self, self.made[-1], tensor)
