@@ -57,9 +57,9 @@ def run_with_phases(out: str, argv: list[str]) -> None:
 
     import atexit
 
-    from orchestrator import runloop
     from orchestrator.backends.ssh import SshBackend
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
+    from orchestrator.run import attempt as runloop
 
     stamp("imported")
 

@@ -35,10 +35,10 @@ from launch_bench import JOB, PYTHON, distrun_argv, job_file, pdsh_argv
 sys.path.insert(0, str(REPO))
 from orchestrator import remote
 from orchestrator.backends.ssh import SUPERVISOR_ONLY
-from orchestrator.hostrun import HostRun
 from orchestrator.logs import LogSink
 from orchestrator.logs.screen import Screen
 from orchestrator.plan import HostPlan
+from orchestrator.run.hostrun import HostRun
 from orchestrator.store import JobDir
 from tests.cluster.harness import Cluster
 

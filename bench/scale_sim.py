@@ -59,7 +59,7 @@ if str(REPO) not in sys.path:
 from orchestrator import backends, launch  # noqa: E402
 from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest  # noqa: E402
 from orchestrator.backends.run import EXIT_WAIT, RunView  # noqa: E402
-from orchestrator.failures import Failure  # noqa: E402
+from orchestrator.diagnose.failures import Failure  # noqa: E402
 from orchestrator.plan import LaunchPlan, build_plan  # noqa: E402
 from orchestrator.remote.linestore import read_index  # noqa: E402
 from orchestrator.remote.stream import EVENT, STDOUT, Batch, encode  # noqa: E402

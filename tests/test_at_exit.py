@@ -1,5 +1,5 @@
-"""A rank that crashes at interpreter exit after its work is done: the verdict's rule (orchestrator/at_exit.py),
-pure and end to end on this machine (the local backend, real torchrun, 2 ranks)."""
+"""A rank that crashes at interpreter exit after its work is done: the verdict's rule
+(orchestrator/diagnose/at_exit.py), pure and end to end on this machine (the local backend, real torchrun, 2 ranks)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.at_exit import neighbours_finished, when_failed
-from orchestrator.failures import AT_EXIT, Failure, FailureKind
+from orchestrator.diagnose.at_exit import neighbours_finished, when_failed
+from orchestrator.diagnose.failures import AT_EXIT, Failure, FailureKind
 from orchestrator.remote.workerfail import from_process_failure
 from tests.helpers import REPO, distrun
 

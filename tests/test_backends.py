@@ -15,21 +15,22 @@ from typing import Any
 import click
 import pytest
 
-from orchestrator import backends, launch
+from orchestrator import backends
 from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Stopped
 from orchestrator.backends.options import Option, OptionType, from_command_line
 from orchestrator.backends.run import HostEvents, RunView
 from orchestrator.backends.slurm import SlurmBackend
 from orchestrator.backends.slurm_script import SlurmOptions
-from orchestrator.cli import cli
+from orchestrator.cli.main import cli
+from orchestrator.diagnose.failures import Failure
 from orchestrator.errors import ExitCode, InfraError, SpecError, UsageError
-from orchestrator.failures import Failure
-from orchestrator.hostrun import HostRun
 from orchestrator.logs import LogSink
 from orchestrator.plan import LaunchPlan, build_plan
-from orchestrator.recorded import for_record, refresh_lost
 from orchestrator.remote.stream import STDERR, STDOUT, Batch, encode
 from orchestrator.remote.workerfail import from_process_failure
+from orchestrator.run import launch
+from orchestrator.run.hostrun import HostRun
+from orchestrator.run.recorded import for_record, refresh_lost
 from orchestrator.spec import job_from_text
 from orchestrator.spec.model import NodeSpec
 from orchestrator.store import JobRecord, JobState, Store

@@ -14,7 +14,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from orchestrator.cli import cli
+from orchestrator.cli.main import cli
 from orchestrator.store import JobRecord, JobState, Store, process_start
 from tests.helpers import distrun
 
@@ -430,7 +430,7 @@ def test_stop_of_a_job_whose_hosts_left_the_inventory_is_one_line_naming_them_an
 
 
 def test_the_background_controller_gets_the_script_arguments_untouched() -> None:
-    from orchestrator.cli_launch import _child_argv
+    from orchestrator.cli.launch import _child_argv
 
     assert _child_argv(["launch", "t.py", "--detach", "--json", "--", "--json", "--detach"]) == \
         ["launch", "t.py", "--", "--json", "--detach"]

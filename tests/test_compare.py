@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import launch
 from orchestrator.backends.base import LaunchRequest
-from orchestrator.compare import BenchRequest, expand, run_bench
 from orchestrator.errors import InfraError, SpecError, UsageError
+from orchestrator.report.compare import BenchRequest, expand, run_bench
+from orchestrator.run import launch
 from orchestrator.store import JobState, Store
 from tests.helpers import distrun
 from tests.test_report import make_job, metric_rows, table

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.backends.ssh import SupervisorChannel
-from orchestrator.hostrun import HostRun
 from orchestrator.logs import LogSink
 from orchestrator.plan import HostPlan
 from orchestrator.remote.stream import Batch
+from orchestrator.run.hostrun import HostRun
 from orchestrator.spec.model import NodeSpec
 from orchestrator.store import Store
 from orchestrator.transport.local import LocalProcess, LocalTransport

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.display import Block, HostOutput, failure_summary, fold_hosts, gather, render_blocks
+from orchestrator.console.display import Block, HostOutput, failure_summary, fold_hosts, gather, render_blocks
 
 
 @pytest.mark.parametrize(

@@ -16,12 +16,12 @@ from orchestrator import doctor
 from orchestrator.backends.ssh import SshBackend
 from orchestrator.doctor.bandwidth import BandwidthReport, SizeResult, parse_results
 from orchestrator.doctor.bandwidth_check import bandwidth_check
-from orchestrator.doctor.checks import NOT_TOLD, Check, Context, Status, run_checks
 from orchestrator.doctor.command import exit_code
-from orchestrator.doctor.probe import LATE, ProbeResult, import_options, probe_round
-from orchestrator.doctor.render import render_table, to_json
 from orchestrator.facts import Connect, Entry, HostFacts, Listen
-from orchestrator.group import Group
+from orchestrator.fanout.group import Group
+from orchestrator.hostcheck.checks import NOT_TOLD, Check, Context, Status, run_checks
+from orchestrator.hostcheck.probe import LATE, ProbeResult, import_options, probe_round
+from orchestrator.hostcheck.render import render_table, to_json
 from orchestrator.plan import HostPlan, LaunchPlan
 from orchestrator.spec import job_from_text
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec, Rendezvous, TransportKind

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import ExitCode, InfraError
-from orchestrator.execute import ExecRequest, ExecResult, exec_on_hosts, exit_code, report
+from orchestrator.fanout.execute import ExecRequest, ExecResult, exec_on_hosts, exit_code, report
 from orchestrator.spec import inventory_from_text
 from orchestrator.spec.model import NodeSpec
 from orchestrator.transport.base import REACH_HINT, ConnectError, ConnectFailure
@@ -127,7 +127,7 @@ def test_interrupt_ends_the_commands_and_exits_at_once(signum: int, code: int) -
 
 
 def test_a_command_that_starts_after_ctrl_c_is_ended_at_once():
-    from orchestrator.execute import _Running
+    from orchestrator.fanout.execute import _Running
 
     ended: list[str] = []
 

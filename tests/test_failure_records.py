@@ -15,10 +15,9 @@ from typing import Any
 import pytest
 
 from orchestrator import remote
-from orchestrator.at_exit import raised_before_signal
 from orchestrator.backends.ssh import SUPERVISOR_ONLY
-from orchestrator.failures import Failure, FailureKind, is_collateral
-from orchestrator.hostrun import HostRun
+from orchestrator.diagnose.at_exit import raised_before_signal
+from orchestrator.diagnose.failures import Failure, FailureKind, is_collateral
 from orchestrator.logs import LogSink
 from orchestrator.plan import HostPlan
 from orchestrator.remote.stream import STDERR, Batch
@@ -31,6 +30,7 @@ from orchestrator.remote.workerfail import (
     read_records,
     shim_argv,
 )
+from orchestrator.run.hostrun import HostRun
 from orchestrator.store import Store
 from tests.test_supervisor_lifecycle import config, decode, run_shipped
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from orchestrator.failures import (
+from orchestrator.diagnose.failures import (
     AT_EXIT,
     STOPPED_BY_DISTRUN,
     Failure,

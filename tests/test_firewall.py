@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from orchestrator.doctor.checks import Check, Status
-from orchestrator.doctor.firewall import forward_note, with_forward_note
+from orchestrator.hostcheck.checks import Check, Status
+from orchestrator.hostcheck.firewall import forward_note, with_forward_note
 from tests.helpers import REPO
 
 DOCKER = ["-P FORWARD DROP", "-A FORWARD -j DOCKER-USER", "-A FORWARD -j DOCKER-FORWARD"]
@@ -30,14 +30,14 @@ def test_a_drop_policy_without_docker_names_the_forward_chain_and_an_accepting_o
 
 
 def test_only_a_failed_port_reachable_check_is_given_the_note_and_nothing_is_asked_otherwise(monkeypatch):
-    monkeypatch.setattr("orchestrator.doctor.firewall.forward_rules", lambda: DOCKER)
+    monkeypatch.setattr("orchestrator.hostcheck.firewall.forward_rules", lambda: DOCKER)
     ok = [Check("port-reachable", Status.OK, ["n1"], "connect"), Check("torch", Status.ERROR, ["n1"], "x", "h")]
     assert with_forward_note(ok) == ok
     failed = with_forward_note([Check("port-reachable", Status.ERROR, ["n1"], "cannot connect", "allow TCP port 1")])
     assert failed[0].hint.startswith("allow TCP port 1; this controller's iptables FORWARD policy is DROP")
 
 
-PROBE = "from orchestrator.doctor.firewall import forward_rules, forward_note; print(forward_note(forward_rules()))"
+PROBE = "from orchestrator.hostcheck.firewall import forward_rules, forward_note; print(forward_note(forward_rules()))"
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("iptables") is None or shutil.which("unshare") is None,

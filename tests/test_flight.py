@@ -1,4 +1,4 @@
-"""Flight Recorder dumps of a hung job: the analysis (orchestrator/flight.py), the ranks' socket
+"""Flight Recorder dumps of a hung job: the analysis (orchestrator/diagnose/flight.py), the ranks' socket
 directory and the fetch over a Unix socket (orchestrator/remote/flightrec.py).
 
 tests/data/flight/rank<R>.json are real fr_trace_json answers of a 3-rank gloo job (torch 2.13,
@@ -26,13 +26,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator.failures import Failure, FailureKind
-from orchestrator.flight import Lag, lags
-from orchestrator.recorded import for_record
+from orchestrator.diagnose.failures import Failure, FailureKind
+from orchestrator.diagnose.flight import Lag, lags
+from orchestrator.diagnose.watchdog import diagnose, with_flight_rank
 from orchestrator.remote.flightrec import fetch
 from orchestrator.remote.sockdir import MAX_SOCKET_PATH, socket_dir, socket_path
+from orchestrator.run.recorded import for_record
 from orchestrator.store import JobRecord, JobState, Store
-from orchestrator.watchdog import diagnose, with_flight_rank
 from tests.helpers import ready_processes, record_this_process_as_the_jobs_root, wait_for
 from tests.test_supervisor_lifecycle import config, run_shipped
 

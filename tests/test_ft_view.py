@@ -10,12 +10,12 @@ from pathlib import Path
 
 from rich.console import Console
 
-from orchestrator.failures import Failure, FailureKind
+from orchestrator.diagnose.failures import Failure, FailureKind
 from orchestrator.ft.story import story
 from orchestrator.ft.timeline import Member, QuorumTail, Timeline, heal_source, quorum_of
 from orchestrator.ft.view import group_row, render
-from orchestrator.restarts import Attempt, AttemptHistory
-from orchestrator.spare_pool import SparePool
+from orchestrator.run.restarts import Attempt, AttemptHistory
+from orchestrator.run.spare_pool import SparePool
 from orchestrator.spec.model import Restarts
 
 UUID = ":1d455fd8-ace2-4114-b761-0d0b491f52c2"

@@ -18,10 +18,10 @@ from typing import ClassVar
 
 import pytest
 
+from orchestrator.console.terminal import ProgressCounter
 from orchestrator.errors import ExitCode, InfraError, UsageError
-from orchestrator.group import Group, GroupError, GroupResult, parallel
+from orchestrator.fanout.group import Group, GroupError, GroupResult, parallel
 from orchestrator.spec.model import NodeSpec, TransportKind
-from orchestrator.terminal import ProgressCounter
 from orchestrator.transport import RemoteProcess, Transport, transport_for
 from orchestrator.transport.base import REACH_HINT, ConnectError, ConnectFailure
 from tests.helpers import REPO
@@ -206,7 +206,7 @@ def test_a_signal_the_kernel_gives_to_a_worker_thread_still_runs_the_main_thread
     hosts, must still run its handler at once (exec once hung until every host answered)."""
     script = textwrap.dedent("""
         import signal, sys, threading, time
-        from orchestrator.group import parallel
+        from orchestrator.fanout.group import parallel
 
         stop = threading.Event()
 

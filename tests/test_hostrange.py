@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator.display import fold_hosts
-from orchestrator.hostrange import MAX_HOSTS, HostRangeError, expand_hosts
+from orchestrator.console.display import fold_hosts
+from orchestrator.console.hostrange import MAX_HOSTS, HostRangeError, expand_hosts
 
 
 @pytest.mark.parametrize(("text", "names"), [

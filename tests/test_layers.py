@@ -13,27 +13,20 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "orchestrator"
-MAX_BACK_UP = 2
+MAX_BACK_UP = 3
 
 # Top to bottom; a module takes the layer that names it (without `orchestrator.`), else the first
 # with a pattern that matches it. DESIGN.md names the commands, plan/spec/store and transport; the rest sit
 # where what they serve puts them.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("cli", ("__main__", "cli", "cli_*", "logs_command")),
-    # launch | doctor | report, and the other commands' own code (the run loop is launch's).
-    ("commands", ("launch", "runloop", "hostrun", "restarts", "spare_pool", "at_exit", "recorded", "housekeeping",
-                  "execute", "compare", "stack", "watchdog", "bundled", "doctor", "doctor.command", "doctor.bandwidth*",
-                  "doctor.allreduce_bench", "report", "report.*", "telemetry.top", "ft", "ft.*")),
+    ("cli", ("__main__", "cli", "cli.*")),
+    ("commands", ("run", "run.*", "ft", "ft.*", "doctor", "doctor.*", "report", "report.*")),
     ("backends", ("backends", "backends.*")),
-    # What the run loop, the backends and doctor share: launch's preflight is doctor's probe round
-    # and checks, which therefore sit here rather than with the `doctor` command.
-    ("run parts", ("failures", "flight", "logs", "logs.*", "telemetry", "telemetry.*", "stragglers", "sync",
-                   "checkpoints", "group", "interrupts", "doctor.probe", "doctor.checks", "doctor.preflight",
-                   "doctor.firewall", "doctor.render")),
-    ("plan/spec/store", ("plan", "spec", "spec.*", "store", "facts", "timespec")),
+    ("run parts", ("logs", "logs.*", "telemetry", "telemetry.*", "diagnose", "diagnose.*", "fanout", "fanout.*",
+                   "hostcheck", "hostcheck.*")),
     ("transport", ("transport", "transport.*")),
-    # Plain data and helpers every layer speaks (torchx's specs/api.py is the model for spec.model).
-    ("base", ("spec.model", "spec.yamlsrc", "errors", "display", "terminal", "hostrange", "orchestrator")),
+    ("plan/spec/store", ("plan", "spec", "spec.*", "store", "facts")),
+    ("base", ("errors", "console", "console.*", "orchestrator")),
     ("remote", ("remote", "remote.*")),
 )
 
@@ -108,7 +101,8 @@ def test_remote_imports_nothing_of_the_rest_of_the_package() -> None:
 
 
 def test_the_backend_contract_imports_nothing_of_the_run_loop() -> None:
-    run_loop = {"orchestrator.launch", "orchestrator.runloop", "orchestrator.hostrun", "orchestrator.restarts"}
+    run_loop = {"orchestrator.run.launch", "orchestrator.run.attempt", "orchestrator.run.hostrun",
+                "orchestrator.run.restarts"}
     assert not import_graph()["orchestrator.backends.base"] & run_loop
 
 

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cli.logs import LogsRequest, show_logs
+from orchestrator.cli.timespec import parse_since
 from orchestrator.errors import UsageError
 from orchestrator.logs import recover as recover_module
 from orchestrator.logs.query import parse_ranks
 from orchestrator.logs.recover import HostCopy, rebuild
-from orchestrator.logs_command import LogsRequest, show_logs
 from orchestrator.remote.linestore import INDEX, Entry, LineStore
 from orchestrator.store import JobRecord, JobState, Store, process_start
-from orchestrator.timespec import parse_since
 from tests.helpers import distrun
 
 T0 = 1_800_000_000.0  # when the job's first line arrived

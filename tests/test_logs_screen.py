@@ -9,13 +9,13 @@ import threading
 import time
 from pathlib import Path
 
-from orchestrator.hostrun import HostRun
 from orchestrator.logs import LogSink
 from orchestrator.logs.query import Query, Style, read_lines
 from orchestrator.logs.screen import Screen
 from orchestrator.plan import HostPlan
 from orchestrator.remote.linestore import LineStore
 from orchestrator.remote.stream import Batch, encode
+from orchestrator.run.hostrun import HostRun
 from orchestrator.store import JobDir
 
 SECRET = "hunter2-secret"

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import terminal
 from orchestrator.backends.base import LaunchContext, LaunchRequest
-from orchestrator.cli import cli
-from orchestrator.cli_options import default_map
+from orchestrator.cli.main import cli
+from orchestrator.cli.options import default_map
+from orchestrator.cli.timespec import parse_duration, parse_since
+from orchestrator.console import terminal
+from orchestrator.console.terminal import ColorMode, ProgressCounter
 from orchestrator.errors import SpecError, UsageError
 from orchestrator.spec import resolve_inventory_path
 from orchestrator.spec.config import config_path, load_config
 from orchestrator.spec.model import JobSpec
 from orchestrator.store import Store
-from orchestrator.terminal import ColorMode, ProgressCounter
-from orchestrator.timespec import parse_duration, parse_since
 
 
 class Tty(io.StringIO):

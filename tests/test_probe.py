@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.doctor.probe import ProbeRun
 from orchestrator.errors import InfraError
+from orchestrator.hostcheck.probe import ProbeRun
 from orchestrator.remote import gpu as remote_gpu
 from orchestrator.remote import probe, pyenv
 from orchestrator.spec.model import NodeSpec, TransportKind

@@ -9,12 +9,12 @@ import threading
 import pytest
 
 from orchestrator import doctor
-from orchestrator.doctor import probe
-from orchestrator.doctor.checks import Check, Context, Status, run_checks
 from orchestrator.doctor.command import exit_code
-from orchestrator.doctor.probe import LATE, ProbeRun, Round, probe_round, round_backstop
 from orchestrator.facts import Connect, HostFacts, Listen
-from orchestrator.group import Group
+from orchestrator.fanout.group import Group
+from orchestrator.hostcheck import probe
+from orchestrator.hostcheck.checks import Check, Context, Status, run_checks
+from orchestrator.hostcheck.probe import LATE, ProbeRun, Round, probe_round, round_backstop
 from orchestrator.plan import HostPlan, LaunchPlan
 from orchestrator.spec.model import NodeSpec, TransportKind
 from orchestrator.transport import Transport

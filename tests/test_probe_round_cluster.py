@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.doctor import probe
-from orchestrator.doctor.checks import Check, Context, Status, run_checks
 from orchestrator.doctor.command import exit_code
-from orchestrator.doctor.probe import LATE, Round, probe_round
-from orchestrator.group import Group
+from orchestrator.fanout.group import Group
+from orchestrator.hostcheck import probe
+from orchestrator.hostcheck.checks import Check, Context, Status, run_checks
+from orchestrator.hostcheck.probe import LATE, Round, probe_round
 from orchestrator.spec import NodeSpec, load_inventory
 from orchestrator.transport import Transport
 from orchestrator.transport.ssh import SSHTransport

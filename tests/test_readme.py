@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from orchestrator.cli import cli
+from orchestrator.cli.main import cli
 from tests.cluster.harness import Cluster
 from tests.helpers import REPO
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from orchestrator.diagnose.failures import Failure, FailureKind
 from orchestrator.errors import UsageError
-from orchestrator.failures import Failure, FailureKind
 from orchestrator.report.numbers import JobData, host_efficiency, load_jobs, pick_baseline, scaling_series, summarize
 from orchestrator.report.page import render, write_report
 from orchestrator.store import JobRecord, JobState, Store

@@ -1,12 +1,12 @@
-"""The restart policy (orchestrator/restarts.py): which failures restart a job, which host is set
+"""The restart policy (orchestrator/run/restarts.py): which failures restart a job, which host is set
 aside, and on which hosts the next attempt runs."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.failures import Failure, FailureKind
-from orchestrator.restarts import Attempt, AttemptHistory, after_failure, blames_host, refill, trigger
+from orchestrator.diagnose.failures import Failure, FailureKind
+from orchestrator.run.restarts import Attempt, AttemptHistory, after_failure, blames_host, refill, trigger
 from orchestrator.spec.model import Restarts
 
 POLICY = Restarts(max=2, backoff=0)

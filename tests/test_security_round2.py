@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.group import GroupResult
+from orchestrator.diagnose.watchdog import diagnose
+from orchestrator.fanout.group import GroupResult
 from orchestrator.remote import cleanup, provenance
 from orchestrator.remote import stack as remote_stack
 from orchestrator.remote.flightrec import fetch
@@ -29,7 +30,6 @@ from orchestrator.remote.redact import Masker
 from orchestrator.remote.safedirs import UnsafeDirError, make_safe_dir
 from orchestrator.remote.supervisor import job_processes
 from orchestrator.store import JobRecord, JobState, Store
-from orchestrator.watchdog import diagnose
 from tests.helpers import distrun, ready_processes, record_this_process_as_the_jobs_root
 from tests.test_supervisor_lifecycle import config, run_shipped
 

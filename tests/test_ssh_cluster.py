@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.group import Group, GroupError
+from orchestrator.fanout.group import Group, GroupError
 from orchestrator.spec import NodeSpec, load_inventory
 from orchestrator.transport import ssh
 from orchestrator.transport.base import ConnectError, ConnectFailure

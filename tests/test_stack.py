@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import InfraError, UsageError
-from orchestrator.failures import Failure, FailureKind
-from orchestrator.recorded import for_record
-from orchestrator.stack import (
+from orchestrator.diagnose.failures import Failure, FailureKind
+from orchestrator.diagnose.stack import (
     Frame,
     RankStack,
     Thread,
@@ -30,8 +28,10 @@ from orchestrator.stack import (
     rank_ranges,
     render,
 )
+from orchestrator.diagnose.watchdog import Progress, Watchdog, diagnose
+from orchestrator.errors import InfraError, UsageError
+from orchestrator.run.recorded import for_record
 from orchestrator.store import JobRecord, JobState, Store
-from orchestrator.watchdog import Progress, Watchdog, diagnose
 from tests.helpers import distrun, ready_processes, record_this_process_as_the_jobs_root
 
 RANK_SCRIPT = """\

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator import store as store_module
+from orchestrator.diagnose.failures import Failure, FailureKind
 from orchestrator.errors import InfraError, UsageError
-from orchestrator.failures import Failure, FailureKind
-from orchestrator.recorded import refresh_lost
+from orchestrator.run.recorded import refresh_lost
 from orchestrator.store import (
     JobRecord,
     JobState,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.stragglers import Detector, Straggler
+from orchestrator.diagnose.stragglers import Detector, Straggler
 
 FAST, SLOW = 0.10, 0.40
 

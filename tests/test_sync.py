@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import UsageError
-from orchestrator.group import Group
+from orchestrator.fanout.group import Group
+from orchestrator.fanout.sync import decision, excluded, parse_rule, select_files, sync_workdirs
 from orchestrator.plan import HostPlan, LaunchPlan
 from orchestrator.spec import job_from_text
 from orchestrator.spec.model import DEFAULT_SYNC_MAX_SIZE, NodeSpec, TransportKind
-from orchestrator.sync import decision, excluded, parse_rule, select_files, sync_workdirs
 
 HAS_GIT = shutil.which("git") is not None
 

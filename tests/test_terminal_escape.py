@@ -13,8 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from orchestrator.console.terminal import safe_text
 from orchestrator.store import JobRecord, JobState, Store, process_start
-from orchestrator.terminal import safe_text
 from tests.helpers import REPO, distrun, ready_processes, record_this_process_as_the_jobs_root
 
 TITLE = "\x1b]0;pwned\x07"
@@ -139,7 +139,7 @@ TERMINAL_NAMES = {"stdout", "stderr", "out", "err", "terminal", "stream"}
 
 
 def test_every_terminal_write_goes_through_the_one_writer() -> None:
-    """By construction: no module but orchestrator/terminal.py writes to a terminal itself. remote/
+    """By construction: no module but orchestrator/console/terminal.py writes to a terminal itself. remote/
     runs on the hosts, where its stdout is the channel to the controller, not a terminal; so does
     doctor/allreduce_bench.py, the bandwidth job's rank, whose stdout is its log. rich
     draws `top` and the live view (telemetry.py): their lines and the hosts' samples reach it

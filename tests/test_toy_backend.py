@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import backends, launch
+from orchestrator import backends
 from orchestrator.backends.base import LaunchRequest
-from orchestrator.failures import Failure, FailureKind
+from orchestrator.diagnose.failures import Failure, FailureKind
+from orchestrator.run import launch
 from orchestrator.store import JobState, Store
 from tests.helpers import REPO, job_lines
 

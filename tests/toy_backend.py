@@ -22,7 +22,7 @@ from typing import Any
 
 from orchestrator.backends.base import Backend, LaunchContext, Stopped
 from orchestrator.backends.run import EXIT_WAIT, RunView
-from orchestrator.failures import Failure
+from orchestrator.diagnose.failures import Failure
 from orchestrator.plan import HostPlan, LaunchPlan, build_plan
 from orchestrator.remote.stream import STDOUT, Batch
 from orchestrator.spec.model import NodeSpec

@@ -2,7 +2,7 @@
 A running job is seen through backends/run.py's RunView only; backends/README.md is the guide to
 writing one (tests/toy_backend.py is a whole one in one file).
 
-invoke's `Runner` is the model: the run loop (`orchestrator.runloop`) is written once; a backend
+invoke's `Runner` is the model: the run loop (`orchestrator.run.attempt`) is written once; a backend
 fills in hooks. A backend object serves one command: one launch, or operations on recorded jobs.
 
 A launch calls, in this order (`launch.launch` and `runloop.Launcher`):
@@ -48,14 +48,14 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ClassVar, TextIO
 
-from orchestrator import terminal
 from orchestrator.backends import options as backend_options
 from orchestrator.backends.options import Option
 from orchestrator.backends.run import RunView
-from orchestrator.display import fold_hosts
+from orchestrator.console import terminal
+from orchestrator.console.display import fold_hosts
+from orchestrator.diagnose.failures import Failure
 from orchestrator.errors import UsageError
-from orchestrator.failures import Failure
-from orchestrator.group import GroupResult
+from orchestrator.fanout.group import GroupResult
 from orchestrator.plan import LaunchPlan
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.select import Guard, HostSelection

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from orchestrator.failures import Failure, FailureKind
+from orchestrator.diagnose.failures import Failure, FailureKind
 from orchestrator.plan import LaunchPlan
 from orchestrator.remote.stream import Batch
 

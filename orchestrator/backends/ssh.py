@@ -21,11 +21,12 @@ from typing import Any, TypeVar
 from orchestrator import remote, telemetry
 from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Stopped
 from orchestrator.backends.run import EXIT_WAIT, RunView
-from orchestrator.doctor.probe import import_options, probe_round
+from orchestrator.console.terminal import ProgressCounter, show
+from orchestrator.diagnose.failures import Failure, FailureKind
 from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
 from orchestrator.facts import HostFacts
-from orchestrator.failures import Failure, FailureKind
-from orchestrator.group import Group, GroupError, GroupResult, parallel
+from orchestrator.fanout.group import Group, GroupError, GroupResult, parallel
+from orchestrator.hostcheck.probe import import_options, probe_round
 from orchestrator.logs.recover import HostCopy, rebuild
 from orchestrator.plan import DEFAULT_PORT, HostPlan, LaunchPlan, build_plan
 from orchestrator.remote.config import SupervisorConfig
@@ -40,7 +41,6 @@ from orchestrator.spec import (
 )
 from orchestrator.spec.model import DEFAULT_STOP_GRACE
 from orchestrator.store import JobRecord, JobState, signal_controller
-from orchestrator.terminal import ProgressCounter, show
 from orchestrator.transport import REMOTE_TIMEOUT, CommandResult, RemoteProcess, Transport, run_remote
 
 STOP_WAIT = 30.0
@@ -167,17 +167,17 @@ class SshBackend(Backend):
     def preflight(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
         """Python and torch alike on every host; the rendezvous port reachable from every other host
         (from the facts of the probe round that planned the job: no second probe)."""
-        from orchestrator.doctor.preflight import launch_preflight
+        from orchestrator.hostcheck.preflight import launch_preflight
 
         launch_preflight(plan, {name: t.node for name, t in self.group.transports.items()}, self.facts)
 
     def stage(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
         """With `sync: true`, bring every host's workdir up to date with this directory; then refuse
-        a checkpoint_dir another user could write on any host (orchestrator/checkpoints.py)."""
-        from orchestrator.checkpoints import check_checkpoint_dir
+        a checkpoint_dir another user could write on any host (orchestrator/fanout/checkpoints.py)."""
+        from orchestrator.fanout.checkpoints import check_checkpoint_dir
 
         if plan.sync:
-            from orchestrator.sync import sync_workdirs
+            from orchestrator.fanout.sync import sync_workdirs
 
             for node, count in sync_workdirs(plan, self.group, Path.cwd()).items():
                 show(f"[{node}] distrun: workdir synced ({count} file(s) sent)")

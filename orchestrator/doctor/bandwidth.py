@@ -21,9 +21,9 @@ from typing import Any
 from orchestrator.backends.base import LaunchContext, LaunchRequest
 from orchestrator.backends.ssh import SshBackend
 from orchestrator.errors import InfraError
-from orchestrator.group import GroupError
-from orchestrator.launch import run_attempts
+from orchestrator.fanout.group import GroupError
 from orchestrator.plan import LaunchPlan
+from orchestrator.run.launch import run_attempts
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec, Select, Telemetry
 from orchestrator.store import Store, new_job_id
 from orchestrator.transport import Transport

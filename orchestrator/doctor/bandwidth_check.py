@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from orchestrator.display import size_text
-from orchestrator.doctor.checks import Check, Status
+from orchestrator.console.display import size_text
+from orchestrator.hostcheck.checks import Check, Status
 
 if TYPE_CHECKING:  # the job itself is imported when it runs: it imports the SSH backend, which imports doctor
     from orchestrator.doctor.bandwidth import BandwidthReport

@@ -21,23 +21,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TextIO
 
-from orchestrator import terminal
+from orchestrator.console import terminal
+from orchestrator.console.terminal import ProgressCounter
 from orchestrator.doctor.bandwidth_check import bandwidth_check, busbw_threshold, render_bandwidth
-from orchestrator.doctor.checks import (
+from orchestrator.errors import DistrunError, ExitCode
+from orchestrator.fanout.group import Group
+from orchestrator.hostcheck.checks import (
     Check,
     Context,
     Status,
     run_checks,
     skipped,
 )
-from orchestrator.doctor.firewall import with_forward_note
-from orchestrator.doctor.probe import ProbeResult, import_options, probe_round
-from orchestrator.doctor.render import render_table, to_json
-from orchestrator.errors import DistrunError, ExitCode
-from orchestrator.group import Group
+from orchestrator.hostcheck.firewall import with_forward_note
+from orchestrator.hostcheck.probe import ProbeResult, import_options, probe_round
+from orchestrator.hostcheck.render import render_table, to_json
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec
 from orchestrator.spec.select import Guard, HostSelection
-from orchestrator.terminal import ProgressCounter
 
 if TYPE_CHECKING:
     from orchestrator.doctor.bandwidth import BandwidthReport

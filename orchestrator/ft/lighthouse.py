@@ -26,9 +26,9 @@ from dataclasses import asdict
 from enum import Enum
 from pathlib import Path, PurePosixPath
 
+from orchestrator.diagnose.failures import FailureKind
 from orchestrator.errors import InfraError
-from orchestrator.failures import FailureKind
-from orchestrator.restarts import Attempt
+from orchestrator.run.restarts import Attempt
 from orchestrator.spec.model import JobSpec, NodeSpec, Restarts
 
 # Starts of the lighthouse after its first: as many as a job could need, each host lost at most once.

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.display import fold_hosts
-from orchestrator.doctor.preflight import PreflightError
-from orchestrator.group import Group
+from orchestrator.console.display import fold_hosts
+from orchestrator.fanout.group import Group
+from orchestrator.hostcheck.preflight import PreflightError
 from orchestrator.spec import NodeSpec
 from orchestrator.transport import CommandResult, Transport
 

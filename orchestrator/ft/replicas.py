@@ -31,6 +31,7 @@ from typing import IO
 from rich.console import Group
 
 from orchestrator.backends.base import LaunchRequest
+from orchestrator.console.terminal import show
 from orchestrator.errors import DistrunError, ExitCode, UsageError
 from orchestrator.ft import lighthouse
 from orchestrator.ft.groups import ReplicaGroup, group_job, split
@@ -39,13 +40,12 @@ from orchestrator.ft.state import GROUPS_FILE
 from orchestrator.ft.story import story
 from orchestrator.ft.timeline import QuorumTail, Timeline
 from orchestrator.ft.view import GroupRow, LiveGroups, group_row, render
-from orchestrator.restarts import Attempt
-from orchestrator.spare_pool import POOL_ENV
+from orchestrator.run.restarts import Attempt
+from orchestrator.run.spare_pool import POOL_ENV
 from orchestrator.spec import resolve_inventory_path, select_with_spares
 from orchestrator.spec.model import JobSpec, NodeSpec
 from orchestrator.spec.overrides import job_to_yaml
 from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id, process_start
-from orchestrator.terminal import show
 
 POLL = 0.2
 LIGHTHOUSE_SUFFIX = "-lh"  # the lighthouse's job id: its parent's, then -lh

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from orchestrator.display import fold_hosts
+from orchestrator.console.display import fold_hosts
 from orchestrator.errors import DistrunError, UsageError
 from orchestrator.store import Store
 

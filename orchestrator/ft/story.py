@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.display import fold_hosts
-from orchestrator.failures import Failure, FailureKind
+from orchestrator.console.display import fold_hosts
+from orchestrator.diagnose.failures import Failure, FailureKind
 from orchestrator.ft.timeline import Stint
-from orchestrator.restarts import Attempt
+from orchestrator.run.restarts import Attempt
 
 
 def cause(failure: Failure) -> str:

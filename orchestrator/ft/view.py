@@ -17,12 +17,12 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.display import fold_hosts
+from orchestrator.console.display import fold_hosts
+from orchestrator.console.terminal import colour
 from orchestrator.errors import ExitCode
 from orchestrator.ft.timeline import Stint, Timeline
-from orchestrator.restarts import Attempt
+from orchestrator.run.restarts import Attempt
 from orchestrator.telemetry.view import ConsoleWriter
-from orchestrator.terminal import colour
 
 STOPPED = (int(ExitCode.INTERRUPTED), int(ExitCode.TERMINATED))  # a controller's exit when it was stopped
 STYLES = {"running": "", "relaunching": "yellow", "healed": "green", "failed": "red", "done": "", "stopped": "yellow"}

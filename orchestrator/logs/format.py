@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from orchestrator.display import fold_hosts
+from orchestrator.console.display import fold_hosts
 from orchestrator.remote.redact import shown_text
 
 COLOURS = (36, 33, 35, 32, 34, 91, 96, 93, 95, 92, 94)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-from orchestrator.terminal import show
+from orchestrator.console.terminal import show
 
 QUEUE_BYTES = 16 << 20  # text waiting in memory before it spills (or, on a terminal, is skipped)
 SPILL_READ = 1 << 20  # bytes read back from the spill file at a time

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.failures import Failure
+from orchestrator.diagnose.failures import Failure
 from orchestrator.store import JobDir, JobRecord, JobState, Store
 
 NO_VALUE = "—"

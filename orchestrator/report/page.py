@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.display import fold_hosts
+from orchestrator.console.display import fold_hosts
 from orchestrator.plan import MASK
 from orchestrator.report.numbers import (
     NO_VALUE,

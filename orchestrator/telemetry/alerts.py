@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.console.terminal import safe_text
 from orchestrator.logs.sink import job_wide
-from orchestrator.terminal import safe_text
 
 STARTUP_GRACE = 10.0  # extra time a host gets for its first sample (python start, imports)
 SUMMARY_ALERTS = 10

@@ -17,9 +17,9 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.stragglers import Detector
+from orchestrator.console.terminal import colour, safe_text
+from orchestrator.diagnose.stragglers import Detector
 from orchestrator.telemetry.alerts import Aggregator, Alert, AlertRules, HostState, mem_pct, power_text, temp_text
-from orchestrator.terminal import colour, safe_text
 
 TICK = 1.0  # seconds between checks for silent hosts
 TABLE_CHROME = 8  # lines of a rendered table that are not rows (title, header, rules, caption)

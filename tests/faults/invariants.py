@@ -112,7 +112,7 @@ def _cause_named(cell: Cell, seen: Observed) -> list[str]:
 
 
 def describe(failure: dict) -> str:
-    from orchestrator.failures import Failure
+    from orchestrator.diagnose.failures import Failure
 
     return Failure.from_dict(failure).describe()
 

@@ -1,0 +1,166 @@
+"""The `distrun` command: one small function per command; `main` maps errors to exit codes.
+
+The commands live by family beside this module (cli_launch, cli_jobs, cli_hosts, cli_reports),
+which import nothing from here; this module adds them to the group.
+
+Options several commands share (host selection, -i, --json, --color) come from cli_options.py
+with one wording each; the config file ($XDG_CONFIG_HOME/distrun/config.yaml) gives defaults.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+import click
+
+from orchestrator import backends
+from orchestrator.cli.hints import HintedGroup, one_line
+from orchestrator.cli.hosts import doctor, exec_command
+from orchestrator.cli.jobs import logs, prune, ps, stack, stop, top
+from orchestrator.cli.launch import launch
+from orchestrator.cli.options import color_option, default_map
+from orchestrator.cli.reports import bench, report
+from orchestrator.console import terminal
+from orchestrator.errors import DistrunError, ExitCode, UsageError
+from orchestrator.spec.config import load_config
+
+EPILOG = """\b
+Exit codes:
+  0    success
+  1    the job failed (or a doctor check, or a command run by exec)
+  2    bad input or usage (nothing was started)
+  3    infrastructure: a host unreachable, authentication failed, a port busy
+  130  interrupted (Ctrl-C)
+  143  terminated (SIGTERM)
+
+\b
+Environment:
+  DISTRUN_INVENTORY    the inventory when -i is not given
+  DISTRUN_HOME         where jobs are recorded (default ~/.distrun)
+  DISTRUN_SSH_CONFIG   the ssh_config file to read (default ~/.ssh/config)
+  DISTRUN_SSH_TIMEOUT  seconds a host has to answer (default 10)
+  NO_COLOR             no colour, unless --color or the config file says otherwise
+  XDG_CONFIG_HOME      the config file is $XDG_CONFIG_HOME/distrun/config.yaml
+                       (default ~/.config/distrun/config.yaml)
+
+\b
+Shell completion (job ids, node names): eval "$(distrun completion bash)"
+"""
+
+
+@click.group(cls=HintedGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
+@click.option("--debug", is_flag=True, help="Show tracebacks.")
+@color_option
+@click.version_option(package_name="distrun")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Run PyTorch distributed jobs across hosts over SSH, locally or on Slurm.
+
+    \b
+    Examples:
+      distrun doctor -i lab.yaml
+      distrun launch jobs/tiny.yaml -i lab.yaml --nodes 'node[0-1]'
+      distrun launch train.py -i lab.yaml --nnodes 2 -- --steps 20
+      distrun ps
+    """
+    ctx.obj = {**(ctx.obj or {}), "debug": debug}
+
+
+for command in (launch, ps, logs, stop, stack, top, exec_command, doctor, report, bench, prune):
+    cli.add_command(command)
+
+
+# ---------------------------------------------------------------- backends, completion
+
+
+@cli.command("backends", short_help="List the backends and their options.")
+@color_option
+def list_backends() -> None:
+    """List the backends `--backend` takes, and the options (`-o KEY=VALUE`) each declares.
+
+    \b
+    Examples:
+      distrun backends
+    """
+    from orchestrator.backends.options import describe
+
+    for name in backends.names():
+        cls = backends.get(name)
+        default = " (default)" if name == backends.DEFAULT else ""
+        terminal.show(f"{name}{default}: {cls.DESCRIPTION}")
+        for line in describe(cls.OPTIONS) or ["no options"]:
+            terminal.show(f"  {line}")
+
+
+@cli.command(short_help="Copy the bundled example jobs into a directory (default ./jobs).")
+@click.argument("directory", default="jobs", type=click.Path(file_okay=False))
+@color_option
+def examples(directory: str) -> None:
+    """Copy the example jobs that ship with distrun (jobs/ of its source) into DIRECTORY,
+    default ./jobs, where their job files name their script: `distrun launch jobs/tiny.yaml`
+    then runs from here. A file already there is never overwritten.
+
+    \b
+    Examples:
+      distrun examples && distrun launch jobs/tiny.yaml
+      distrun examples ~/distrun-jobs
+    """
+    from orchestrator.cli.bundled import copy_examples
+
+    written = copy_examples(Path(directory))
+    terminal.show(f"copied {len(written)} files to {directory}/ (see {directory}/README.md)")
+
+
+@cli.command(short_help="Print the shell completion script (bash, zsh or fish).")
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+@color_option
+def completion(shell: str) -> None:
+    """Print the completion script for SHELL: commands, options, job ids and node names complete.
+
+    \b
+    Examples:
+      eval "$(distrun completion bash)"                                  # in ~/.bashrc
+      eval "$(distrun completion zsh)"                                   # in ~/.zshrc
+      distrun completion fish > ~/.config/fish/completions/distrun.fish
+    """
+    from click.shell_completion import get_completion_class
+
+    cls = get_completion_class(shell)
+    if cls is None:
+        raise UsageError(f"completion: no completion for {shell}")
+    terminal.show(cls(cli, {}, "distrun", COMPLETE_VAR).source())
+
+
+COMPLETE_VAR = "_DISTRUN_COMPLETE"
+
+
+def main() -> None:
+    """Entry point: run the command; errors for people become one line and an exit code."""
+    debug = "--debug" in sys.argv
+    try:
+        config = load_config()
+        if config.color:
+            terminal.set_color_mode(config.color)
+        cli.main(prog_name="distrun", complete_var=COMPLETE_VAR, standalone_mode=False,
+                 default_map=default_map(cli, config), obj={"config": config})
+    except click.exceptions.Abort:
+        sys.exit(int(ExitCode.INTERRUPTED))
+    except click.exceptions.NoArgsIsHelpError as exc:
+        exc.show()
+        sys.exit(int(ExitCode.USAGE))
+    except click.ClickException as exc:
+        terminal.show(one_line(exc), err=True)
+        sys.exit(int(ExitCode.USAGE))
+    except DistrunError as exc:
+        if debug:
+            traceback.print_exc()
+        # An error may quote a host (its stderr, a banner): shown as text, never as terminal controls.
+        terminal.show(f"distrun: error: {exc}", err=True)
+        sys.exit(int(exc.exit_code))
+    except KeyboardInterrupt:
+        sys.exit(int(ExitCode.INTERRUPTED))
+    except SystemExit:
+        raise
+    sys.exit(0)

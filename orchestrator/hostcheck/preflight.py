@@ -1,0 +1,76 @@
+"""The checks `distrun launch` runs before anything starts, on the facts its one probe round found."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from orchestrator.errors import DistrunError, ExitCode
+from orchestrator.facts import HostFacts
+from orchestrator.hostcheck.checks import (
+    Context,
+    Status,
+    check_entry,
+    check_port_free,
+    check_port_reachable,
+    check_python,
+    check_torch,
+)
+from orchestrator.hostcheck.firewall import with_forward_note
+from orchestrator.hostcheck.render import render_check
+from orchestrator.plan import LaunchPlan
+from orchestrator.spec.model import NodeSpec
+
+PORT_CHECKS = frozenset({"port-free", "port-reachable"})
+
+
+class PreflightError(DistrunError):
+    """A check failed before anything started: exit 1, nothing was launched."""
+
+    exit_code = ExitCode.FAILED
+
+
+class EntryMissingError(PreflightError):
+    """The job's script or module is not there on some host: the job file is wrong, exit 2."""
+
+    exit_code = ExitCode.USAGE
+
+
+class PortError(PreflightError):
+    """The rendezvous port is busy on the master or not reachable from another host: exit 3."""
+
+    exit_code = ExitCode.INFRA
+
+
+def launch_preflight(plan: LaunchPlan, nodes: Mapping[str, NodeSpec], facts: Mapping[str, HostFacts],
+                     master_addr_error: str | None = None) -> None:
+    """Python and torch alike on every host, the job's script or module there; on several hosts, the
+    rendezvous port was free on the master and every other host connected to it (the launch's probe
+    round tested all of it).
+
+    Args:
+        plan: The job's plan (its hosts, master and address).
+        nodes: The plan's hosts' inventory entries, by name.
+        facts: What the launch's probe round found on each host.
+        master_addr_error: Why no address of the master could be chosen, if so.
+
+    Raises:
+        PreflightError: listing every failed check as doctor shows it (EntryMissingError, exit 2,
+            when the entry is one of them).
+    """
+    ctx = Context(tuple(nodes[h.node] for h in plan.hosts), plan.master_node, plan.master_addr, master_addr_error)
+    checks = [check_python(facts, ctx), check_torch(facts, ctx), check_entry(facts, ctx)]
+    if len(plan.hosts) > 1:
+        checks += [check_port_free(facts, ctx), check_port_reachable(facts, ctx)]
+    failed = [c for c in with_forward_note(checks) if c.status is Status.ERROR]
+    if failed:
+        width = max(len(c.name) for c in failed)
+        rows = [line for c in failed for line in render_check(c, width)]
+        error = _error_for({c.name for c in failed})
+        raise error("preflight failed; nothing was started (--skip-preflight starts anyway):\n" + "\n".join(rows))
+
+
+def _error_for(failed: set[str]) -> type[PreflightError]:
+    """A missing entry is bad input (2), above a port that is busy or cut off (3), above the rest (1)."""
+    if "entry" in failed:
+        return EntryMissingError
+    return PortError if failed & PORT_CHECKS else PreflightError

@@ -1,0 +1,477 @@
+"""One attempt of a job, followed to its end: the run loop written once for every backend.
+
+`Launcher` starts every host through its backend (orchestrator/backends/base.py lists the hooks
+in order), heartbeats them, watches for the first failure (a host's torchrun exiting non-zero, a
+host going silent, a hang), stops every other host and records the summary, which leads with the
+root cause (failures.root_cause), as torch elastic's does. The backend sees the attempt through
+`AttemptView` only (backends/run.py's RunView and HostEvents), never the Launcher or its HostRuns.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+from orchestrator import telemetry
+from orchestrator.backends.base import Backend, LaunchContext
+from orchestrator.backends.run import Channel
+from orchestrator.console.terminal import show
+from orchestrator.diagnose.at_exit import neighbours_finished, when_failed
+from orchestrator.diagnose.failures import Failure, FailureKind, failed_summary, root_cause
+from orchestrator.diagnose.watchdog import Progress, Watchdog, diagnose
+from orchestrator.errors import DistrunError, ExitCode, UsageError
+from orchestrator.logs import LogSink
+from orchestrator.logs.screen import Screen
+from orchestrator.logs.sink import job_wide
+from orchestrator.plan import LaunchPlan
+from orchestrator.remote.redact import Masker
+from orchestrator.remote.stream import Batch
+from orchestrator.run.hostrun import HostRun
+from orchestrator.run.restarts import AttemptHistory, Verdict
+from orchestrator.store import JobDir, JobRecord, JobState
+
+HEARTBEAT_EVERY = 1.0
+POLL = 0.05
+# A pause this long in the controller's own loop means it was stopped (SIGSTOP) or starved:
+# hosts' silence is then counted from when it woke, not blamed on them.
+FREEZE_GAP = 2.0
+SETTLE = 1.5  # after a first failure, how long to wait for its peers' failures before blaming one
+SCREEN_DRAIN = 5.0  # at the end, how long the terminal gets to show the lines still queued for it
+
+
+def masked(failure: Failure, mask: Masker) -> Failure:
+    """The failure with its reason, message, traceback and last lines masked."""
+    return replace(failure, reason=mask.text(failure.reason), message=mask.text(failure.message),
+                   last_lines=tuple(mask.text(line) for line in failure.last_lines),
+                   traceback=tuple(mask.text(line) for line in failure.traceback))
+
+
+def masked_attempts(course: AttemptHistory, mask: Masker) -> list[dict[str, Any]]:
+    """The record's attempts, each failure's reason and lines masked."""
+    records = course.records()
+    for record, attempt in zip(records, course.attempts, strict=True):
+        if attempt.failure is not None:
+            record["failure"] = masked(attempt.failure, mask).to_dict()
+    return records
+
+
+
+class Launcher:
+    """Follows a submitted job to its end through its backend's hooks, and records how it ended."""
+
+    def __init__(self, backend: Backend, ctx: LaunchContext, plan: LaunchPlan,
+                 course: AttemptHistory | None = None) -> None:
+        self.backend = backend
+        self.ctx = ctx
+        self.plan = plan
+        self.store = ctx.store
+        self.record: JobRecord = ctx.store.get(plan.job_id)
+        self.dir: JobDir = ctx.store.job_dir(plan.job_id)
+        self.dir.create()
+        self.monitor = telemetry.Monitor([h.node for h in plan.hosts], plan.telemetry_interval,
+                                         self._on_alerts, self._running, title=plan.job_id,
+                                         world_size=plan.world_size)
+        terminal = self.monitor.terminal(ctx.terminal, ctx.request.live)
+        screen = None if terminal is None else Screen(terminal, ctx.colour(), ctx.request.collapse, plan.job_id,
+                                                      job_dir=self.dir.root)
+        # The controller's attempts (DISTRUN_ATTEMPT 1, 2, ...) share the job's files; each line keeps its attempt.
+        self.sink = LogSink(self.dir, screen, on_metrics=self._on_metrics, secrets=plan.secrets.values(),
+                            attempt=plan.attempt)
+        self.course = course or AttemptHistory(ctx.job.restarts, len(plan.hosts), plan.spares)
+        self.course.begin([h.node for h in plan.hosts], plan.master_port)
+        self.verdict: Verdict | None = None  # set when this attempt failed: whether and where the next runs
+        self.telemetry_lock = threading.Lock()
+        self.telemetry_file = self.dir.open(self.dir.telemetry, "a", encoding="utf-8")  # closed in run()
+        self.wake = threading.Event()
+        self.hosts = [HostRun(h, self.sink, self._on_telemetry, wake=self.wake) for h in plan.hosts]
+        self.by_node = {h.node: h for h in self.hosts}  # a lookup per host per second is O(n²) as a scan
+        self.awake_since = 0.0  # when the controller last woke from a freeze (monotonic; 0: never froze)
+        self.ended = threading.Event()
+        self.heartbeat = threading.Thread(target=self._heartbeats, daemon=True)
+        self.stopped_hosts = False
+        self.last_metrics: dict[str, Any] | None = None
+        self.final_metrics: dict[str, Any] | None = None
+        self.watchdog = Watchdog(plan.hang_timeout, self._last_progress)
+        self.progress = Progress.MOVING
+        self.diagnosis: Future[Failure] | None = None
+        self.view = AttemptView(self)
+
+    @property
+    def interrupted(self) -> int | None:
+        return self.ctx.interrupted
+
+    def host(self, node: str) -> HostRun:
+        return self.by_node[node]
+
+    def _on_metrics(self, node: str, _rank: int | None, record: dict[str, Any]) -> None:
+        self.monitor.metrics(node, record)
+        if not job_wide(record):
+            return
+        self.last_metrics = record
+        if record.get("final"):
+            self.final_metrics = record
+
+    def _on_telemetry(self, node: str, event: dict[str, Any]) -> None:
+        sample = {k: v for k, v in event.items() if k != "ev"}
+        sample.setdefault("node", node)
+        with self.telemetry_lock:
+            self.telemetry_file.write(json.dumps(sample) + "\n")
+            self.telemetry_file.flush()
+        self.monitor.sample(node, sample)
+
+    def _on_alerts(self, fired: list[telemetry.Alert]) -> None:
+        """An alert is a log line of its host and part of the job's record, alerts that fired
+        together in one write (a database that cannot be written now is said, and the alerts are
+        recorded with the next ones or at the end)."""
+        for alert in fired:
+            self.sink.note(alert.node, alert.line())
+        with self.telemetry_lock:
+            self.record.alerts += [alert.record() for alert in fired]
+            alerts = list(self.record.alerts)
+        try:
+            self.store.update(self.plan.job_id, alerts=alerts)
+        except DistrunError as exc:
+            self.sink.note(fired[0].node, f"warning: alert(s) not recorded: {exc}")
+
+    def _running(self, node: str) -> bool:
+        host = self.by_node.get(node)
+        return host is not None and not host.exited.is_set()
+
+    def run(self) -> int:
+        """Start every host, follow the job to its end, stop what is left; the exit code.
+
+        Whatever fails in the controller on the way, every host still running is stopped before
+        the error goes on.
+        """
+        try:
+            self.monitor.start()
+            return self._run()
+        except BaseException as exc:
+            if not self.stopped_hosts:
+                self._stop_all(f"distrun failed: {type(exc).__name__}: {exc}")
+            raise
+        finally:
+            self.ended.set()
+            self.monitor.stop()
+            self.sink.close()
+            self.telemetry_file.close()
+
+    def _heartbeats(self) -> None:
+        """Heartbeat every host each HEARTBEAT_EVERY seconds, apart from the run loop, so that a
+        slow database or terminal never silences the controller; a longer pause means this
+        process was frozen (see `_woke`)."""
+        last = time.monotonic()
+        while not self.ended.wait(HEARTBEAT_EVERY):
+            last = self._woke(last)
+            for host in self.hosts:
+                host.send({"op": "hb"})
+
+    def _woke(self, last: float) -> float:
+        """Note a pause since `last` longer than FREEZE_GAP (the controller was stopped or starved):
+        the hosts' silence is counted from now. Returns now."""
+        now = time.monotonic()
+        if now - last > FREEZE_GAP:
+            self.awake_since = now
+        return now
+
+    def _run(self) -> int:
+        failed = self.backend.start(self.view)
+        self.heartbeat.start()
+        try:
+            self.store.update(self.plan.job_id, state=JobState.RUNNING)
+        except DistrunError as exc:
+            self.sink.note(self.hosts[0].node, f"warning: the job's record still says pending: {exc}")
+        if not failed:
+            failed = self._watch()
+        if self.interrupted is not None:
+            return self._finish_interrupted()
+        self._raise_refusal()
+        ending = self.backend.conclude(self.view, failed)
+        if ending.stopped is not None:
+            self._stop_all("stopped outside distrun")
+            return self._finish(JobState.STOPPED, int(ExitCode.TERMINATED), ending.stopped)
+        if ending.failures:
+            return self._finish_failed(ending.failures)
+        return self._finish_succeeded()
+
+    def _watch(self) -> list[Failure]:
+        """Heartbeat every host and watch for the first failure, or the end of all.
+
+        Returns:
+            The failures seen (the first and those that followed it within SETTLE seconds),
+            in host order; [] when every host ended well or distrun was interrupted.
+        """
+        last = time.monotonic()
+        while self.interrupted is None:
+            last = self._woke(last)
+            failed = self.backend.failures(self.view)
+            if failed:
+                return self._settle(failed)
+            if all(h.exited.is_set() for h in self.hosts):
+                return []
+            hang = self._check_progress()
+            if hang is not None:
+                return [hang]
+            self.wake.wait(POLL)
+            self.wake.clear()
+        return []
+
+    def _last_progress(self) -> float | None:
+        return max((h.last_progress for h in self.hosts if h.last_progress is not None), default=None)
+
+    def _check_progress(self) -> Failure | None:
+        """Follow the watchdog: mark the job stalled or moving again; once hung, have its ranks'
+        stacks dumped (in a thread: the loop goes on heartbeating) and return the hang when known."""
+        if self.diagnosis is not None:
+            return self.diagnosis.result() if self.diagnosis.done() else None
+        progress = self.watchdog.check()
+        if progress is Progress.HUNG:
+            self._say_progress(progress)
+            pool = ThreadPoolExecutor(1, thread_name_prefix="hang-diagnosis")
+            self.diagnosis = pool.submit(diagnose, self.backend, self.store.get(self.plan.job_id), self.dir,
+                                         self.plan.hang_timeout or 0, {h.node: h.host for h in self.plan.hosts},
+                                         Masker(self.plan.secrets.values()))
+            pool.shutdown(wait=False)
+        elif progress is not self.progress:
+            self._say_progress(progress)
+        return None
+
+    def _say_progress(self, progress: Progress) -> None:
+        """A change of the watchdog's verdict: in the record (`ps`), the live view and the log."""
+        self.progress = progress
+        silent = self.watchdog.silent_for()
+        if progress is Progress.MOVING:
+            self.monitor.status = ""
+            self.store.update(self.plan.job_id, state=JobState.RUNNING)
+            self.sink.note(self.plan.hosts[0].node, "job progressing again")
+            return
+        since = time.strftime("%H:%M:%S", time.localtime(time.time() - silent))
+        self.monitor.status = f"{progress.value}: no progress since {since}"
+        self.store.update(self.plan.job_id, state=JobState.STALLED)
+        what = "stalled" if progress is Progress.STALLED else "hung: dumping every rank's stack"
+        self.sink.note(self.plan.hosts[0].node, f"job {what} (no progress from any rank for {silent:.0f} s, "
+                                                f"hang_timeout {self.plan.hang_timeout:g} s)")
+
+    def _settle(self, first: list[Failure]) -> list[Failure]:
+        """Wait briefly for a failure's echoes on other hosts, so that the root cause is chosen
+        among all of them (a lost host has no echoes to wait for: they came before it)."""
+        seen = {f.host: f for f in first}
+        deadline = time.monotonic() + SETTLE
+        while time.monotonic() < deadline and first[0].kind is not FailureKind.LOST:
+            for failure in self.backend.failures(self.view):
+                seen.setdefault(failure.host, failure)
+            time.sleep(POLL)
+        return [seen[h.node] for h in self.hosts if h.node in seen]
+
+    def _stop_all(self, reason: str) -> None:
+        """Have the backend end every host still running, each told why in its log."""
+        self.stopped_hosts = True
+        live = [h for h in self.hosts if not h.exited.is_set()]
+        for host in live:
+            self.sink.note(host.node, f"stopping ({reason})")
+            self.sink.stopping(host.node)
+            host.stop_sent = True
+        if live:
+            self.backend.stop(self.view, [h.node for h in live])
+
+    def _finish(self, state: JobState, code: int, detail: str, failures: list[Failure] | None = None) -> int:
+        gpus_freed = [f"{h.node}: {line}" for h in self.hosts for line in h.gpus_freed]
+        extra = [*self.backend.finish(self.view), *gpus_freed]
+        self.sink.flush()
+        # The lines still queued for the terminal go before the summary (or count as missed).
+        self.sink.close_screen(SCREEN_DRAIN)
+        self.monitor.stop()
+        # The summary quotes the job's last lines: a secret the job printed is masked here too.
+        mask = Masker(self.plan.secrets.values())
+        self.course.end(None, state=state.value)
+        detail = mask.text("\n".join([detail, *extra, *telemetry.summary_lines(self.record.alerts),
+                                      *self.sink.shortfalls(), *self.course.lines()]))
+        restarts = max((h.restarts for h in self.hosts), default=0)
+        try:
+            self.store.end(self.plan.job_id, state, code, detail, restarts=restarts,
+                           failures=[masked(f, mask).to_dict() for f in failures or []],
+                           attempts=masked_attempts(self.course, mask), quarantined=self.course.quarantined,
+                           gpus_freed=gpus_freed)
+        except DistrunError as exc:
+            # The hosts are stopped and the summary is known: say it, and why it is not recorded.
+            detail += f"\ndistrun: warning: the job's end is not recorded: {exc}"
+        self._say(detail)
+        return code
+
+    def _say(self, text: str) -> None:
+        """The summary on the terminal (stderr when detached); its host lines escaped."""
+        show(text, stream=self.ctx.terminal or sys.stderr, flush=True)
+
+    def _raise_refusal(self) -> None:
+        """A host's supervisor refused the job's settings before starting it (an unsafe checkpoint_dir,
+        which on Slurm only the node can check): stop the others, record a usage error, say it in one line.
+
+        Raises:
+            UsageError: `node: why; the fix`.
+        """
+        refused = next((h for h in self.hosts if h.refused), None)
+        if refused is None:
+            return
+        message = f"{refused.node}: {refused.exit_error}"
+        self._stop_all(f"{refused.node} refused the job")
+        self.backend.finish(self.view)
+        self.store.end(self.plan.job_id, JobState.FAILED, int(ExitCode.USAGE), message)
+        raise UsageError(message)
+
+    def _finish_interrupted(self) -> int:
+        name = signal.Signals(self.interrupted or signal.SIGINT).name
+        self._stop_all(f"distrun got {name}")
+        code = ExitCode.INTERRUPTED if self.interrupted == signal.SIGINT else ExitCode.TERMINATED
+        return self._finish(JobState.STOPPED, int(code), f"job {self.plan.job_id} stopped ({name}); "
+                            f"every host's processes ended")
+
+    def _finish_failed(self, failures: list[Failure]) -> int:
+        """Stop every host, then record and show the root cause and how each other host ended."""
+        root = root_cause(failures)
+        self.sink.failed_rank(root.host, root.rank)
+        self._stop_all(f"{root.host} failed" if root.host else "the job failed")
+        if root.host in {h.node for h in self.hosts} and root.kind is not FailureKind.LOST:
+            # Lines that arrived while the others were stopped belong to the root cause's story too.
+            root = replace(root, last_lines=self.host(root.host).last_lines(root.rank) or root.last_lines)
+        root = replace(root, after_final=self._final_before(root.time), barrier_hosts=tuple(
+            h.node for h in self.hosts if h.node != root.host and h.stop_sent and h.workers_at_stop == 0))
+        root = replace(root, when=when_failed(root, self._others_finished(root)))
+        own = {f.host: f for f in failures}
+        others = {h.node: own[h.node].describe() if h.node in own else h.end()
+                  for h in self.hosts if h.node != root.host}
+        ordered = [root, *(f for f in failures if f.host != root.host)]
+        self.verdict = self.course.verdict(root)
+        self.course.end(root, self.verdict.quarantined if self.verdict else None)
+        if self.verdict is not None and self.verdict.hosts is not None:
+            title = f"{self.plan.job_id} attempt {self.plan.attempt}"
+            return self._end_attempt(failed_summary(title, root, others), self.verdict)
+        summary = failed_summary(self.plan.job_id, root, others)
+        if self.verdict is not None:
+            summary += f"\n{self.verdict.why}"
+        return self._finish(JobState.FAILED, int(ExitCode.FAILED), summary, ordered)
+
+    def _end_attempt(self, summary: str, verdict: Verdict) -> int:
+        """This attempt failed and another follows: record the attempt, say why and what comes
+        next; the job goes on (its record stays running)."""
+        backoff = self.course.policy.backoff
+        restarting = f"restarting: {verdict.why}" + (f" in {backoff:g} s" if backoff else "")
+        self.sink.note(self.plan.hosts[0].node, restarting)
+        summary = "\n".join([summary, *self.backend.finish(self.view)])
+        self.sink.flush()
+        self.sink.close_screen(SCREEN_DRAIN)
+        self.monitor.stop()
+        mask = Masker(self.plan.secrets.values())
+        try:
+            self.store.update(self.plan.job_id, attempts=masked_attempts(self.course, mask),
+                              quarantined=self.course.quarantined)
+        except DistrunError as exc:
+            summary += f"\ndistrun: warning: the attempt is not recorded: {exc}"
+        self._say(mask.text(f"{summary}\n{restarting}"))
+        return int(ExitCode.FAILED)
+
+
+    def _others_finished(self, root: Failure) -> bool:
+        """Whether every rank but the root cause's had exited 0: every other host exited 0 or waited in
+        torchrun's exit barrier, and torchrun on the root's host recorded no other rank failed or stopped.
+        A job of one rank has no other rank to tell: only its final metrics line, before the crash, does."""
+        if root.host not in {h.node for h in self.hosts}:
+            return False
+        if self.plan.world_size == 1:
+            return root.after_final
+        done = all(h.node in root.barrier_hosts or (h.exited.is_set() and h.exit_rc == 0 and not h.ended_itself)
+                   for h in self.hosts if h.node != root.host)
+        own = self.host(root.host)
+        return done and neighbours_finished(own.plan.nproc, root.rank, own.workers)
+
+    def _final_before(self, when: float) -> bool:
+        """Whether the job's final metrics line had arrived by `when` (seconds since the epoch)."""
+        final = self.final_metrics
+        return final is not None and float(final.get("t", when)) <= when
+
+    def _finish_succeeded(self) -> int:
+        lines = [f"job {self.plan.job_id} succeeded: {self.plan.nnodes} host(s), world size {self.plan.world_size}"]
+        metrics = self.final_metrics or self.last_metrics
+        if metrics:
+            rate = metrics.get("mean_samples_per_s", metrics.get("samples_per_s"))
+            if rate is not None:
+                lines.append(f"  throughput: {float(rate):.1f} samples/s (mean over steady-state steps)")
+            if metrics.get("peak_mem_mb") is not None:
+                lines.append(f"  peak memory: {float(metrics['peak_mem_mb']):.0f} MB per process")
+        restarts = max((h.restarts for h in self.hosts), default=0)
+        if restarts:
+            lines.append(f"  restarts: {restarts}")
+        return self._finish(JobState.SUCCEEDED, int(ExitCode.OK), "\n".join(lines))
+
+
+class AttemptView:
+    """What a backend sees of one attempt: its plan, its line sink, and the hosts' events by node
+    name (backends/run.py's RunView, and its HostEvents as `events`)."""
+
+    def __init__(self, launcher: Launcher) -> None:
+        self._launcher = launcher
+        self._hosts = {host.node: host for host in launcher.hosts}
+        self.plan = launcher.plan
+        self.sink = launcher.sink
+        self.events = self
+
+    @property
+    def interrupted(self) -> int | None:
+        return self._launcher.interrupted
+
+    # ---------------------------------------------------------------- HostEvents
+
+    def attach(self, node: str, channel: Channel) -> None:
+        self._hosts[node].attach(channel)
+
+    def data(self, node: str, chunk: bytes) -> None:
+        self._hosts[node].on_data(chunk)
+
+    def batch(self, node: str, batch: Batch) -> None:
+        self._hosts[node].lines(batch)
+
+    def telemetry(self, node: str, sample: dict[str, Any]) -> None:
+        self._hosts[node].event({**sample, "ev": "tel"})
+
+    def exit(self, node: str, rc: int, error: str | None = None) -> None:
+        self._hosts[node].event({"ev": "exit", "rc": rc, "error": error})
+
+    def alive(self, node: str) -> None:
+        self._hosts[node].heard()
+
+    def stderr(self, node: str, line: str) -> None:
+        self._hosts[node].on_stderr(line)
+
+    def end(self, node: str) -> None:
+        self._hosts[node].on_end()
+
+    def lost(self, node: str, reason: str, kind: FailureKind = FailureKind.LOST) -> Failure:
+        return self._hosts[node].lost(reason, kind)
+
+    # ---------------------------------------------------------------- RunView
+
+    def failures(self) -> list[Failure]:
+        run = self._launcher
+        found = (host.failure(run.plan.heartbeat_timeout, run.awake_since) for host in run.hosts)
+        return [failure for failure in found if failure is not None]
+
+    def exited(self, node: str) -> bool:
+        return self._hosts[node].exited.is_set()
+
+    def await_exits(self, nodes: Sequence[str], timeout: float) -> None:
+        run = self._launcher
+        hosts = [self._hosts[node] for node in nodes]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(
+                h.reporting(run.plan.heartbeat_timeout, run.awake_since) for h in hosts):
+            run.wake.wait(POLL)
+            run.wake.clear()
+
+    def orphaned(self, nodes: Sequence[str]) -> list[str]:
+        return [node for node in nodes if self._hosts[node].channel_closed()]

@@ -1,0 +1,216 @@
+"""`distrun launch`: pick the backend, have it prepare and submit the job, and follow the job
+attempt after attempt (the restart loop).
+
+`launch` picks the backend (the request's, else the job's), has it prepare, preflight and stage
+the job, and `run_attempts` follows it: each attempt is one `runloop.Launcher`. With the job's
+`restarts`, a failure it lists ends only the attempt: `run_attempts` asks the policy (restarts.py)
+whether and where the next attempt runs, re-plans it through the backend's `replan` (a spare in
+place of a quarantined host, a fresh rendezvous port), preflights and stages it, and follows it
+with a new `Launcher` writing into the same job directory, each line with its attempt. The record
+keeps every attempt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from orchestrator import backends
+from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, terminal_for
+from orchestrator.console.display import fold_hosts
+from orchestrator.console.interrupts import on_signals
+from orchestrator.console.terminal import show
+from orchestrator.errors import DistrunError, ExitCode, InfraError
+from orchestrator.fanout.group import GroupError
+from orchestrator.ft import replicas
+from orchestrator.plan import LaunchPlan
+from orchestrator.remote.redact import Masker
+from orchestrator.run.attempt import POLL, Launcher, masked_attempts
+from orchestrator.run.restarts import AttemptHistory, Verdict
+from orchestrator.run.spare_pool import SparePool
+from orchestrator.spec.model import JobSpec
+from orchestrator.spec.overrides import is_script, job_for_launch, job_to_yaml
+from orchestrator.store import JobState, Store, new_job_id
+
+# ---------------------------------------------------------------- the command
+
+
+def launch(request: LaunchRequest) -> int:
+    """Launch a job with the requested backend, or the job's own (`backend:` in the job file).
+
+    Returns:
+        The exit code: 0 the job succeeded, 1 it failed, 130/143 interrupted.
+
+    Raises:
+        DistrunError: bad input (2) or infrastructure (3); nothing of the job was started.
+    """
+    job = job_for_launch(request.job_file, request.name, request.nproc_per_node, request.env,
+                         request.nnodes_range)
+    if job.fault_tolerance is not None:
+        return replicas.launch(request, job)
+    cls = backends.get(request.backend or job.backend or backends.DEFAULT)
+    options = cls.resolve_options(job, request.options)
+    ctx = LaunchContext(request, job, request.job_id or new_job_id(job.name), Store(), terminal_for(request))
+    with cls(ctx.store, options) as backend:
+        plan = backend.prepare(ctx)
+        if request.dry_run:
+            show(dry_run_text(job, request, backend.dry_run(plan)))
+            return int(ExitCode.OK)
+        if not request.skip_preflight:
+            backend.preflight(ctx, plan)
+        backend.stage(ctx, plan)
+        return run_attempts(backend, ctx, plan).code
+
+
+def dry_run_text(job: JobSpec, request: LaunchRequest, plan_text: str) -> str:
+    """What `--dry-run` prints: the backend's plan; for a script launch, first the job as a job file
+    (ready to save: the plan follows as YAML comments)."""
+    if not is_script(request.job_file):
+        return plan_text
+    shown = replace(job, args=(*job.args, *request.extra_args), nnodes=request.nnodes or job.nnodes)
+    head = ("# distrun launch --dry-run: a job file, ready to save; -i and the host selection stay on the "
+            "command line\n")
+    return head + job_to_yaml(shown) + "\n".join(f"# {line}".rstrip() for line in plan_text.splitlines())
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How a launched job ended: the exit code, and rank 0's final metrics record (None when it wrote none)."""
+
+    code: int
+    final_metrics: dict[str, Any] | None = None
+
+
+def run_attempts(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Finished:
+    """Submit a prepared job and follow it to its end, attempt after attempt when the job's
+    `restarts` allow; SIGINT/SIGTERM stop it on every host.
+
+    Returns:
+        The exit code and the job's final metrics.
+    """
+    with on_signals(ctx.interrupt):
+        _announce(ctx)
+        started = backend.submit(ctx, plan)
+        if started is None:
+            return Finished(ctx.store.get(ctx.job_id).exit_code or 0)
+        course = AttemptHistory(ctx.job.restarts, ctx.job.min_nnodes or len(started.hosts), started.spares,
+                                pool=SparePool.from_env(ctx.job_id))
+        while True:
+            launcher = _launcher(backend, ctx, started, course)
+            code = launcher.run()
+            if launcher.verdict is None or launcher.verdict.hosts is None:
+                return Finished(code, launcher.final_metrics)
+            following = _next_attempt(backend, ctx, started, course, launcher.verdict)
+            if isinstance(following, int):
+                return Finished(following)
+            started = following
+
+
+def _announce(ctx: LaunchContext) -> None:
+    """The first line a launch shows: the job's id and where its files are, as a scheduler's
+    `Submitted job ID` (a pipe or a log file otherwise heard of the id only at the end)."""
+    if ctx.terminal is not None:
+        show(f"Submitted job {ctx.job_id} (its files: {ctx.store.job_dir(ctx.job_id).root})", stream=ctx.terminal,
+             flush=True)
+
+
+def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: AttemptHistory,
+                  verdict: Verdict) -> LaunchPlan | int:
+    """After the backoff, plan the next attempt on the verdict's hosts, preflight and stage it.
+
+    Returns:
+        The next attempt's plan, or the exit code when the job ended here instead (interrupted,
+        or the next attempt could not be planned: recorded as the job's end).
+    """
+    deadline = time.monotonic() + course.policy.backoff
+    while ctx.interrupted is None and time.monotonic() < deadline:
+        time.sleep(POLL)
+    following: LaunchPlan | None = None
+    failed: DistrunError | None = None
+    if ctx.interrupted is None:
+        try:
+            following = _plan_next(backend, ctx, plan, course, verdict.hosts or (), verdict.spares)
+        except DistrunError as exc:
+            failed = exc
+    if ctx.interrupted is not None:
+        name = signal.Signals(ctx.interrupted).name
+        code = ExitCode.INTERRUPTED if ctx.interrupted == signal.SIGINT else ExitCode.TERMINATED
+        return _end_between(ctx, course, plan, JobState.STOPPED, int(code),
+                            f"job {ctx.job_id} stopped ({name}) before attempt {course.number + 1}")
+    if failed is not None or following is None:
+        return _end_between(ctx, course, plan, JobState.FAILED, int(failed.exit_code if failed else ExitCode.FAILED),
+                            f"job {ctx.job_id} FAILED: attempt {course.number + 1} could not start: {failed}")
+    ctx.store.job_dir(ctx.job_id).write_plan(following.to_dict())
+    hosts = [h.node for h in following.hosts]
+    command = {} if ctx.request.internal else {
+        "command": ctx.request.reproduce(hosts, following.inventory_path, following.spares)}
+    ctx.store.update(ctx.job_id, hosts=hosts, master_addr=following.master_addr,
+                     master_port=following.master_port, **command)
+    return following
+
+
+def _plan_next(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: AttemptHistory, hosts: Sequence[str],
+               spares: Sequence[str]) -> LaunchPlan:
+    """Plan, preflight and stage the next attempt on `hosts`; a host that cannot be reached or
+    probed is set aside, and the next spare (else fewer hosts, as `nnodes: MIN:MAX` allows)
+    tried in its place.
+
+    Raises:
+        DistrunError: the attempt cannot start (no host left to try, or another error).
+    """
+    while True:
+        course.spares = tuple(spares)
+        try:
+            following = backend.replan(ctx, plan, hosts, spares)
+            if not ctx.request.skip_preflight:
+                backend.preflight(ctx, following)
+            backend.stage(ctx, following)
+            return following
+        except GroupError as exc:
+            bad = set(exc.failed) & set(hosts)
+            refilled = course.refill(hosts, bad, spares) if bad else None
+            if refilled is None or ctx.interrupted is not None:
+                raise
+            course.unreachable += sorted(bad)
+            hosts, spares = refilled
+            _tell(ctx, f"[distrun] {fold_hosts(bad)} set aside ({exc}); attempt {course.number + 1} on "
+                       f"{fold_hosts(hosts)}")
+
+
+def _tell(ctx: LaunchContext, text: str) -> None:
+    show(text, stream=ctx.terminal or sys.stderr, flush=True)
+
+
+def _end_between(ctx: LaunchContext, course: AttemptHistory, plan: LaunchPlan, state: JobState, code: int,
+                 detail: str) -> int:
+    """Record and say the end of a job that ended between two attempts (secrets masked); its exit code."""
+    mask = Masker(plan.secrets.values())
+    text = mask.text("\n".join([detail, *course.lines()]))
+    try:
+        ctx.store.end(ctx.job_id, state, code, text, attempts=masked_attempts(course, mask),
+                      quarantined=course.quarantined)
+    except DistrunError as exc:
+        text += f"\ndistrun: warning: the job's end is not recorded: {exc}"
+    _tell(ctx, text)
+    return code
+
+
+def _launcher(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: AttemptHistory | None = None) -> Launcher:
+    """The launcher of a recorded job, its files open; nothing has started on the hosts yet.
+
+    Raises:
+        InfraError: the job's files could not be opened (a full disk); the record says so.
+    """
+    try:
+        return Launcher(backend, ctx, plan, course)
+    except OSError as exc:
+        error = InfraError(f"cannot write the job's files into {ctx.store.job_dir(plan.job_id).root}: "
+                           f"{exc.strerror or exc} (free space under DISTRUN_HOME, or point DISTRUN_HOME elsewhere)")
+        with contextlib.suppress(DistrunError):
+            ctx.store.end(plan.job_id, JobState.FAILED, int(error.exit_code), f"job {plan.job_id} not started: {error}")
+        raise error from exc
