@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator import doctor
 from orchestrator.backends.ssh import SshBackend
 from orchestrator.doctor.bandwidth import BandwidthReport, SizeResult, parse_results
 from orchestrator.doctor.bandwidth_check import bandwidth_check
 from orchestrator.doctor.command import exit_code
 from orchestrator.facts import Connect, Entry, HostFacts, Listen
 from orchestrator.fanout.group import Group
+from orchestrator.hostcheck import preflight as doctor_preflight
 from orchestrator.hostcheck.checks import NOT_TOLD, Check, Context, Status, run_checks
 from orchestrator.hostcheck.probe import LATE, ProbeResult, import_options, probe_round
 from orchestrator.hostcheck.render import render_table, to_json
@@ -459,7 +459,7 @@ def launch_round(port: int) -> dict[str, HostFacts]:
 
 
 def preflight(port: int, facts: dict[str, HostFacts]) -> None:
-    doctor.launch_preflight(two_host_plan(port), {n.name: n for n in local_nodes()}, facts)
+    doctor_preflight.launch_preflight(two_host_plan(port), {n.name: n for n in local_nodes()}, facts)
 
 
 def test_preflight_passes_on_the_facts_of_a_launch_round_where_the_port_was_reachable():
@@ -475,7 +475,7 @@ def test_preflight_refuses_with_doctors_message_when_torch_differs():
     facts = {name: HostFacts(name, python="3.11.7", torch=version, listen=Listen(PORT, ok=True),
                              connect=Connect(MASTER_ADDR, PORT, ok=True))
              for name, version in (("local0", "2.13.0"), ("local1", "2.0.0"))}
-    with pytest.raises(doctor.PreflightError) as caught:
+    with pytest.raises(doctor_preflight.PreflightError) as caught:
         preflight(PORT, facts)
     message = str(caught.value)
     assert "nothing was started" in message
@@ -489,7 +489,7 @@ def test_preflight_refuses_a_missing_entry_with_exit_2_naming_the_host():
     facts = {name: HostFacts(name, python="3.11.7", torch="2.13.0", listen=Listen(PORT, ok=True),
                              connect=Connect(MASTER_ADDR, PORT, ok=True), entry=entry)
              for name, entry in entries.items()}
-    with pytest.raises(doctor.PreflightError) as caught:
+    with pytest.raises(doctor_preflight.PreflightError) as caught:
         preflight(PORT, facts)
     assert "✗ entry  local1: script train.py: no such file" in str(caught.value)
     assert caught.value.exit_code == 2
@@ -511,7 +511,7 @@ def test_preflight_refuses_when_the_rendezvous_port_was_taken_during_the_launch_
         holder.listen()
         port = holder.getsockname()[1]
         facts = launch_round(port)
-    with pytest.raises(doctor.PreflightError, match=r"port .* is in use") as caught:
+    with pytest.raises(doctor_preflight.PreflightError, match=r"port .* is in use") as caught:
         preflight(port, facts)
     assert caught.value.exit_code == 3
 
@@ -520,12 +520,12 @@ def test_preflight_refuses_an_unreachable_port_with_exit_3_and_a_missing_entry_s
     cut = Connect(MASTER_ADDR, PORT, ok=False, error="timed out after 2 s")
     facts = {"local0": HostFacts("local0", python="3.11.7", torch="2.13.0", listen=Listen(PORT, ok=True)),
              "local1": HostFacts("local1", python="3.11.7", torch="2.13.0", connect=cut)}
-    with pytest.raises(doctor.PreflightError, match="cannot connect to local0") as caught:
+    with pytest.raises(doctor_preflight.PreflightError, match="cannot connect to local0") as caught:
         preflight(PORT, facts)
     assert caught.value.exit_code == 3
     missing = Entry("script", "train.py", error="no such file")
     facts = {name: replace(f, entry=missing) for name, f in facts.items()}
-    with pytest.raises(doctor.PreflightError) as caught:
+    with pytest.raises(doctor_preflight.PreflightError) as caught:
         preflight(PORT, facts)
     assert caught.value.exit_code == 2
 

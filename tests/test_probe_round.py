@@ -8,10 +8,10 @@ import threading
 
 import pytest
 
-from orchestrator import doctor
 from orchestrator.doctor.command import exit_code
 from orchestrator.facts import Connect, HostFacts, Listen
 from orchestrator.fanout.group import Group
+from orchestrator.hostcheck import preflight as doctor_preflight
 from orchestrator.hostcheck import probe
 from orchestrator.hostcheck.checks import Check, Context, Status, run_checks
 from orchestrator.hostcheck.probe import LATE, ProbeRun, Round, probe_round, round_backstop
@@ -89,7 +89,7 @@ def test_the_launch_preflight_starts_a_job_when_a_host_could_not_try():
     plan = LaunchPlan(job_id="j", job_name="j", spec_path="j.yaml", inventory_path="inv.yaml", backend="ssh",
                       master_node="local0", master_addr="127.0.0.1", master_port=29500, nnodes=2, hosts=hosts,
                       secrets={})
-    doctor.launch_preflight(plan, {n.name: n for n in nodes}, facts)
+    doctor_preflight.launch_preflight(plan, {n.name: n for n in nodes}, facts)
 
 
 def doctor_facts(node: str, listen: bool = False, skipped: str | None = None) -> HostFacts:
