@@ -15,7 +15,7 @@ from typing import Any
 import click
 import pytest
 
-from orchestrator import backends
+from orchestrator import backends, registry
 from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Stopped
 from orchestrator.backends.options import Option, OptionType, from_command_line
 from orchestrator.backends.run import HostEvents, RunView
@@ -40,7 +40,7 @@ from tests.helpers import distrun
 
 
 def test_every_registered_name_imports_a_backend_class_of_that_name():
-    for name in backends.names():
+    for name in registry.names():
         cls = backends.get(name)
         assert issubclass(cls, Backend) and name == cls.NAME and cls.DESCRIPTION
         cls(Store.__new__(Store))  # every hook is filled in: the class can be made
@@ -49,8 +49,8 @@ def test_every_registered_name_imports_a_backend_class_of_that_name():
 def test_the_command_line_and_the_job_file_take_exactly_the_registered_names():
     launch_command = cli.commands["launch"]
     choice = next(p.type for p in launch_command.params if p.name == "backend")
-    assert isinstance(choice, click.Choice) and tuple(choice.choices) == backends.names()
-    with pytest.raises(SpecError, match=f"must be one of {', '.join(backends.names())},"):
+    assert isinstance(choice, click.Choice) and tuple(choice.choices) == registry.names()
+    with pytest.raises(SpecError, match=f"must be one of {', '.join(registry.names())},"):
         job_from_text("name: t\nmodule: m\nbackend: pbs\n", "j.yaml")
 
 
@@ -217,7 +217,7 @@ def scripted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[ScriptedBa
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setitem(backends.REGISTRY, "scripted", f"{__name__}:Recorded")
+    monkeypatch.setitem(registry.REGISTRY, "scripted", f"{__name__}:Recorded")
     monkeypatch.setattr(sys.modules[__name__], "Recorded", Recorded, raising=False)
     monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
     return made

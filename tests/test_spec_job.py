@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import backends
+from orchestrator import registry
 from orchestrator.errors import SpecError, UsageError
 from orchestrator.spec import Rendezvous, Select, Telemetry, job_from_text, load_job
 
@@ -128,7 +128,7 @@ def test_unknown_key_with_nothing_close_lists_the_valid_keys() -> None:
     assert error(RESNET + "colour: blue\n") == (
         "jobs/x.yaml:12: colour: unknown key (valid keys: name, script, module, args, nnodes, nproc_per_node, "
         f"workdir, env, rendezvous, max_restarts, select, telemetry, sync, sync_max_size, backend, "
-        f"{', '.join(backends.names())}, "
+        f"{', '.join(registry.names())}, "
         "heartbeat_timeout, stop_grace, hang_timeout, restarts, checkpoint_dir, spares, fault_tolerance)"
     )
 
@@ -274,7 +274,7 @@ def test_bad_value_is_reported_at_its_line_with_its_key_path(prefix: str, line: 
         ("sync: on", "jobs/x.yaml:12: sync: must be true or false, got 'on' (write true or false)"),
         (
             "backend: slrum",
-            f"jobs/x.yaml:12: backend: must be one of {', '.join(backends.names())}, got string 'slrum' "
+            f"jobs/x.yaml:12: backend: must be one of {', '.join(registry.names())}, got string 'slrum' "
             "(did you mean 'slurm'?)",
         ),
         ("heartbeat_timeout: 0.5", "jobs/x.yaml:12: heartbeat_timeout: must be a number from 3 to 86400, got 0.5 "

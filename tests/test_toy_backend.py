@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import backends
+from orchestrator import registry
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.diagnose.failures import Failure, FailureKind
 from orchestrator.run import launch
@@ -19,7 +19,7 @@ WORKER = REPO / "tests" / "cluster" / "jobs" / "worker.py"
 
 @pytest.fixture
 def toy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setitem(backends.REGISTRY, "toy", "tests.toy_backend:ToyBackend")
+    monkeypatch.setitem(registry.REGISTRY, "toy", "tests.toy_backend:ToyBackend")
     monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
 
 

@@ -1,10 +1,6 @@
-"""Backends by NAME, imported lazily (torchx's scheduler registry is the model).
+"""Where a job runs: one module per backend (ssh, local, slurm) behind the contract in base.py.
 
-This module is the registry and nothing else: it imports no other part of distrun, so the job
-loader (spec/job.py) can read the names to accept `backend: NAME` and each backend's section of
-a job file, while the backends themselves are imported only when one is used. The contract a
-backend fulfils is `orchestrator.backends.base.Backend`; adding one is one module with one class
-and one line here.
+The backends are named in orchestrator/registry.py; `get` imports one only when it is used.
 """
 
 from __future__ import annotations
@@ -12,21 +8,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from orchestrator.registry import REGISTRY
+
 if TYPE_CHECKING:
     from orchestrator.backends.base import Backend
-
-# NAME -> "module:Class". The first is the default.
-REGISTRY: dict[str, str] = {
-    "ssh": "orchestrator.backends.ssh:SshBackend",
-    "local": "orchestrator.backends.local:LocalBackend",
-    "slurm": "orchestrator.backends.slurm:SlurmBackend",
-}
-DEFAULT = next(iter(REGISTRY))
-
-
-def names() -> tuple[str, ...]:
-    """Every backend's NAME, the default first."""
-    return tuple(REGISTRY)
 
 
 def get(name: str) -> type[Backend]:

@@ -11,7 +11,7 @@ import time
 
 import click
 
-from orchestrator import backends, remote
+from orchestrator import registry, remote
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.cli.options import (
     LaunchCommand,
@@ -49,7 +49,7 @@ DETACH_WAIT = 120.0
 @click.option("--detach", is_flag=True, help="Run the controller in the background; print the job id.")
 @json_option()
 @click.option("--skip-preflight", is_flag=True, help="Do not check versions and the port before starting.")
-@click.option("--backend", type=click.Choice(backends.names()), help="Where to run (default: the job's, else ssh).")
+@click.option("--backend", type=click.Choice(registry.names()), help="Where to run (default: the job's, else ssh).")
 @click.option("-o", "--option", "options", multiple=True, metavar="KEY=VALUE",
               help="A backend option, over the job file's section of that backend (repeatable; "
                    "`distrun backends` lists them), e.g. -o partition=gpu.")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from orchestrator import backends
+from orchestrator import backends, registry
 from orchestrator.cli.hints import HintedGroup, one_line
 from orchestrator.cli.hosts import doctor, exec_command
 from orchestrator.cli.jobs import logs, prune, ps, stack, stop, top
@@ -86,9 +86,9 @@ def list_backends() -> None:
     """
     from orchestrator.backends.options import describe
 
-    for name in backends.names():
+    for name in registry.names():
         cls = backends.get(name)
-        default = " (default)" if name == backends.DEFAULT else ""
+        default = " (default)" if name == registry.DEFAULT else ""
         terminal.show(f"{name}{default}: {cls.DESCRIPTION}")
         for line in describe(cls.OPTIONS) or ["no options"]:
             terminal.show(f"  {line}")

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from orchestrator import backends
+from orchestrator import backends, registry
 from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, terminal_for
 from orchestrator.console.display import fold_hosts
 from orchestrator.console.interrupts import on_signals
@@ -53,7 +53,7 @@ def launch(request: LaunchRequest) -> int:
                          request.nnodes_range)
     if job.fault_tolerance is not None:
         return replicas.launch(request, job)
-    cls = backends.get(request.backend or job.backend or backends.DEFAULT)
+    cls = backends.get(request.backend or job.backend or registry.DEFAULT)
     options = cls.resolve_options(job, request.options)
     ctx = LaunchContext(request, job, request.job_id or new_job_id(job.name), Store(), terminal_for(request))
     with cls(ctx.store, options) as backend:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
-from orchestrator import backends
+from orchestrator import backends, registry
 from orchestrator.backends.base import Backend
 from orchestrator.errors import UsageError
 from orchestrator.store import JobRecord, JobState, Store
@@ -17,9 +17,9 @@ def for_record(store: Store, record: JobRecord) -> Backend:
     Raises:
         UsageError: the record names a backend this distrun does not have.
     """
-    if record.backend not in backends.REGISTRY:
+    if record.backend not in registry.REGISTRY:
         raise UsageError(f"job {record.id} ran on backend {record.backend!r}, which this distrun does not have "
-                         f"(it has {', '.join(backends.names())})")
+                         f"(it has {', '.join(registry.names())})")
     return backends.get(record.backend)(store)
 
 

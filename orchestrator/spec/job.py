@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
-from orchestrator import backends
+from orchestrator import registry
 from orchestrator.errors import UsageError
 from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT, Reader, Source, describe
 from orchestrator.spec.model import (
@@ -94,7 +94,7 @@ def _job(root: Node | None, file: str) -> JobSpec:
         values["env"], values["secrets"] = values["env"]
     if isinstance(values.get("nnodes"), tuple):
         values["min_nnodes"], values["nnodes"] = values["nnodes"]
-    sections = {name: values.pop(name) for name in backends.names() if name in values}
+    sections = {name: values.pop(name) for name in registry.names() if name in values}
     if "fault_tolerance" in values:
         _check_groups(src, top, values)
     return JobSpec(path=file, **values, backend_sections=sections, lines=collect_lines(top))
@@ -116,8 +116,8 @@ def _job_readers(src: Source) -> dict[str, Reader]:
         "telemetry": lambda node, path: _section(src, node, path, Telemetry, _telemetry_readers(src)),
         "sync": src.boolean,
         "sync_max_size": lambda node, path: _size(src, node, path),
-        "backend": lambda node, path: src.choice(node, path, backends.names()),
-        **{name: lambda node, path: _backend_section(src, node, path) for name in backends.names()},
+        "backend": lambda node, path: src.choice(node, path, registry.names()),
+        **{name: lambda node, path: _backend_section(src, node, path) for name in registry.names()},
         "heartbeat_timeout": lambda node, path: src.number(
             node, path, *HEARTBEAT_TIMEOUT_BOUNDS,
             hint="seconds of silence after which a host counts as lost; heartbeats go once a second, so a "
