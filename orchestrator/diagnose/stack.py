@@ -2,8 +2,9 @@
 
 `gather` has the job's backend run remote/stack.py beside the ranks of each host (py-spy there);
 `fold` groups ranks whose stacks are the same once addresses are ignored, the odd ones out
-first; `render` and `to_json` show the groups. The hang watchdog (launch.py) keeps the same
-text in the job directory (stacks/) and names the odd group in its failure.
+first; `render` and `to_json` show the groups. The hang watchdog (watchdog.py) keeps the same
+text in the job directory (stacks/) and names the odd group in its failure. What reaches the hosts
+is `ReachesRanks`, which every backend that can run a program beside a job's ranks is.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator import remote
 from orchestrator.console.display import rank_ranges
@@ -21,7 +22,7 @@ from orchestrator.errors import InfraError, UsageError, one_line
 from orchestrator.remote.redact import Masker
 
 if TYPE_CHECKING:
-    from orchestrator.backends.base import Backend
+    from orchestrator.fanout.group import GroupResult
     from orchestrator.store import JobRecord
 
 # What `stack` runs on a host, dependencies first: it finds the ranks as the supervisor does.
@@ -33,6 +34,14 @@ ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python3[.\d]*/|^<|\.so(\.[\d.]+)?$")
 MAIN_THREAD = "MainThread"
 COLLECTIVE = re.compile(r"torch/distributed/")
+
+
+class ReachesRanks(Protocol):
+    """What diagnosis needs of a job's backend: a remote program run beside the ranks of some hosts
+    (orchestrator.backends.base.Backend.run_remote_near, which every backend has)."""
+
+    def run_remote_near(self, record: JobRecord, nodes: Sequence[str], main: str, modules: list[str],
+                        args: Sequence[str] = (), timeout: float | None = None) -> GroupResult[str]: ...
 
 
 @dataclass(frozen=True)
@@ -211,7 +220,7 @@ def _masked(value: Any, masker: Masker) -> Any:
     return value
 
 
-def gather(backend: Backend, record: JobRecord, nodes: Sequence[str] | None = None, native: bool = False,
+def gather(backend: ReachesRanks, record: JobRecord, nodes: Sequence[str] | None = None, native: bool = False,
            timeout: float = GATHER_TIMEOUT, flight: bool = False, masker: Masker | None = None) -> Gathered:
     """Dump every rank of a job on its hosts (or on `nodes`), all hosts at once.
 

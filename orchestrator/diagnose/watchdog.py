@@ -30,7 +30,6 @@ from orchestrator.remote.private import make_private_dirs, write_private
 from orchestrator.remote.redact import Masker
 
 if TYPE_CHECKING:
-    from orchestrator.backends.base import Backend
     from orchestrator.store import JobDir, JobRecord
 
 STALLED_FRACTION = 1 / 3
@@ -74,7 +73,7 @@ class Watchdog:
         return 0.0 if last is None else time.monotonic() - last
 
 
-def diagnose(backend: Backend, record: JobRecord, job_dir: JobDir, timeout: float,
+def diagnose(backend: stacks.ReachesRanks, record: JobRecord, job_dir: JobDir, timeout: float,
              addresses: dict[str, str], masker: Masker | None = None) -> Failure:
     """Dump every rank's stack (and Flight Recorder) into the job directory and name the rank that
     is not where the others are.
