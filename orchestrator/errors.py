@@ -1,4 +1,4 @@
-"""The project's exceptions; `cli.py` maps each to an exit code and one line on stderr."""
+"""The project's exceptions; `cli/main.py` maps each to an exit code and one line on stderr."""
 
 from __future__ import annotations
 

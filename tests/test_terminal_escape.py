@@ -142,7 +142,7 @@ def test_every_terminal_write_goes_through_the_one_writer() -> None:
     """By construction: no module but orchestrator/console/terminal.py writes to a terminal itself. remote/
     runs on the hosts, where its stdout is the channel to the controller, not a terminal; so does
     doctor/allreduce_bench.py, the bandwidth job's rank, whose stdout is its log. rich
-    draws `top` and the live view (telemetry.py): their lines and the hosts' samples reach it
+    draws `top` and the live view (telemetry/): their lines and the hosts' samples reach it
     through terminal.safe_text (tests/test_telemetry.py)."""
     modules = [p for p in (REPO / "orchestrator").rglob("*.py")
                if p.name not in ("terminal.py", "allreduce_bench.py")

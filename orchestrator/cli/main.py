@@ -1,9 +1,9 @@
 """The `distrun` command: one small function per command; `main` maps errors to exit codes.
 
-The commands live by family beside this module (cli_launch, cli_jobs, cli_hosts, cli_reports),
+The commands live by family beside this module (launch, jobs, hosts, reports, logs),
 which import nothing from here; this module adds them to the group.
 
-Options several commands share (host selection, -i, --json, --color) come from cli_options.py
+Options several commands share (host selection, -i, --json, --color) come from options.py
 with one wording each; the config file ($XDG_CONFIG_HOME/distrun/config.yaml) gives defaults.
 """
 

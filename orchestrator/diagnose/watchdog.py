@@ -7,8 +7,8 @@ a rank's) reaching the controller; the watchdog is armed by the first one, so a 
 T seconds `diagnose` dumps every rank's stack into the job directory (stacks/), with the Flight
 Recorder dump of every rank that serves one (flight/, orchestrator/diagnose/flight.py), and returns the
 failure of kind `hang`: the rank whose stack differs from the majority's, that stack, where the
-others wait, and the ranks that have not entered the collective the others wait in. The launcher
-(launch.py) calls `Watchdog.check` from its run loop and `diagnose` in a thread of its own, so the
+others wait, and the ranks that have not entered the collective the others wait in. The run loop
+(run/attempt.py) calls `Watchdog.check` from its run loop and `diagnose` in a thread of its own, so the
 hosts keep being heartbeaten while their ranks are dumped.
 """
 

@@ -53,7 +53,7 @@ ON_HOSTS = ("ssh", "local")  # the backends a fault-tolerant job runs on (the gr
 STATE_EVERY = 2.0  # seconds between two writes of groups.json while the job runs
 STOP_WAIT = 60.0  # beyond the job's stop grace, how long a group's controller gets to stop its hosts
 VIEW_EVERY = 1.0  # seconds between two reads of the groups' records for the live view
-SPARES_FILE = "spares.json"  # the spares' claims, shared by the groups' controllers (spare_pool.py)
+SPARES_FILE = "spares.json"  # the spares' claims, shared by the groups' controllers (run/spare_pool.py)
 
 
 @dataclass
