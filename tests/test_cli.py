@@ -125,12 +125,29 @@ def test_a_near_miss_never_suggests_a_command_that_stops_or_removes(tmp_path: Pa
     (("--master-port", "29500"), "to fix the port set `rendezvous: {port: N}` in the job file"),
     (("--master_addr=node0",), "distrun picks the master and a free port itself"),
     (("--nodes", "2"), "--nodes takes host names (a range like 'node[0-1]'); for 2 hosts give --nnodes 2"),
+    (("--rdzv-backend", "c10d"), "distrun runs torchrun's c10d rendezvous itself (its --backend is where the job runs"),
+    (("--max-restarts", "3"), "`restarts: {max: N}` in the job file"),
+    (("--workdir", "/srv/x"), "the job file's `workdir:` key"),
+    (("--sync",), "the job file's `sync: true`"),
+    (("-w", "node[0-1]"), "pdsh's host list; distrun's is --nodes RANGE"),
 ])
 def test_torchrun_and_slurm_habits_get_a_hint_naming_the_distrun_flag(tmp_path: Path, args: tuple[str, ...],
                                                                       hint: str) -> None:
     result = distrun("launch", "jobs/train_resnet50.py", *args, "--dry-run", home=tmp_path)
 
     assert result.returncode == 2 and hint in result.stderr and "go after `--`" not in result.stderr
+
+
+@pytest.mark.parametrize(("command", "args", "hint"), [
+    ("exec", ("-w", "node1", "true"), "-w: not an option of distrun (pdsh's host list; distrun's is --nodes RANGE"),
+    ("exec", ("-a", "true"), "-a: not an option of distrun (pdsh's every host; distrun's is --all)"),
+    ("doctor", ("-w", "node1"), "-w: not an option of distrun (pdsh's host list; distrun's is --nodes RANGE"),
+])
+def test_pdsh_host_flags_get_distruns_spelling_on_every_command(tmp_path: Path, command: str,
+                                                                args: tuple[str, ...], hint: str) -> None:
+    result = distrun(command, *args, home=tmp_path)
+
+    assert (result.returncode, result.stderr.count("\n")) == (2, 1) and hint in result.stderr
 
 
 def test_torchruns_underscore_spelling_of_nproc_per_node_is_accepted(tmp_path: Path) -> None:

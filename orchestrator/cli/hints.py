@@ -1,5 +1,5 @@
 """What `distrun` says to a near-miss: usage errors in one line, the words other tools use for its
-commands (`run`, `submit`, `status`, `cancel`, `queue`), and the launch flags torchrun and Slurm
+commands (`run`, `submit`, `status`, `cancel`, `queue`), and the flags torchrun, Slurm and pdsh
 users type out of habit. A near-miss never suggests a command that stops or removes anything.
 """
 
@@ -21,18 +21,34 @@ DESTRUCTIVE = frozenset({"stop", "prune"})
 
 PORT_HINT = ("distrun picks the master and a free port itself; to fix the port set `rendezvous: {port: N}` "
              "in the job file")
+RDZV_HINT = ("torchrun's rendezvous backend; distrun runs torchrun's c10d rendezvous itself "
+             "(its --backend is where the job runs: ssh, local or slurm)")
+RESTARTS_HINT = ("torchrun's restarts in place; distrun's restart the whole job, on a spare host if one was lost: "
+                 "`restarts: {max: N}` in the job file")
+# pdsh's and clush's host selection, on every command that selects hosts.
+PDSH_FLAGS = {
+    "-w": "pdsh's host list; distrun's is --nodes RANGE, e.g. --nodes 'node[0-3]'",
+    "-a": "pdsh's every host; distrun's is --all",
+}
 # Launch flags of torchrun and Slurm that distrun spells otherwise or sets itself.
 LAUNCH_FLAGS = {
     "-N": "Slurm's node count; distrun's is --nnodes K",
     "--standalone": "distrun sets up the rendezvous itself; for one host give --nnodes 1 or --backend local",
     "--master-port": PORT_HINT, "--master_port": PORT_HINT, "--master-addr": PORT_HINT,
     "--master_addr": PORT_HINT, "--rdzv-endpoint": PORT_HINT, "--rdzv_endpoint": PORT_HINT,
+    "--rdzv-backend": RDZV_HINT, "--rdzv_backend": RDZV_HINT,
+    "--max-restarts": RESTARTS_HINT, "--max_restarts": RESTARTS_HINT,
+    "--workdir": "where the script runs on the hosts is the job file's `workdir:` key",
+    "--sync": "copying the job's directory to the hosts is the job file's `sync: true`",
+    **PDSH_FLAGS,
 }
 
 
 def one_line(exc: click.ClickException) -> str:
-    """A click error as distrun's other errors read: `distrun: error: what (see `distrun CMD --help`)`."""
-    message = exc.format_message().strip()
+    """A click error as distrun's other errors read: `distrun: error: what (see `distrun CMD --help`)`;
+    pdsh's `-w` and `-a` get distrun's spelling."""
+    habit = PDSH_FLAGS.get(exc.option_name or "") if isinstance(exc, click.NoSuchOption) else None
+    message = f"{exc.option_name}: not an option of distrun ({habit})" if habit else exc.format_message().strip()
     ctx = exc.ctx if isinstance(exc, click.UsageError) else None
     where = f" (see `{ctx.command_path} --help`)" if ctx is not None and "--help" not in message else ""
     return f"distrun: error: {message}{where}"
