@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/distrun launch jobs/resnet50.yaml
 	$(BIN)/distrun ps
-	@echo "Next: $(BIN)/distrun logs last (the job's lines), $(BIN)/distrun doctor -i INVENTORY (your hosts)"
+	@echo "Next: $(BIN)/distrun logs last (the job's lines); for your hosts, copy inventory/example.yaml, put in their addresses, and run $(BIN)/distrun doctor -i YOUR-COPY.yaml"
 
 ## system-deps: what the cluster tests need (sshd, pdsh, iproute2, Slurm, Chromium), installed when missing
 system-deps:

@@ -130,12 +130,14 @@ def torchvision_models() -> ModuleType | None:
 
     A torchvision wheel built for another torch or CUDA version fails at import time
     with ImportError, OSError or RuntimeError depending on what is missing, so any
-    exception means "not usable here".
+    exception means "not usable here"; only that case is logged, not a torchvision that
+    is simply not installed (the bundled copy is then the model, as its own line says).
     """
     try:
         return importlib.import_module("torchvision.models")
     except Exception as exc:
-        logger.info("torchvision is not usable here (%s: %s)", type(exc).__name__, exc)
+        if not isinstance(exc, ModuleNotFoundError):  # not installed is no news: the bundled copy serves
+            logger.info("torchvision is installed but does not import here (%s: %s)", type(exc).__name__, exc)
         return None
 
 

@@ -28,3 +28,4 @@ def test_make_demo_announces_every_install_step_and_ends_with_what_to_do_next(tm
     assert all(lines[i - 1].startswith("echo \"[") for i in installs), lines
     assert "torch" in lines[installs[2] - 1] and "minute" in lines[installs[2] - 1]
     assert lines[-1].startswith("echo \"Next: ") and "distrun logs last" in lines[-1] and "distrun doctor" in lines[-1]
+    assert "copy inventory/example.yaml" in lines[-1], "say where an inventory comes from"

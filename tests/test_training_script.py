@@ -105,6 +105,24 @@ def test_bundled_resnet50_matches_torchvision_parameter_count_and_blocks() -> No
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 1000)
 
 
+def test_a_missing_torchvision_is_no_news_and_a_broken_one_is_said(caplog: pytest.LogCaptureFixture,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    resnet_model = load_resnet_model()
+    caplog.set_level("INFO")
+    monkeypatch.setitem(sys.modules, "torchvision", None)  # import raises ModuleNotFoundError, as when not installed
+    resnet_model.torchvision_models.cache_clear()
+    resnet_model.build_model("resnet50")
+    assert [r.getMessage() for r in caplog.records] == ["model resnet50: bundled implementation (jobs/resnet_model.py)"]
+
+    caplog.clear()
+    resnet_model.torchvision_models.cache_clear()
+    monkeypatch.setattr(resnet_model.importlib, "import_module", lambda name: (_ for _ in ()).throw(
+        OSError("libc10_cuda.so: cannot open shared object file")))
+    assert resnet_model.torchvision_models() is None
+    assert "torchvision is installed but does not import here (OSError: libc10_cuda.so" in caplog.text
+    resnet_model.torchvision_models.cache_clear()
+
+
 def test_every_rank_prints_its_own_step_time_and_a_slowed_rank_is_the_busy_one(ddp_run) -> None:
     lines = [r for r in records(ddp_run, "DISTRUN_METRICS") if not r.get("final")]
     assert sorted((r["step"], r["rank"]) for r in lines) == [(2, 0), (2, 1), (4, 0), (4, 1)]
