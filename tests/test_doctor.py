@@ -385,6 +385,19 @@ def test_the_table_marks_each_status_and_puts_the_fix_under_each_failure():
     assert "\x1b[31m✗\x1b[0m" in render_table(run_checks(results, ctx), ctx, 1.5, colour=True)
 
 
+def test_every_host_unreachable_folds_the_checks_skipped_for_one_reason_and_says_the_fix_once():
+    results, ctx = make()
+    for name in list(results):
+        results[name] = ProbeResult(name, error=f"{name} (10.0.0.1:22): authentication failed", unreachable=True)
+    lines = render_table(run_checks(results, ctx), ctx, 1.5).splitlines()
+
+    assert len(lines) <= 14, "\n".join(lines)
+    assert any(line.startswith("- 15 checks ") and line.endswith("no host was probed: python, torch, cuda, nccl, "
+               "driver, backend, gpus, gpu-busy, ecc, shm, memlock, py-spy, disk, clock, iface") for line in lines)
+    assert sum("fix the errors above" in line for line in lines) == 1
+    assert lines[-1] == "0 ok, 0 warning(s), 1 error(s), 20 skipped in 1.5 s"
+
+
 def test_json_has_the_documented_keys_and_the_same_statuses_as_the_checks():
     results, ctx = make(changes={2: {"torch_info.version": "2.12.0"}})
     checks = run_checks(results, ctx)

@@ -33,7 +33,9 @@ JSON output (`--json`), schema version 1:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from orchestrator.console.display import fold_hosts
@@ -63,6 +65,25 @@ def render_check(check: Check, width: int, colour: bool = False) -> list[str]:
     return lines
 
 
+def folded_skips(checks: list[Check]) -> list[Check]:
+    """The table's rows: skipped checks in a row that share their reason are one row naming them all
+    (a host that could not be reached skips some twenty checks for one reason), and a run of skipped
+    rows with one fix says it once, under the last."""
+    rows: list[tuple[Check, list[str]]] = []
+    for check in checks:
+        last = rows[-1][0] if rows else None
+        if (last is not None and check.status is Status.SKIP and last.status is Status.SKIP
+                and (last.detail, last.hint) == (check.detail, check.hint)):
+            rows[-1][1].append(check.name)
+        else:
+            rows.append((check, [check.name]))
+    folded = [replace(check, name=f"{len(names)} checks", detail=f"{check.detail}: {', '.join(names)}")
+              if len(names) > 1 else check for check, names in rows]
+    said_below = [row.status is Status.SKIP and after.status is Status.SKIP and row.hint == after.hint
+                  for row, after in itertools.pairwise(folded)]
+    return [replace(row, hint="") if below else row for row, below in zip(folded, [*said_below, False], strict=True)]
+
+
 def summary(checks: list[Check]) -> dict[str, int]:
     return {s.value: sum(1 for c in checks if c.status is s) for s in Status}
 
@@ -72,8 +93,9 @@ def render_table(checks: list[Check], ctx: Context, seconds: float, colour: bool
     hosts = fold_hosts([n.name for n in ctx.nodes])
     where = f"{ctx.master_addr}" if ctx.master_addr else "address unknown"
     lines = [f"distrun doctor: {len(ctx.nodes)} host(s) {hosts}, master {ctx.master} ({where})", ""]
-    width = max(len(c.name) for c in checks)
-    for check in checks:
+    rows = folded_skips(checks)
+    width = max(len(c.name) for c in rows)
+    for check in rows:
         lines += render_check(check, width, colour)
     counts = summary(checks)
     skips = f", {counts['skip']} skipped" if counts["skip"] else ""
