@@ -253,6 +253,8 @@ def test_distrun_stop_of_the_job_stops_every_group_and_the_lighthouse(tmp_path: 
     assert code == 143, out[-3000:]
     assert "stopping replica group 0" in out and "stopping replica group 1" in out
     assert "stopped (SIGTERM); every group and the lighthouse ended" in out
+    assert "replica group 0 stopped by distrun" in out and "replica group 1 stopped by distrun" in out
+    assert "failed (exit" not in out, "a group distrun stopped did not fail"
     assert not lighthouses(port)
     assert not [p for p in psutil.process_iter(["cmdline"]) if str(WORKER) in " ".join(p.info["cmdline"] or [])]
 

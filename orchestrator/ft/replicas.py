@@ -39,7 +39,7 @@ from orchestrator.ft.preflight import check_torchft
 from orchestrator.ft.state import GROUPS_FILE
 from orchestrator.ft.story import story
 from orchestrator.ft.timeline import QuorumTail, Timeline
-from orchestrator.ft.view import GroupRow, LiveGroups, group_row, render
+from orchestrator.ft.view import STOPPED, GroupRow, LiveGroups, group_row, render
 from orchestrator.run.restarts import Attempt
 from orchestrator.run.spare_pool import POOL_ENV
 from orchestrator.spec import resolve_inventory_path, select_with_spares
@@ -69,10 +69,14 @@ class GroupRun:
     hosts: tuple[str, ...] = ()  # its hosts now, from its record (a relaunch on a spare changes them)
     attempts: list[Attempt] = field(default_factory=list)  # its record's attempts (each one once ended)
 
+    stopped: bool = False  # the parent stopped it (Ctrl-C, `distrun stop`, or the job's end)
+
     def state(self) -> str:
         if self.rc is None:
             return "running"
-        return "succeeded" if self.rc == 0 else f"failed (exit {self.rc})"
+        if self.rc == 0:
+            return "succeeded"
+        return "stopped by distrun" if self.stopped and self.rc in STOPPED else f"failed (exit {self.rc})"
 
 
 def launch(request: LaunchRequest, job: JobSpec) -> int:
@@ -308,6 +312,7 @@ class _Parent:
             if run.proc.poll() is not None:
                 continue
             self.say(f"stopping replica group {run.group.index}")
+            run.stopped = True
             run.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + self.job.stop_grace + STOP_WAIT
         for run in live:
