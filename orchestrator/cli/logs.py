@@ -106,7 +106,11 @@ def build_query(request: LogsRequest, record: JobRecord, job_dir: JobDir) -> Que
         if node not in record.every_host:
             raise UsageError(f"--node {node}: job {record.id} ran on {fold_hosts(record.every_host) or 'no host yet'}")
     ranks = parse_ranks(request.ranks)
-    entries = JobLog(job_dir.root).new_entries()
+    log = JobLog(job_dir.root)
+    try:
+        entries = log.new_entries()
+    finally:
+        log.close()
     if ranks is not None:
         known = known_ranks(job_dir, entries)
         for rank in sorted(ranks - known):
