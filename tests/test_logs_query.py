@@ -20,6 +20,7 @@ from orchestrator.cli.logs import LogsRequest, show_logs
 from orchestrator.cli.timespec import parse_since
 from orchestrator.errors import UsageError
 from orchestrator.logs import recover as recover_module
+from orchestrator.logs.format import note, rank_prefixes
 from orchestrator.logs.query import parse_ranks
 from orchestrator.logs.recover import HostCopy, rebuild
 from orchestrator.remote.linestore import INDEX, Entry, LineStore
@@ -281,3 +282,8 @@ def test_recover_refuses_a_running_job_and_touches_none_of_its_files(home: Path,
     with pytest.raises(UsageError, match=r"--recover: job run-3 is still running; .*distrun stop run-3"):
         show_logs(LogsRequest("run-3", recover=True), io.StringIO())
     assert job_files(root) == before
+
+
+def test_a_note_and_a_ranks_prefixes_read_as_the_screen_shows_them() -> None:
+    assert note("node1", "workdir synced") == "[node1] distrun: workdir synced"
+    assert rank_prefixes("node1", 0) == ("[node1 r0] ", "[node1 r0 err] ")

@@ -59,6 +59,7 @@ from orchestrator.fanout.group import GroupResult, parallel
 from orchestrator.hostcheck.probe import PROBE_MODULES
 from orchestrator.logs.sink import append_note
 from orchestrator.plan import LaunchPlan, build_plan
+from orchestrator.remote.follow import Follower, appended
 from orchestrator.remote.private import make_private_dirs, write_private
 from orchestrator.spec import JobSpec, NodeSpec, resolve_inventory_path, select_nodes
 from orchestrator.store import JobDir, JobRecord, JobState, controller_alive
@@ -161,30 +162,17 @@ def batch_job(job: JobSpec, request: LaunchRequest, job_dir: JobDir, job_id: str
 
 def follow_bytes(path: Path, finished: Callable[[], bool]) -> Iterator[bytes]:
     """Bytes appended to `path` as they come, until `finished()` and nothing more is there."""
-    while not path.exists():
-        if finished():
-            return
-        time.sleep(FOLLOW_POLL)
-    with open(path, "rb") as fh:
-        while True:
-            chunk = fh.read(CHUNK)
-            if chunk:
-                yield chunk
-            elif finished():
-                rest = fh.read()
-                if rest:
-                    yield rest
-                return
-            else:
-                time.sleep(FOLLOW_POLL)
+    with Follower(path) as follower:
+        yield from appended(follower, finished, FOLLOW_POLL, CHUNK)
 
 
 def follow_lines(path: Path, finished: Callable[[], bool]) -> Iterator[str]:
     """Lines appended to `path` until `finished()`, then what is left (an unfinished last line too)."""
-    rest = b""
-    for chunk in follow_bytes(path, finished):
-        *lines, rest = (rest + chunk).split(b"\n")
-        yield from (line.decode("utf-8", "replace") for line in lines)
+    with Follower(path) as follower:
+        for chunk in appended(follower, finished, FOLLOW_POLL, CHUNK):
+            whole = follower.cut(chunk)
+            yield from (line.decode("utf-8", "replace") for line in whole.split(b"\n")[:-1])
+        rest = follower.take_pending()
     if rest:
         yield rest.decode("utf-8", "replace")
 

@@ -27,6 +27,7 @@ from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
 from orchestrator.facts import HostFacts
 from orchestrator.fanout.group import Group, GroupError, GroupResult, parallel
 from orchestrator.hostcheck.probe import import_options, probe_round
+from orchestrator.logs.format import note
 from orchestrator.logs.recover import HostCopy, rebuild
 from orchestrator.plan import DEFAULT_PORT, HostPlan, LaunchPlan, build_plan
 from orchestrator.remote.config import SupervisorConfig
@@ -180,7 +181,7 @@ class SshBackend(Backend):
             from orchestrator.fanout.sync import sync_workdirs
 
             for node, count in sync_workdirs(plan, self.group, Path.cwd()).items():
-                show(f"[{node}] distrun: workdir synced ({count} file(s) sent)")
+                show(note(node, f"workdir synced ({count} file(s) sent)"))
         check_checkpoint_dir(plan, self.group)
 
     def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan:

@@ -18,7 +18,7 @@ from orchestrator.console.display import fold_hosts
 from orchestrator.console.terminal import show
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.ft.state import group_job_id
-from orchestrator.logs.format import ranges
+from orchestrator.logs.format import note, ranges
 from orchestrator.logs.query import (
     JobLog,
     Query,
@@ -106,7 +106,11 @@ def build_query(request: LogsRequest, record: JobRecord, job_dir: JobDir) -> Que
         if node not in record.every_host:
             raise UsageError(f"--node {node}: job {record.id} ran on {fold_hosts(record.every_host) or 'no host yet'}")
     ranks = parse_ranks(request.ranks)
-    entries = JobLog(job_dir.root).new_entries()
+    log = JobLog(job_dir.root)
+    try:
+        entries = log.new_entries()
+    finally:
+        log.close()
     if ranks is not None:
         known = known_ranks(job_dir, entries)
         for rank in sorted(ranks - known):
@@ -212,7 +216,7 @@ def recover(store: Store, record: JobRecord, say: Callable[[str], None] | None =
                          f"(wait for it to end, or `distrun stop {record.id}` first)")
     counts = for_record(store, record).recover(record)
     for node, count in counts.items():
-        (say or _to_stderr)(f"[{node}] distrun: recovered {count} line(s) from the host's copy")
+        (say or _to_stderr)(note(node, f"recovered {count} line(s) from the host's copy"))
     return counts
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import re
 import signal
 import socket
 import subprocess
@@ -28,6 +27,7 @@ from pathlib import Path, PurePosixPath
 
 from orchestrator.diagnose.failures import FailureKind
 from orchestrator.errors import InfraError
+from orchestrator.logs.format import rank_prefixes
 from orchestrator.run.restarts import Attempt
 from orchestrator.spec.model import JobSpec, NodeSpec, Restarts
 
@@ -42,7 +42,6 @@ RESTARTS = Restarts(max=100, backoff=0.0, on=("host-lost", "rank-failed"))
 TUNING = ("--join_timeout_ms", "5000", "--quorum_tick_ms", "100", "--heartbeat_timeout_ms", "5000")
 READY_WAIT = 120.0  # how long a starting lighthouse may take to listen (ssh, torchrun, its imports)
 STOP_WAIT = 60.0  # beyond the job's stop grace, how long its controller gets to stop its host
-RANK_LINE = re.compile(rb"^\[\S+ r\d+(?: err)?\] ")  # a line of the lighthouse itself, not of its controller
 
 
 def program(node: NodeSpec) -> str:
@@ -139,6 +138,7 @@ class Lighthouse:
         self.crashed = crashed  # how its first start's process failed, once it did (crashed_first)
         self.proc: subprocess.Popen[bytes] | None = None
         self.pump: threading.Thread | None = None
+        self.own: tuple[bytes, ...] = ()  # what the lines of the lighthouse itself (rank 0 of its host) begin with
 
     def start(self, hosts: Sequence[NodeSpec], port: int) -> None:
         """Start its controller and wait until the lighthouse listens on one of `hosts`.
@@ -151,6 +151,7 @@ class Lighthouse:
         if taken:
             raise InfraError(f"port {port} on {', '.join(taken)} is taken, so the torchft lighthouse cannot listen "
                              "there (set fault_tolerance.lighthouse_port to a port free on every host of the job)")
+        self.own = tuple(prefix.encode() for node in hosts for prefix in rank_prefixes(node.name, 0))
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, preexec_fn=die_with_parent, start_new_session=True)
         self.pump = threading.Thread(target=self._pump, daemon=True, name="lighthouse")
@@ -182,7 +183,7 @@ class Lighthouse:
             for line in self.proc.stdout:
                 kept.write(b"[lighthouse] " + line)
                 kept.flush()
-                if not RANK_LINE.match(line):
+                if not line.startswith(self.own):
                     self.say(line.decode(errors="replace").rstrip("\n"))
 
     def ended(self) -> int | None:

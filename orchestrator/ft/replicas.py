@@ -240,6 +240,7 @@ class _Parent:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         self._end(code, summary)
+        self.quorums.close()
         return code
 
     def _on_signal(self, signum: int, _frame: object) -> None:

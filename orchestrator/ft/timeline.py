@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from orchestrator.remote.follow import Follower
+
 QUORUM = re.compile(rb"Quorum! Quorum \{ quorum_id: (\d+), participants: \[(.*)")
 # The whole replica id (torchft orders a quorum's members by it), and the member's step.
 MEMBER = re.compile(rb'replica_id: "([^"]*)",.*?step: (\d+)')
@@ -151,22 +153,16 @@ class QuorumTail:
     """Reads a lighthouse log as it grows and feeds its quorums to a timeline."""
 
     def __init__(self, path: Path, timeline: Timeline) -> None:
-        self.path = path
+        self.follower = Follower(path)
         self.timeline = timeline
-        self.offset = 0
 
     def poll(self) -> None:
         """Read the whole lines written since the last poll (none while the log is missing)."""
-        try:
-            with self.path.open("rb") as log:
-                log.seek(self.offset)
-                chunk = log.read()
-        except OSError:
-            return
-        cut = chunk.rfind(b"\n") + 1
-        self.offset += cut
         now = time.time()
-        for line in chunk[:cut].splitlines():
+        for line in self.follower.lines().splitlines():
             quorum = quorum_of(line)
             if quorum is not None and quorum.members:
                 self.timeline.observe(quorum, now)
+
+    def close(self) -> None:
+        self.follower.close()

@@ -27,6 +27,16 @@ def label(node: str, rank: int | None, stream: str, partial: bool = False) -> st
     return "[" + " ".join(parts) + "]"
 
 
+def note(node: str, text: str) -> str:
+    """A line of distrun's own about a host as shown: `[node1] distrun: text`."""
+    return f"{label(node, None, 'o')} distrun: {text}"
+
+
+def rank_prefixes(node: str, rank: int) -> tuple[str, str]:
+    """What a rank's whole lines begin with as shown: on stdout (`[node1 r3] `) and stderr (`[node1 r3 err] `)."""
+    return label(node, rank, "o") + " ", label(node, rank, "e") + " "
+
+
 def ranges(names: Iterable[str]) -> str:
     """Names folded into one range without brackets where they make one: node0-2, r0-5, r0,3."""
     folded = fold_hosts(names)

@@ -18,6 +18,7 @@ from pathlib import Path
 from orchestrator.errors import UsageError
 from orchestrator.logs.format import label, prefixed, shown, stamp
 from orchestrator.logs.screen import Collapser, FoldedLines
+from orchestrator.remote.follow import Follower
 from orchestrator.remote.linestore import INDEX, Entry, Located, Locator, parse_entries
 
 
@@ -92,21 +93,13 @@ class JobLog:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.consumed = 0
+        self.index = Follower(root / INDEX)
         self.locator = Locator()
         self.files: dict[str, int] = {}
 
     def new_entries(self) -> list[Located]:
         """The entries added to the index since the last call (whole lines only)."""
-        try:
-            with open(self.root / INDEX, "rb") as fh:
-                fh.seek(self.consumed)
-                text = fh.read()
-        except FileNotFoundError:
-            return []
-        whole = text[:text.rfind(b"\n") + 1]
-        self.consumed += len(whole)
-        return self.locator.place_all(parse_entries(whole.decode("utf-8", "replace")))
+        return self.locator.place_all(parse_entries(self.index.lines().decode("utf-8", "replace")))
 
     def read(self, located: Located) -> bytes:
         """A batch's bytes (fewer when its file was cut short)."""
@@ -123,6 +116,7 @@ class JobLog:
         return sorted({located.entry.attempt for located in entries})
 
     def close(self) -> None:
+        self.index.close()
         for fd in self.files.values():
             os.close(fd)
         self.files.clear()

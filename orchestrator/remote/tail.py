@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from orchestrator.remote.follow import Follower
 from orchestrator.remote.redact import Masker
 
 PARTIAL_WAIT = 0.5
@@ -38,26 +39,13 @@ Emit = Callable[[int, int, str, bytes, int, bool], None]
 
 @dataclass
 class RankFile:
-    """One stream file of one worker, and what of it is read."""
+    """One stream file of one worker, followed."""
 
     restart: int
     local_rank: int
     stream: str
-    fd: int
-    pending: bytes = b""
+    follower: Follower
     since: float = 0.0  # when the pending partial line began waiting
-
-    def read(self) -> bytes:
-        try:
-            return os.read(self.fd, READ_MAX)
-        except OSError:
-            return b""
-
-    def mtime(self) -> int:
-        try:
-            return os.fstat(self.fd).st_mtime_ns
-        except OSError:
-            return 0
 
 
 class Tailer:
@@ -83,13 +71,8 @@ class Tailer:
     def discover(self) -> None:
         """Open every rank file that appeared since the last look."""
         for path, restart, local_rank, stream in rank_files(self.log_dir):
-            if path in self.files:
-                continue
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue
-            self.files[path] = RankFile(restart, local_rank, stream, fd)
+            if path not in self.files:
+                self.files[path] = RankFile(restart, local_rank, stream, Follower(path))
 
     def sweep(self, rescan: bool = False) -> bool:
         """Read what every file gained and hand on its whole lines, and the partial lines that
@@ -104,15 +87,15 @@ class Tailer:
             self.next_scan = now + RESCAN
         read = []
         for order, rank_file in enumerate(self.files.values()):
-            data = rank_file.read()
+            data = rank_file.follower.read(READ_MAX)
             if data:
-                read.append((rank_file.mtime(), rank_file.stream != "o", order, rank_file, data))
+                read.append((rank_file.follower.mtime(), rank_file.stream != "o", order, rank_file, data))
         # Stream files written last go last: stdout's line before stderr's traceback.
         read.sort(key=lambda item: item[:3])
         for _, _, _, rank_file, data in read:
             self._cut(rank_file, data, now)
         for rank_file in self.files.values():
-            if rank_file.pending and now - rank_file.since >= PARTIAL_WAIT:
+            if rank_file.follower.pending and now - rank_file.since >= PARTIAL_WAIT:
                 self._partial(rank_file)
         return bool(read)
 
@@ -122,38 +105,36 @@ class Tailer:
         while self.sweep(rescan=True):
             pass
         for rank_file in self.files.values():
-            if rank_file.pending:
+            if rank_file.follower.pending:
                 self._partial(rank_file)
 
     def close(self) -> None:
         for rank_file in self.files.values():
-            os.close(rank_file.fd)
+            rank_file.follower.close()
         self.files.clear()
 
     def _cut(self, rank_file: RankFile, data: bytes, now: float) -> None:
-        data = rank_file.pending + data if rank_file.pending else data
-        cut = data.rfind(b"\n") + 1
-        if cut:
-            self.emit(rank_file.restart, rank_file.local_rank, rank_file.stream, data[:cut], data.count(b"\n", 0, cut),
-                      False)
-        rest = data[cut:]
-        if rest and (not rank_file.pending or cut):
+        follower = rank_file.follower
+        waiting = bool(follower.pending)
+        whole = follower.cut(data)
+        if whole:
+            self.emit(rank_file.restart, rank_file.local_rank, rank_file.stream, whole, whole.count(b"\n"), False)
+        if follower.pending and (not waiting or whole):
             rank_file.since = now
-        rank_file.pending = rest
-        if len(rest) > LINE_MAX:
+        if len(follower.pending) > LINE_MAX:
             self._long_part(rank_file)
 
     def _long_part(self, rank_file: RankFile) -> None:
         """Hand on a part of a line too long to wait for its end, masked; keep its last bytes (where
         a secret may begin that the next part ends) for the next part."""
-        masked = self.masker.bytes(rank_file.pending)
+        masked = self.masker.bytes(rank_file.follower.take_pending())
         cut = len(masked) - self.overlap
-        rank_file.pending = masked[cut:]
+        rank_file.follower.pending = masked[cut:]
         self.emit(rank_file.restart, rank_file.local_rank, rank_file.stream, masked[:cut] + b"\n", 1, True)
 
     def _partial(self, rank_file: RankFile) -> None:
-        self.emit(rank_file.restart, rank_file.local_rank, rank_file.stream, rank_file.pending + b"\n", 1, True)
-        rank_file.pending = b""
+        self.emit(rank_file.restart, rank_file.local_rank, rank_file.stream, rank_file.follower.take_pending() + b"\n",
+                  1, True)
 
 
 def rank_files(log_dir: str) -> list[tuple[str, int, int, str]]:

@@ -21,6 +21,7 @@ from orchestrator.console.terminal import show
 from orchestrator.diagnose.at_exit import raised_before_signal
 from orchestrator.diagnose.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, oom_reason
 from orchestrator.logs import LogSink
+from orchestrator.logs.format import note
 from orchestrator.plan import HostPlan
 from orchestrator.remote.stream import Batch, FrameReader
 from orchestrator.remote.supervisor import StopCause
@@ -145,7 +146,7 @@ class HostRun:
         try:
             self.sink.note(self.node, message)
         except Exception:
-            show(f"[{self.node}] distrun: {message}", err=True)
+            show(note(self.node, message), err=True)
 
     def _count_restarts(self, text: str) -> None:
         """Count torchrun's failed attempts in its own lines (the host's)."""

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from orchestrator.remote.follow import Follower
 from orchestrator.store import JobDir, JobRecord
 from orchestrator.telemetry.alerts import Aggregator
 from orchestrator.telemetry.view import TABLE_CHROME, render
@@ -25,23 +26,14 @@ class JsonlFollower:
     """The JSON lines appended to a file since the last read; starts near the end of a big file."""
 
     def __init__(self, path: Path, tail_bytes: int = TAIL_BYTES) -> None:
-        self.path = path
-        self.offset = max(0, path.stat().st_size - tail_bytes) if path.exists() else 0
-        self.rest = b""
-        self.skip_partial = self.offset > 0
+        self.follower = Follower(path, last=tail_bytes)
 
     def read(self) -> list[dict[str, Any]]:
-        if not self.path.exists():
-            return []
-        with open(self.path, "rb") as fh:
-            fh.seek(self.offset)
-            data = self.rest + fh.read()
-        self.offset += len(data) - len(self.rest)
-        cut = data.rfind(b"\n") + 1
-        lines, self.rest = data[:cut].splitlines(), data[cut:]
-        if self.skip_partial and lines:
-            lines, self.skip_partial = lines[1:], False
+        lines = self.follower.lines().splitlines()
         return [r for r in (_json(line) for line in lines) if r is not None]
+
+    def close(self) -> None:
+        self.follower.close()
 
 
 def _json(line: bytes) -> dict[str, Any] | None:
@@ -68,6 +60,10 @@ class History:
         for record in self.metrics.read():
             self.aggregator.observe_metrics(record)
 
+    def close(self) -> None:
+        self.telemetry.close()
+        self.metrics.close()
+
 
 def plan_interval(job_dir: JobDir) -> float | None:
     """The job's telemetry interval from its plan.json (None when telemetry was off or unknown)."""
@@ -88,6 +84,7 @@ def top_sample(job_dir: JobDir, record: JobRecord) -> dict[str, Any]:
     """
     history = History(job_dir, record.hosts)
     history.poll()
+    history.close()
     hosts, metrics = history.aggregator.snapshot()
     return {
         "job": record.id, "state": record.state.value, "time": time.time(),
@@ -106,6 +103,15 @@ def top(job_dir: JobDir, current: Callable[[], JobRecord], console: Console, onc
     """
     record = current()
     history = History(job_dir, record.hosts)
+    try:
+        _show(history, current, record, console, once)
+    finally:
+        history.close()
+
+
+def _show(history: History, current: Callable[[], JobRecord], record: JobRecord, console: Console,
+          once: bool) -> None:
+    """`top`'s frames: one, or one every TICK seconds until the job ends."""
     history.poll()
 
     def frame() -> Table:
