@@ -188,6 +188,26 @@ def test_follow_prints_lines_as_they_come_and_exits_with_the_jobs_exit_code(home
                                            "[node0 r0] step 2", "job run-2 FAILED"]
 
 
+def test_follow_folds_the_repeats_of_a_known_harmless_warning_as_launch_does(home: Path, controller: int) -> None:
+    store = Store()
+    root = store.job_dir("run-3").root
+    store.save(JobRecord(id="run-3", name="r", spec_path="", inventory="", hosts=["node0", "node1"],
+                         state=JobState.RUNNING, controller_pid=controller, controller_start=process_start(controller)))
+    warning = "[W socket.cpp:767] [c10d] The hostname of the client socket cannot be retrieved. err=-3\n"
+    for node, rank in (("node0", 0), ("node1", 1)):
+        put(root, time.time(), node, rank, "e", warning + warning + "real error\n")
+    store.end("run-3", JobState.FAILED, 1, "job run-3 FAILED")
+    out = io.StringIO()
+
+    assert show_logs(LogsRequest("run-3", follow=True), out) == 1
+    shown = out.getvalue()
+    assert shown.count("cannot be retrieved. err=-3") == 1 and shown.count("real error") == 2
+    assert '[node0-1] distrun: 3 more "The hostname of the client socket cannot be retrieved" warning(s)' in shown
+    plain = io.StringIO()
+    show_logs(LogsRequest("run-3"), plain)
+    assert plain.getvalue().count("cannot be retrieved. err=-3") == 4, "without -f every line shows"
+
+
 def test_since_takes_durations_clock_times_and_dates_and_refuses_the_rest() -> None:
     now = 1_800_000_000.0
     assert parse_since("90s", now=now) == now - 90 and parse_since("2h", now=now) == now - 7200

@@ -167,7 +167,7 @@ def follow(store: Store, record: JobRecord, query: Query, style: Style, collapse
     """
     job_dir = store.job_dir(record.id)
     log = JobLog(job_dir.root)
-    renderer = Renderer(Query(**{**query.__dict__, "tail": None}), style, collapse)
+    renderer = Renderer(Query(**{**query.__dict__, "tail": None}), style, collapse, harmless=True)
     try:
         first = "".join(renderer.render(log, log.new_entries()))
         if query.tail is not None:
@@ -175,7 +175,7 @@ def follow(store: Store, record: JobRecord, query: Query, style: Style, collapse
         show(first, stream=out, end="")
         out.flush()
         ended = _wait_for_end(store, record.id, log, renderer, out)
-        show("".join(renderer.finish()), stream=out, end="")
+        show("".join([*renderer.finish(), *renderer.folded()]), stream=out, end="")
         if not query.narrowed:
             show(summary_text(job_dir), stream=out, end="")
         out.flush()

@@ -17,12 +17,17 @@ root causes, before distrun's own. `ShutdownFold` decides, line by line, what st
 
 Folded lines are counted per host, for one line each: `[node0] 52 lines of shutdown output
 (distrun logs ID --node node0)`.
+
+`HarmlessFold` keeps known-harmless warnings that repeat (`HARMLESS`) to their first, counted:
+the launch's screen and `logs -f` fold them alike.
 """
 
 from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 TRACEBACK = re.compile(r"^(?:\[rank\d+\]:\s*)?Traceback \(most recent call last\):", re.M)
 RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")  # torch's excepthook prefixes each line of a rank's traceback
@@ -32,6 +37,46 @@ CHAINED = ("During handling of the above exception", "The above exception was th
 TORCHRUN_FAILING = ("ChildFailedError", "Error waiting on exit barrier", "SignalException",
                     "failed (exitcode:", "Sending process")
 HELD_LINES = 200  # per folded rank: enough for a whole traceback should it be the root cause's
+# Warnings known to be harmless and to repeat: shown once per job, then counted.
+HARMLESS = ("The hostname of the client socket cannot be retrieved",)
+
+
+@dataclass
+class Folded:
+    """What was kept off the screen for one reason: how many lines, from which hosts."""
+
+    count: int = 0
+    nodes: dict[str, None] = field(default_factory=dict)
+
+
+class HarmlessFold:
+    """Known-harmless warnings that repeat: the first of each shows, the others are counted."""
+
+    def __init__(self) -> None:
+        self.folded: dict[str, Folded] = {}
+
+    def take(self, node: str, text: str) -> str:
+        """`text` (whole lines) without the repeats of known-harmless warnings."""
+        if not any(pattern in text for pattern in HARMLESS):
+            return text
+        kept = []
+        for line in [ln + "\n" for ln in text[:-1].split("\n")]:
+            pattern = next((p for p in HARMLESS if p in line), None)
+            if pattern is None:
+                kept.append(line)
+            elif pattern not in self.folded:
+                self.folded[pattern] = Folded()
+                kept.append(line)
+            else:
+                self.folded[pattern].count += 1
+                self.folded[pattern].nodes[node] = None
+        return "".join(kept)
+
+    def said(self, where: Callable[[list[str]], str]) -> list[str]:
+        """One line for each warning whose repeats were kept off, `where` labelling its hosts."""
+        return [f"{where(list(folded.nodes))} distrun: {folded.count} more \"{pattern}\" warning(s) not shown "
+                f"(known to be harmless; they are in the job's files)\n"
+                for pattern, folded in self.folded.items() if folded.count]
 
 
 class ShutdownFold:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.errors import UsageError
-from orchestrator.logs.format import label, prefixed, shown, stamp
+from orchestrator.logs.fold import HarmlessFold
+from orchestrator.logs.format import group_label, label, prefixed, shown, stamp
 from orchestrator.logs.screen import Collapser, FoldedLines
 from orchestrator.remote.follow import Follower
 from orchestrator.remote.linestore import INDEX, Entry, Located, Locator, parse_entries
@@ -129,12 +130,15 @@ class Renderer:
         query: Which lines.
         style: How they look.
         collapse: Fold identical lines of several ranks that arrived within a moment.
+        harmless: Keep known-harmless warnings that repeat to their first, as the launch's screen
+            does (`logs -f`); `folded` then says how many more there were.
     """
 
-    def __init__(self, query: Query, style: Style, collapse: bool = False) -> None:
+    def __init__(self, query: Query, style: Style, collapse: bool = False, harmless: bool = False) -> None:
         self.query = query
         self.style = style
         self.collapser = Collapser() if collapse else None
+        self.harmless = HarmlessFold() if harmless else None
         self.attempt: int | None = None
 
     def render(self, log: JobLog, entries: Iterable[Located]) -> Iterator[str]:
@@ -153,6 +157,10 @@ class Renderer:
                 text = "".join(line for line in split_lines(text) if self.query.grep.search(line[:-1]))
                 if not text:
                     continue
+            if self.harmless is not None:
+                text = self.harmless.take(entry.node, text)
+                if not text:
+                    continue
             yield from self._attempt_mark(entry)
             if self.collapser is not None and not entry.partial:
                 yield from self._collapse(self.collapser, entry, text)
@@ -163,6 +171,10 @@ class Renderer:
         """What collapse still holds."""
         if self.collapser is not None:
             yield from self._groups(self.collapser.drain())
+
+    def folded(self) -> list[str]:
+        """A line for each known-harmless warning whose repeats were kept off (with `harmless`)."""
+        return [] if self.harmless is None else self.harmless.said(lambda nodes: group_label(nodes, [], "o"))
 
     def due(self, now: float) -> Iterator[str]:
         """Collapsed lines whose window passed (while following)."""

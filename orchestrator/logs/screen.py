@@ -12,7 +12,7 @@ Noise (files keep everything):
   (SignalException, "Sending process ... closing signal") are folded into one counted line per
   host, `[node0] 52 lines of shutdown output (distrun logs ID --node node0)`; the first failed
   rank's traceback stays, whole (or the root cause's, shown when it is known);
-- known-harmless warnings that repeat (`HARMLESS`) are shown once, then counted.
+- known-harmless warnings that repeat (fold.py's `HARMLESS`) are shown once, then counted.
 
 `Collapser` folds identical lines printed by several ranks within a moment into one
 `[node0-2 r0-5] text` line (`launch --collapse`, `logs --collapse`).
@@ -27,14 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from orchestrator.logs.fold import ShutdownFold
+from orchestrator.logs.fold import HarmlessFold, ShutdownFold
 from orchestrator.logs.format import COLOURS, group_label, label, paint, prefixed, shown
 from orchestrator.logs.writer import QUEUE_BYTES, TerminalWriter
 
 SPILL = "screen.spill"  # in the job directory: what a pipe that fell behind has still to get
 COLLAPSE_WINDOW = 0.5  # seconds within which identical lines from several ranks are folded
-# Warnings known to be harmless and to repeat: shown once per job, then counted.
-HARMLESS = ("The hostname of the client socket cannot be retrieved",)
 
 
 @dataclass
@@ -102,14 +100,6 @@ class Collapser:
         return ready
 
 
-@dataclass
-class Folded:
-    """What was kept off the screen for one reason: how many lines, from which hosts."""
-
-    count: int = 0
-    nodes: dict[str, None] = field(default_factory=dict)
-
-
 class Screen:
     """Formats a job's lines for the terminal and hands them to a TerminalWriter.
 
@@ -133,7 +123,7 @@ class Screen:
         self.lock = threading.Lock()
         self.collapser = Collapser() if collapse else None
         self.fold = ShutdownFold()
-        self.harmless: dict[str, Folded] = {}
+        self.harmless = HarmlessFold()
         # A pipe or a file gets every line, late when it fell behind; a terminal skips ahead.
         interactive = getattr(terminal, "isatty", lambda: False)()
         spill = None if interactive or job_dir is None else job_dir / SPILL
@@ -153,11 +143,11 @@ class Screen:
                 text = self.fold.take(node, rank, stream, text)
                 if not text:
                     return
-            if any(pattern in text for pattern in HARMLESS):
-                text = self._fold_harmless(node, text)
-                if not text:
+            kept = self.harmless.take(node, text)
+            if kept is not text:
+                if not kept:
                     return
-                nlines = text.count("\n")
+                text, nlines = kept, kept.count("\n")
             if self.collapser is not None and not partial:
                 self._collapse(self.collapser, node, rank, stream, text)
                 return
@@ -198,11 +188,8 @@ class Screen:
         with self.lock:
             if self.collapser is not None:
                 self._show_groups(self.collapser.drain())
-            for pattern, folded in self.harmless.items():
-                if folded.count:
-                    where = group_label(folded.nodes, [], "o")
-                    self.writer.offer(f"{where} distrun: {folded.count} more \"{pattern}\" warning(s) not shown "
-                                      f"(known to be harmless; they are in the job's files)\n", 1)
+            for line in self.harmless.said(lambda nodes: group_label(nodes, [], "o")):
+                self.writer.offer(line, 1)
         self.writer.close(timeout)
 
     def _skipped(self, count: int) -> str:
@@ -215,23 +202,6 @@ class Screen:
             return text
         code = self.colours.setdefault(node, COLOURS[len(self.colours) % len(COLOURS)])
         return paint(text, code)
-
-    def _fold_harmless(self, node: str, text: str) -> str:
-        """`text` without the repeats of known-harmless warnings (the first of each is kept)."""
-        kept = []
-        for line in [ln + "\n" for ln in text[:-1].split("\n")]:
-            pattern = next((p for p in HARMLESS if p in line), None)
-            if pattern is None:
-                kept.append(line)
-                continue
-            folded = self.harmless.get(pattern)
-            if folded is None:
-                self.harmless[pattern] = Folded()
-                kept.append(line)
-            else:
-                folded.count += 1
-                folded.nodes[node] = None
-        return "".join(kept)
 
     def _collapse(self, collapser: Collapser, node: str, rank: int | None, stream: str, text: str) -> None:
         now = self.clock()
