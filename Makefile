@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint system-deps clean
+.PHONY: demo test docs lint system-deps clean
 
 # Each install step says what it does and how long it takes; pip shows its own progress.
 $(STAMP): pyproject.toml
@@ -33,8 +33,12 @@ test: $(STAMP) system-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
+## docs: the reference in docs/ as HTML in site/ (mkdocs --strict: a broken link or #anchor fails it)
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist site *.egg-info

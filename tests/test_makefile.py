@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 
@@ -29,3 +30,17 @@ def test_make_demo_announces_every_install_step_and_ends_with_what_to_do_next(tm
     assert "torch" in lines[installs[2] - 1] and "minute" in lines[installs[2] - 1]
     assert lines[-1].startswith("echo \"Next: ") and "distrun logs last" in lines[-1] and "distrun doctor" in lines[-1]
     assert "copy inventory/example.yaml" in lines[-1], "say where an inventory comes from"
+
+
+def test_every_target_the_makefile_documents_is_phony() -> None:
+    text = (REPO / "Makefile").read_text(encoding="utf-8")
+    documented = set(re.findall(r"^## ([\w-]+):", text, re.M))
+    phony = set(re.search(r"^\.PHONY: (.*)$", text, re.M).group(1).split())
+
+    assert {"demo", "test", "docs"} <= documented <= phony
+
+
+def test_make_docs_builds_the_site_strictly_into_site() -> None:
+    lines = recipe("docs", "STAMP=")
+
+    assert lines == [".venv/bin/mkdocs build --strict --site-dir site"]

@@ -1,8 +1,9 @@
-"""The README's Commands and "Surviving failures" sections: the headings match `--help`, and the
-examples run, in the order printed, on a 3-host namespace lab (the README's /tmp/ paths are this
-test's temporary directory).
+"""The examples of README.md and docs/: the command headings match `--help`, and every block marked
+`sh` runs as printed, in order, on a 3-host namespace lab (the /tmp/ paths are this test's temporary
+directory). The README's tour runs first, then docs/commands.md goes on from it on the same lab; every
+other docs page with examples runs on its own. A block marked `console` is shown, not run here.
 
-The test reads the README itself, so it follows whatever the README says."""
+The tests read the files themselves, so they follow whatever the pages say."""
 
 from __future__ import annotations
 
@@ -11,36 +12,48 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import click
+import pytest
 
 from orchestrator.cli.main import cli
 from tests.cluster.harness import Cluster
 from tests.helpers import REPO
 
 README = REPO / "README.md"
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+DOCS = REPO / "docs"
+COMMANDS = DOCS / "commands.md"
+TOUR = "A five-minute tour on the lab"
+QUICK_START = "Install on a controller"  # its block that starts with `distrun examples`: tests/test_wheel_cluster.py
+FENCE = re.compile(r"^ *```(\w*)\n(.*?)^ *```", re.S | re.M)
 SYNOPSIS = re.compile(r"`distrun (\w+)([^`]*)`")
 OPTION = re.compile(r"(?<![\w-])(--?[a-z][a-z0-9-]*)")
-NOT_IN_HEADINGS = {"help", "color"}  # every command has them; the section says so once
+NOT_IN_HEADINGS = {"help", "color"}  # every command has them; the page says so once
 LINE_TIMEOUT = 300
 
 
-def section(title: str) -> str:
-    text = README.read_text(encoding="utf-8")
+def section(title: str, path: Path = README) -> str:
+    text = path.read_text(encoding="utf-8")
     start = text.index(f"\n## {title}\n")
-    return text[start:text.index("\n## ", start + 1)]
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
 
 
-def commands_section() -> str:
-    return section("Commands")
-
-
-def examples(title: str = "Commands") -> list[str]:
-    """Every line of a section's ```sh blocks, in order."""
-    return [line for kind, body in FENCE.findall(section(title)) if kind == "sh"
+def examples(text: str) -> list[str]:
+    """Every line of a text's `sh` blocks, in order."""
+    return [line.strip() for kind, body in FENCE.findall(text) if kind == "sh"
             for line in body.splitlines() if line.strip()]
+
+
+def page_examples(path: Path) -> list[str]:
+    return examples(path.read_text(encoding="utf-8"))
+
+
+def pages_with_examples() -> list[Path]:
+    """The docs pages that run on their own (docs/commands.md runs after the README's tour)."""
+    return [page for page in sorted(DOCS.glob("*.md")) if page != COMMANDS and page_examples(page)]
 
 
 def run_examples(lines: list[str], tmp_path: Path) -> dict[str, str]:
@@ -58,13 +71,27 @@ def run_examples(lines: list[str], tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def records(env: dict[str, str], *flags: str) -> list[dict]:
+    done = subprocess.run(["distrun", "ps", "--json", *flags], env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
 def synopses() -> dict[str, set[str]]:
-    """Command name -> the options its heading shows."""
+    """Command name -> the options its heading on docs/commands.md shows."""
     found: dict[str, set[str]] = {}
-    for heading in (line for line in commands_section().splitlines() if line.startswith("### ")):
+    for heading in (line for line in COMMANDS.read_text(encoding="utf-8").splitlines() if line.startswith("## `")):
         for name, rest in SYNOPSIS.findall(heading):
             found[name] = set(OPTION.findall(rest))
     return found
+
+
+def the_survived_job_ran_on_two_hosts_with_a_spare(env: dict[str, str]) -> None:
+    record = records(env)[0]
+    assert record["state"] == "succeeded" and record["hosts"] == ["node0", "node1"], record
+    assert record["command"][record["command"].index("--nodes") + 1:][:3] == ["node[0-2]", "--nnodes", "2"]
+
+
+AFTER: dict[str, Callable[[dict[str, str]], None]] = {"failures.md": the_survived_job_ran_on_two_hosts_with_a_spare}
 
 
 def test_the_command_headings_name_every_command_and_exactly_its_options() -> None:
@@ -79,32 +106,51 @@ def test_the_command_headings_name_every_command_and_exactly_its_options() -> No
         assert (missing, unknown) == ([], set()), name
 
 
-def test_the_examples_run_in_order_on_the_lab(cluster3: Cluster, tmp_path: Path) -> None:
+def test_the_readmes_sh_blocks_are_its_tour_and_its_quick_start() -> None:
+    text = README.read_text(encoding="utf-8")
+    tour, quick_start = examples(section(TOUR)), examples(section(QUICK_START))
+
+    assert tour and quick_start[0] == "distrun examples"
+    assert examples(text) == quick_start + tour
+
+
+def test_the_survive_example_shows_lines_of_the_job_file_its_commands_launch() -> None:
+    shown = next(body for kind, body in FENCE.findall(section("Surviving failures", DOCS / "failures.md"))
+                 if kind == "yaml").splitlines()
+    job_file = shown[0].removeprefix("# ").split(":")[0]
+    assert set(shown[1:]) <= set((REPO / job_file).read_text(encoding="utf-8").splitlines()), job_file
+
+    lines = page_examples(DOCS / "failures.md")
+    assert lines and all(job_file in line for line in lines if line.startswith("distrun launch"))
+
+
+def test_the_readme_tour_then_the_commands_page_run_in_order_on_the_lab(cluster3: Cluster, tmp_path: Path) -> None:
     cluster3.write_inventory(tmp_path / "lab.yaml")
-    lines = examples()
+    lines = examples(section(TOUR)) + page_examples(COMMANDS)
     assert len(lines) >= 20 and any("--hosts 1,2,3" in line for line in lines)
 
     env = run_examples(lines, tmp_path)
 
-    jobs = json.loads(subprocess.run(["distrun", "ps", "--all", "--json"], env=env, capture_output=True, text=True,
-                                     check=True).stdout)
+    jobs = records(env, "--all")
     assert jobs and all(job["state"] not in ("pending", "running") for job in jobs)
+    assert (tmp_path / "report.html").exists()
     assert (tmp_path / "scaling.html").exists() and "Scaling across hosts" in (tmp_path / "scaling.html").read_text()
 
 
-def test_the_surviving_failures_example_is_the_job_file_it_names_and_runs_as_printed(cluster3: Cluster,
-                                                                                    tmp_path: Path) -> None:
+@pytest.mark.parametrize("page", pages_with_examples(), ids=lambda page: page.name)
+def test_each_other_docs_page_runs_its_examples_in_order_on_the_lab(page: Path, cluster3: Cluster,
+                                                                     tmp_path: Path) -> None:
     cluster3.write_inventory(tmp_path / "lab.yaml")
-    text = section("Surviving failures")
-    shown = next(body for kind, body in FENCE.findall(text) if kind == "yaml").splitlines()
-    job_file = shown[0].removeprefix("# ").split(":")[0]
-    assert set(shown[1:]) <= set((REPO / job_file).read_text(encoding="utf-8").splitlines()), job_file
-    lines = examples("Surviving failures")
-    assert lines and all(job_file in line for line in lines if line.startswith("distrun launch"))
 
-    env = run_examples(lines, tmp_path)
+    env = run_examples(page_examples(page), tmp_path)
 
-    record = json.loads(subprocess.run(["distrun", "ps", "--json"], env=env, capture_output=True, text=True,
-                                       check=True).stdout)[0]
-    assert record["state"] == "succeeded" and record["hosts"] == ["node0", "node1"], record
-    assert record["command"][record["command"].index("--nodes") + 1:][:3] == ["node[0-2]", "--nnodes", "2"]
+    AFTER.get(page.name, lambda env: None)(env)
+
+
+def test_the_readme_is_a_front_page_that_starts_with_the_two_commands_and_links_every_docs_page() -> None:
+    text = README.read_text(encoding="utf-8")
+
+    assert len(text.splitlines()) <= 250
+    assert re.findall(r"^## (.+)$", text, re.M)[0] == "Two commands"
+    assert "make demo" in section("Two commands") and "45 minutes" in section("Two commands")
+    assert {f"docs/{page.name}" for page in DOCS.glob("*.md")} <= set(re.findall(r"\]\((docs/[\w-]+\.md)\)", text))

@@ -2,7 +2,7 @@
 
 The job runs from a working directory where another user planted `json.py` and `torch/`, under
 umask 022, detached (so distrun starts a Python of its own for the controller), and prints its
-secret before it fails. Each test reads one promise of SECURITY.md off that one launch.
+secret before it fails. Each test reads one promise of docs/security.md off that one launch.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 NODE_COUNT = re.compile(r"(\d+)(?::(\d+))?")
 
 INVENTORY_HELP = "Inventory YAML (default: $DISTRUN_INVENTORY, else the config file's, else this machine)."
-JSON_HELP = "Machine-readable output (documented in the README)."
+JSON_HELP = "Machine-readable output (documented in docs/commands.md)."
 NODES_HELP = "Only these hosts: a host range, e.g. 'node[0-7,12]' or 'node[0-3],gpu-b' (repeatable)."
 EXCLUDE_HELP = "Not these hosts: a host range, as --nodes (repeatable)."
 LABEL_HELP = "Only hosts with one of these labels, e.g. h100 or 'h100,a100' (repeatable: each must match)."

@@ -1,5 +1,5 @@
 """Times on the command line, one grammar for `ps --since`, `logs --since` and `prune --older-than`
-(README, "Times"): a duration ago (`90s`, `30m`, `2h`, `7d`, `2w`; a space before the unit is
+(docs/commands.md, "Times"): a duration ago (`90s`, `30m`, `2h`, `7d`, `2w`; a space before the unit is
 fine), a time today (`14:30`, `14:30:05`), or a date with an optional time (`2026-11-21`,
 `2026-11-21 14:30`, `2026-11-21T14:30:05`); local time throughout."""
 

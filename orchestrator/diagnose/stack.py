@@ -304,7 +304,7 @@ def stack_lines(stack: RankStack) -> list[str]:
 
 
 def to_json(gathered: Gathered) -> dict[str, Any]:
-    """The groups as `distrun stack --json` prints them (documented in the README)."""
+    """The groups as `distrun stack --json` prints them (documented in docs/commands.md)."""
     return {
         "groups": [{
             "ranks": [r.rank for r in g.ranks], "hosts": g.hosts(), "where": g.sample.where(),

@@ -116,7 +116,7 @@ def test_a_cut_lighthouse_host_moves_it_and_the_groups_step_on_without_a_relaunc
         assert proc.returncode == 0, out[-5000:]
         assert "[lighthouse] restarting: attempt 2 on node0: node0 in place of node3" in out
         assert f"lighthouse ({job_id}-lh): started 2 time(s), last on node0" in out
-        # A group may crash on torchft 0.2.0's restart of quorum ids (README: a known hazard) and be
+        # A group may crash on torchft 0.2.0's restart of quorum ids (docs/fault-tolerance.md: a known hazard) and be
         # relaunched; the job must still succeed. Only a group that was not relaunched is held to
         # stepping on without a repeated step.
         relaunched = {int(g) for g in re.findall(r"^\[g(\d)\] restarting", out, re.M)}

@@ -194,7 +194,7 @@ def other_groups_untouched(cell: Cell, seen: Observed) -> list[str]:
 
 def lighthouse_back(cell: Cell, seen: Observed) -> list[str]:
     """e) The SIGKILLed lighthouse is started again on the next host, and group FT_GROUP steps after
-    it. A group torchft 0.2.0 crashes meanwhile may be relaunched (README "Training that never stops"),
+    it. A group torchft 0.2.0 crashes meanwhile may be relaunched (docs/fault-tolerance.md),
     so neither "no relaunch" nor the other group's pause is demanded; the pauses are printed."""
     moved = LIGHTHOUSE_MOVED.search(seen.terminal)
     if moved is None:

@@ -216,7 +216,7 @@ CELLS: tuple[Cell, ...] = (
     Cell(Fault.CONTROLLER_KILLED, Phase.FT, SILENT_BOUND, Outcome.LOST),
     # The lighthouse (on the spare, node2) is started again on the next host (node0). A restarted
     # lighthouse numbers quorums from 1 again and torchft 0.2.0 may then crash a group, which is
-    # relaunched (README "Training that never stops"): no "no relaunch" demanded here, and the bound
+    # relaunched (docs/fault-tolerance.md): no "no relaunch" demanded here, and the bound
     # leaves room for 3 relaunches of a group (each ~20 s: torch imports, a quorum; 67 s measured with 2).
     Cell(Fault.LIGHTHOUSE_KILLED, Phase.FT, 120, Outcome.SUCCEEDED),
 )

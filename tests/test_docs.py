@@ -1,0 +1,110 @@
+"""The docs as `make docs` builds them: mkdocs --strict with no warning (a broken link or #anchor
+between pages fails it), and the links mkdocs does not see, in the Markdown files outside docs/
+(README.md, ARCHITECTURE.md, ...), resolve on GitHub: the file is there, and so is the heading an
+#anchor names. Paths in `code` on the pages name files of the repository that exist."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helpers import REPO
+
+DOCS = REPO / "docs"
+# Read on GitHub, not by mkdocs. ARCHITECTURE.md is written on another branch: checked once it is here,
+# and until then a link to it is the one link not followed.
+OUTSIDE = ["README.md", "ARCHITECTURE.md", "SECURITY.md", "jobs/README.md"]
+ARCHITECTURE = REPO / "ARCHITECTURE.md"
+FENCED = re.compile(r"^ *(`{3,}).*?^ *\1", re.S | re.M)
+CODE = re.compile(r"`([^`\n]+)`")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6} +(.+?) *$", re.M)
+REPO_PATH = re.compile(r"(?<![\w/$~.-])(?:orchestrator|tests|jobs|bench|inventory|docker|docs)/(?:[\w-]+[./]?)*")
+
+
+def prose(text: str) -> str:
+    """The text without its code blocks and code spans, where brackets are not links."""
+    return CODE.sub("", FENCED.sub("", text))
+
+
+def github_anchors(path: Path) -> set[str]:
+    """The #anchors GitHub gives a Markdown file's headings (a repeated one gets -1, -2, ...)."""
+    seen: dict[str, int] = {}
+    for heading in HEADING.findall(FENCED.sub("", path.read_text(encoding="utf-8"))):
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading).replace("`", "").replace("*", "")
+        slug = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+        seen[slug] = seen.get(slug, -1) + 1
+        if seen[slug]:
+            seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
+
+
+def broken_links(path: Path) -> list[str]:
+    """The relative links of a Markdown file whose file or #anchor is not there."""
+    broken = []
+    for target in LINK.findall(prose(path.read_text(encoding="utf-8"))):
+        if re.match(r"[a-z]+:", target):
+            continue
+        name, _, anchor = target.partition("#")
+        dest = (path.parent / name).resolve() if name else path
+        if dest == ARCHITECTURE and not ARCHITECTURE.exists():
+            continue
+        if not dest.exists() or (anchor and (dest.suffix != ".md" or anchor not in github_anchors(dest))):
+            broken.append(f"{path.name}: {target}")
+    return broken
+
+
+def markdown_outside_docs() -> list[Path]:
+    return [REPO / name for name in OUTSIDE if (REPO / name).exists()]
+
+
+def test_the_docs_build_with_strict_and_no_warning(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+    assert done.returncode == 0 and "WARNING" not in done.stderr, done.stderr
+    assert {page.stem for page in DOCS.glob("*.md")} <= {page.stem for page in site.glob("*.html")}
+
+
+def test_a_strict_build_with_our_validation_fails_on_a_link_to_a_missing_anchor(tmp_path: Path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text("# Home\n\n[there](other.md#nowhere)\n")
+    (docs / "other.md").write_text("# Other\n")
+    ours = yaml.safe_load((REPO / "mkdocs.yml").read_text(encoding="utf-8"))
+    config = {key: ours[key] for key in ("site_name", "theme", "validation")}
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
+
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+    assert done.returncode != 0 and "does not contain an anchor '#nowhere'" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("path", [*markdown_outside_docs(), *sorted(DOCS.glob("*.md"))],
+                         ids=lambda path: str(path.relative_to(REPO)))
+def test_every_relative_link_and_anchor_resolves_on_github(path: Path) -> None:
+    assert broken_links(path) == []
+
+
+def test_the_link_check_finds_a_missing_file_and_a_missing_anchor(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("# Page\n\n## What `sync` sends\n\n[a](#what-sync-sends) [b](#nope) [c](gone.md) "
+                    "[d](https://example.org) `[e](gone.md)`\n")
+
+    assert [line.split(": ")[1] for line in broken_links(page)] == ["#nope", "gone.md"]
+
+
+def test_the_repository_paths_the_pages_name_exist() -> None:
+    named = {(page.relative_to(REPO), path.split("::")[0])
+             for page in [*markdown_outside_docs(), *DOCS.glob("*.md")]
+             for span in CODE.findall(page.read_text(encoding="utf-8"))
+             for path in REPO_PATH.findall(span) if re.fullmatch(r"[^\s<*]+", span.split("::")[0])}
+
+    assert sorted((str(page), path) for page, path in named if not (REPO / path).exists()) == []
