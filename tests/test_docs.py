@@ -16,10 +16,8 @@ import yaml
 from tests.helpers import REPO
 
 DOCS = REPO / "docs"
-# Read on GitHub, not by mkdocs. ARCHITECTURE.md is written on another branch: checked once it is here,
-# and until then a link to it is the one link not followed.
+# Read on GitHub, not by mkdocs.
 OUTSIDE = ["README.md", "ARCHITECTURE.md", "SECURITY.md", "jobs/README.md"]
-ARCHITECTURE = REPO / "ARCHITECTURE.md"
 FENCED = re.compile(r"^ *(`{3,}).*?^ *\1", re.S | re.M)
 CODE = re.compile(r"`([^`\n]+)`")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
@@ -52,8 +50,6 @@ def broken_links(path: Path) -> list[str]:
             continue
         name, _, anchor = target.partition("#")
         dest = (path.parent / name).resolve() if name else path
-        if dest == ARCHITECTURE and not ARCHITECTURE.exists():
-            continue
         if not dest.exists() or (anchor and (dest.suffix != ".md" or anchor not in github_anchors(dest))):
             broken.append(f"{path.name}: {target}")
     return broken
