@@ -364,6 +364,25 @@ def test_a_known_harmless_warning_shows_once_and_its_repeats_are_counted(tmp_pat
     assert "[node0-2] distrun: 5 more \"The hostname of the client socket cannot be retrieved\"" in shown
 
 
+def test_torchruns_omp_num_threads_banner_shows_from_the_first_host_only(tmp_path: Path) -> None:
+    terminal = io.StringIO()
+    sink = LogSink(JobDir(tmp_path), Screen(terminal))
+    glog = "W1127 03:07:05.146000 27221 torch/distributed/run.py:874] "
+    banner = "".join(glog + text + "\n" for text in (
+        "", "*" * 41, "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid "
+        "your system being overloaded, please further tune the variable for optimal performance in your application "
+        "as needed. ", "*" * 41)).encode()
+    for node in ("node0", "node1", "node2"):
+        host(sink, node).on_data(encode(Batch(None, "e", 4, banner)))
+        host(sink, node).on_data(encode(Batch(0, "o", 1, b"epoch 0 loss 2.3\n")))
+    sink.close()
+
+    shown = terminal.getvalue().splitlines()
+    assert [line.split("]")[0] for line in shown if "run.py:874" in line] == ["[node0 err"] * 4
+    assert sum("epoch 0 loss 2.3" in line for line in shown) == 3
+    assert "[node1-2] distrun: 8 more lines of torchrun's OMP_NUM_THREADS banner not shown" in terminal.getvalue()
+
+
 def test_launch_collapse_folds_identical_lines_of_several_ranks_and_keeps_the_rest(tmp_path: Path) -> None:
     terminal = io.StringIO()
     sink = LogSink(JobDir(tmp_path), Screen(terminal, collapse=True))

@@ -39,6 +39,10 @@ TORCHRUN_FAILING = ("ChildFailedError", "Error waiting on exit barrier", "Signal
 HELD_LINES = 200  # per folded rank: enough for a whole traceback should it be the root cause's
 # Warnings known to be harmless and to repeat: shown once per job, then counted.
 HARMLESS = ("The hostname of the client socket cannot be retrieved",)
+# torchrun's banner when OMP_NUM_THREADS is unset, four lines from every host: the first host's shows.
+OMP_BANNER = re.compile(r"torch/distributed/run\.py:\d+\] (?:\*{5,}|Setting OMP_NUM_THREADS environment variable.*)?"
+                        r"\s*$")
+BANNER_WHAT = "lines of torchrun's OMP_NUM_THREADS banner"
 
 
 @dataclass
@@ -50,33 +54,47 @@ class Folded:
 
 
 class HarmlessFold:
-    """Known-harmless warnings that repeat: the first of each shows, the others are counted."""
+    """Known-harmless output that repeats: the first of each warning shows and the others are
+    counted; torchrun's OMP_NUM_THREADS banner shows from the first host that prints it."""
 
     def __init__(self) -> None:
-        self.folded: dict[str, Folded] = {}
+        self.folded: dict[str, Folded] = {}  # what was folded, as the closing line says it -> counts
+        self.banner_host: str | None = None
 
     def take(self, node: str, text: str) -> str:
-        """`text` (whole lines) without the repeats of known-harmless warnings."""
-        if not any(pattern in text for pattern in HARMLESS):
+        """`text` (whole lines) without the repeats of known-harmless output."""
+        if not any(pattern in text for pattern in HARMLESS) and "torch/distributed/run.py:" not in text:
             return text
         kept = []
         for line in [ln + "\n" for ln in text[:-1].split("\n")]:
-            pattern = next((p for p in HARMLESS if p in line), None)
-            if pattern is None:
-                kept.append(line)
-            elif pattern not in self.folded:
-                self.folded[pattern] = Folded()
+            what = self._repeat(node, line)
+            if what is None:
                 kept.append(line)
             else:
-                self.folded[pattern].count += 1
-                self.folded[pattern].nodes[node] = None
+                folded = self.folded.setdefault(what, Folded())
+                folded.count += 1
+                folded.nodes[node] = None
         return "".join(kept)
 
+    def _repeat(self, node: str, line: str) -> str | None:
+        """What `line` repeats (the closing line's words for it), or None when it shows."""
+        if OMP_BANNER.search(line):
+            self.banner_host = self.banner_host or node
+            return None if node == self.banner_host else BANNER_WHAT
+        pattern = next((p for p in HARMLESS if p in line), None)
+        if pattern is None:
+            return None
+        what = f'"{pattern}" warning(s)'
+        if what in self.folded:
+            return what
+        self.folded[what] = Folded()  # the first shows
+        return None
+
     def said(self, where: Callable[[list[str]], str]) -> list[str]:
-        """One line for each warning whose repeats were kept off, `where` labelling its hosts."""
-        return [f"{where(list(folded.nodes))} distrun: {folded.count} more \"{pattern}\" warning(s) not shown "
+        """One line for each kind of output whose repeats were kept off, `where` labelling its hosts."""
+        return [f"{where(list(folded.nodes))} distrun: {folded.count} more {what} not shown "
                 f"(known to be harmless; they are in the job's files)\n"
-                for pattern, folded in self.folded.items() if folded.count]
+                for what, folded in self.folded.items() if folded.count]
 
 
 class ShutdownFold:
