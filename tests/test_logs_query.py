@@ -22,7 +22,7 @@ from orchestrator.errors import UsageError
 from orchestrator.logs import recover as recover_module
 from orchestrator.logs.query import parse_ranks
 from orchestrator.logs.recover import HostCopy, rebuild
-from orchestrator.remote.linestore import INDEX, Entry, LineStore
+from orchestrator.remote.linestore import INDEX, IndexEntry, LineStore
 from orchestrator.store import JobRecord, JobState, Store, process_start
 from tests.helpers import distrun
 
@@ -34,7 +34,7 @@ def put(root: Path, t: float, node: str, rank: int | None, stream: str, text: st
         partial: bool = False) -> None:
     data = text.encode()
     store = LineStore(str(root))
-    store.append(Entry(t, attempt, node, rank, stream, data.count(b"\n"), len(data), partial), data)
+    store.append(IndexEntry(t, attempt, node, rank, stream, data.count(b"\n"), len(data), partial), data)
     store.close()
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from orchestrator.logs.query import JobLog
 from orchestrator.logs.sink import METRICS_MARK, parse_metrics
-from orchestrator.remote.linestore import INDEX, NOTE, Entry, LineStore, Locator, parse_entries
+from orchestrator.remote.linestore import INDEX, NOTE, IndexEntry, LineStore, Locator, parse_entries
 from orchestrator.store import JobDir
 
 STAGING = ".recovering"
@@ -38,7 +38,7 @@ class HostCopy:
 class Piece:
     """A batch to write into the rebuilt directory, with its place in the merged order."""
 
-    entry: Entry
+    entry: IndexEntry
     data: bytes
     order: int
 
@@ -112,8 +112,8 @@ def host_pieces(copy: HostCopy, first_order: int) -> list[Piece]:
         data = copy.files.get(entry.path, b"")[located.offset:located.offset + entry.nbytes]
         if len(data) < entry.nbytes:
             data = data[:data.rfind(b"\n") + 1]
-            entry = Entry(entry.time, entry.attempt, entry.node, entry.rank, entry.stream, data.count(b"\n"),
-                          len(data), entry.partial)
+            entry = IndexEntry(entry.time, entry.attempt, entry.node, entry.rank, entry.stream, data.count(b"\n"),
+                               len(data), entry.partial)
         if data:
             pieces.append(Piece(entry, data, first_order + len(pieces)))
     return pieces

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from orchestrator.remote.config import SupervisorConfig
-from orchestrator.remote.linestore import Entry, LineStore
+from orchestrator.remote.linestore import IndexEntry, LineStore
 from orchestrator.remote.provenance import own_roots, proven
 from orchestrator.remote.redact import Masker
 from orchestrator.remote.stream import STDERR, STDOUT, Batch, StreamWriter
@@ -123,8 +123,8 @@ class HostCopy:
     def append(self, batch: Batch) -> None:
         if self.store is None:
             return
-        entry = Entry(time.time(), self.attempt, self.node, batch.rank, batch.stream, batch.nlines, len(batch.data),
-                      batch.partial)
+        entry = IndexEntry(time.time(), self.attempt, self.node, batch.rank, batch.stream, batch.nlines,
+                           len(batch.data), batch.partial)
         try:
             self.store.append(entry, batch.data)
         except OSError as exc:
