@@ -58,7 +58,7 @@ from orchestrator.errors import UsageError
 from orchestrator.fanout.group import GroupResult
 from orchestrator.plan import LaunchPlan
 from orchestrator.spec.model import JobSpec
-from orchestrator.spec.select import Guard, HostSelection
+from orchestrator.spec.select import HostSelection, SelectionGuard
 from orchestrator.store import JobRecord, JobState, Store, controller_alive, process_start
 from orchestrator.transport.base import CommandResult
 
@@ -90,7 +90,7 @@ class LaunchRequest:
     name: str | None = None
     nproc_per_node: str | None = None  # a number or "auto", as given
     env: list[str] = field(default_factory=list)  # `--env KEY=VALUE` pairs, as given
-    guard: Guard | None = None  # the rule for an implicit selection of many hosts; None: none
+    guard: SelectionGuard | None = None  # the rule for an implicit selection of many hosts; None: none
     internal: bool = False  # a run distrun makes for itself: never `last`
 
     def reproduce(self, hosts: Sequence[str], inventory: str, spares: Sequence[str] = ()) -> list[str]:
