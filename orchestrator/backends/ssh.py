@@ -27,7 +27,7 @@ from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
 from orchestrator.facts import HostFacts
 from orchestrator.fanout.group import Group, GroupError, GroupResult, parallel
 from orchestrator.hostcheck.probe import import_options, probe_round
-from orchestrator.logs.recover import HostCopy, rebuild
+from orchestrator.logs.recover import FetchedCopy, rebuild
 from orchestrator.plan import DEFAULT_PORT, HostPlan, LaunchPlan, build_plan
 from orchestrator.remote.config import SupervisorConfig
 from orchestrator.spec import (
@@ -375,7 +375,7 @@ def supervisor_config(plan: LaunchPlan, host: HostPlan) -> SupervisorConfig:
     )
 
 
-def fetch_copy(transport: Transport, job_id: str) -> HostCopy:
+def fetch_copy(transport: Transport, job_id: str) -> FetchedCopy:
     """A host's copy of a job's lines and telemetry (remote/fetch.py).
 
     Raises:
@@ -383,7 +383,7 @@ def fetch_copy(transport: Transport, job_id: str) -> HostCopy:
     """
     answer = json.loads(run_remote(transport, "fetch", ["fetch"], b"", job_id, transport.name).strip().splitlines()[-1])
     files = {path: text.encode("utf-8", "surrogateescape") for path, text in answer["files"].items()}
-    return HostCopy(files, answer["telemetry"])
+    return FetchedCopy(files, answer["telemetry"])
 
 
 def _remove_copies(inventory_path: str, jobs: list[JobRecord]) -> dict[str, str]:

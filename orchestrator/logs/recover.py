@@ -26,7 +26,7 @@ LAYOUT_DIRS = ("ranks", "nodes")
 
 
 @dataclass(frozen=True)
-class HostCopy:
+class FetchedCopy:
     """One host's copy as fetched: its files by path (`lines.idx`, `ranks/3.out`, ...) and the
     telemetry samples it kept (JSON lines)."""
 
@@ -43,7 +43,7 @@ class Piece:
     order: int
 
 
-def rebuild(job_dir: JobDir, copies: Mapping[str, HostCopy]) -> dict[str, int]:
+def rebuild(job_dir: JobDir, copies: Mapping[str, FetchedCopy]) -> dict[str, int]:
     """Replace a job's lines, metrics and telemetry with what its hosts kept.
 
     Args:
@@ -73,7 +73,7 @@ def rebuild(job_dir: JobDir, copies: Mapping[str, HostCopy]) -> dict[str, int]:
             for node in sorted(with_copy)}
 
 
-def write_staging(staging: Path, pieces: list[Piece], copies: Mapping[str, HostCopy]) -> None:
+def write_staging(staging: Path, pieces: list[Piece], copies: Mapping[str, FetchedCopy]) -> None:
     """The rebuilt lines, metrics and telemetry, written aside in `staging`.
 
     Raises:
@@ -103,7 +103,7 @@ def controller_pieces(root: Path, replaced: set[str]) -> Iterator[Piece]:
         log.close()
 
 
-def host_pieces(copy: HostCopy, first_order: int) -> list[Piece]:
+def host_pieces(copy: FetchedCopy, first_order: int) -> list[Piece]:
     """A host copy's batches, from its index; a batch cut short keeps its whole lines."""
     locator = Locator()
     pieces = []
@@ -133,7 +133,7 @@ def write_metrics(path: Path, pieces: list[Piece]) -> None:
                                           **record}) + "\n")
 
 
-def write_telemetry(path: Path, copies: Mapping[str, HostCopy]) -> None:
+def write_telemetry(path: Path, copies: Mapping[str, FetchedCopy]) -> None:
     with open(path, "w", encoding="utf-8") as out:
         for node, copy in copies.items():
             for line in copy.telemetry.splitlines():
