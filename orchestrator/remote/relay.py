@@ -99,7 +99,7 @@ class RankMap:
         return self.known[key]
 
 
-class HostCopy:
+class CopyWriter:
     """The host-side copy of the job's lines, written as they are read; a write that fails (a full
     disk) stops the copy with one warning, and the lines still go to the controller.
 
@@ -186,7 +186,7 @@ class Relay:
         self.out = out
         self.masker = Masker(env.get(name, "") for name in cfg.secret_names)
         self.raw_dir = os.path.join(job_dir, node, "torchrun")
-        self.copy = HostCopy(os.path.join(job_dir, node), node, int(cfg.attempt), warn)
+        self.copy = CopyWriter(os.path.join(job_dir, node), node, int(cfg.attempt), warn)
         self.ranks = RankMap(cfg)
         self.tailer = Tailer(self.raw_dir, self._rank_lines, masker=self.masker)
 
