@@ -14,10 +14,9 @@ import pytest
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.slurm import batch_job, follow_lines, write_files
 from orchestrator.backends.slurm_script import BatchJob, SlurmFiles, SlurmOptions, node_config, render_script
-from orchestrator.backends.ssh import supervisor_config
+from orchestrator.backends.ssh import plan_supervisor_config
 from orchestrator.remote.config import SupervisorConfig
-from orchestrator.remote.slurm_node import exit_status, expand
-from orchestrator.remote.slurm_node import supervisor_config as node_supervisor_config
+from orchestrator.remote.slurm_node import exit_status, expand, fill_supervisor_config
 from orchestrator.spec import load_job
 from orchestrator.store import JobDir
 
@@ -156,9 +155,9 @@ def test_a_node_fills_its_own_values_into_the_one_supervisor_configuration_the_c
     template = node_config(batch)["supervisor"]
     assert set(template) == {f.name for f in fields(SupervisorConfig)}
     argv = ["torchrun", "--node-rank", "1", "--nproc-per-node", "2", "x.py"]
-    filled = node_supervisor_config(node_config(batch), "c1", argv, dict(os.environ), {"TOKEN": "s"})
+    filled = fill_supervisor_config(node_config(batch), "c1", argv, dict(os.environ), {"TOKEN": "s"})
     assert (filled.node, filled.first_rank, filled.secret_names, filled.env) == ("c1", 2, ["TOKEN"], {"TOKEN": "s"})
     assert filled.heartbeat_timeout is None  # Slurm owns the job's lifetime: no controller heartbeat
     assert filled.stop_grace == batch.plan.stop_grace == 1
-    over_ssh = supervisor_config(batch.plan, batch.plan.hosts[0])
+    over_ssh = plan_supervisor_config(batch.plan, batch.plan.hosts[0])
     assert (over_ssh.heartbeat_timeout, over_ssh.stop_grace) == (batch.plan.heartbeat_timeout, 1)

@@ -207,7 +207,7 @@ class SshBackend(Backend):
         events.attach(node, channel)
         channel.proc.stream_bytes(lambda data: events.data(node, data), lambda line: events.stderr(node, line),
                                   lambda: events.end(node))
-        channel.write(payload + supervisor_config(plan, host).to_line())
+        channel.write(payload + plan_supervisor_config(plan, host).to_line())
 
     def stop(self, run: RunView, nodes: list[str]) -> None:
         """Tell each supervisor to stop and wait for the exits of those that can still report
@@ -361,7 +361,7 @@ def on_record_hosts(record: JobRecord, fn: Callable[[Transport], T], only: list[
         return group.run(fn, only=only)
 
 
-def supervisor_config(plan: LaunchPlan, host: HostPlan) -> SupervisorConfig:
+def plan_supervisor_config(plan: LaunchPlan, host: HostPlan) -> SupervisorConfig:
     """A host's supervisor configuration from the plan. To label and mask the host's lines it gets
     the secrets' names (their values come with the environment), the host's first global rank,
     whether torchrun's ranks follow from it (static rendezvous; c10d assigns them at rendezvous),
