@@ -62,7 +62,7 @@ def events(lines: list[str]) -> list[dict]:
 def test_a_node_runs_the_command_with_its_secrets_and_exits_with_its_status(batch: BatchJob) -> None:
     command = ("import os, sys, time; time.sleep(1.5); t = os.environ['TOKEN']; "
                "print('args', *sys.argv[1:], t[::-1], t, os.environ['DISTRUN_JOB_ID']); sys.exit(3)")
-    result = node_task(batch.files, batch.bundle_size, str(batch.files.node_config), "--",
+    result = node_task(batch.files, batch.bundle_size, str(batch.files.node_json), "--",
                        sys.executable, "-c", command, "$SLURM_NODEID", "$MASTER_ADDR",
                        stdin=batch.files.secrets.read_text())
 
@@ -80,10 +80,10 @@ def test_a_node_runs_the_command_with_its_secrets_and_exits_with_its_status(batc
 
 def test_a_node_fills_its_rank_and_the_master_into_the_positions_the_config_names(batch: BatchJob) -> None:
     argv = [sys.executable, "-c", "import sys; print('args', *sys.argv[1:])", "$SLURM_NODEID", "$MASTER_ADDR"]
-    config = json.loads(batch.files.node_config.read_text())
+    config = json.loads(batch.files.node_json.read_text())
     config["expand_at"] = [3]
-    batch.files.node_config.write_text(json.dumps(config))
-    result = node_task(batch.files, batch.bundle_size, str(batch.files.node_config), "--", *argv,
+    batch.files.node_json.write_text(json.dumps(config))
+    result = node_task(batch.files, batch.bundle_size, str(batch.files.node_json), "--", *argv,
                        env={"MASTER_ADDR": "n0"}, stdin=batch.files.secrets.read_text())
 
     assert result.returncode == 0, result.stderr
@@ -91,7 +91,7 @@ def test_a_node_fills_its_rank_and_the_master_into_the_positions_the_config_name
 
 
 def test_a_node_killed_by_a_signal_exits_as_a_shell_reports_it(batch: BatchJob) -> None:
-    result = node_task(batch.files, batch.bundle_size, str(batch.files.node_config), "--",
+    result = node_task(batch.files, batch.bundle_size, str(batch.files.node_json), "--",
                        sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
                        stdin=batch.files.secrets.read_text())
 
