@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.diagnose.failures import Failure, FailureKind
-from orchestrator.run.restarts import Attempt, AttemptHistory, after_failure, blames_host, refill, trigger
+from orchestrator.run.restarts import AttemptHistory, AttemptRecord, after_failure, blames_host, refill, trigger
 from orchestrator.spec.model import Restarts
 
 POLICY = Restarts(max=2, backoff=0)
@@ -75,7 +75,7 @@ def test_a_course_records_every_attempt_and_lists_them_for_the_summary() -> None
     course.end(None)
     course.end(EXIT)  # a second end keeps the first
     assert course.quarantined == ["node1"]
-    assert [Attempt.from_dict(data) for data in course.records()] == course.attempts
+    assert [AttemptRecord.from_dict(data) for data in course.records()] == course.attempts
     assert course.attempts[0].port == 29501
     lines = course.lines()
     assert lines[0] == "Attempts (2 of at most 3):"
@@ -90,7 +90,7 @@ def test_an_attempt_ended_by_a_stop_shows_stopped_not_succeeded() -> None:
     course.end(None, state="stopped")
     (attempt,) = course.attempts
     assert attempt.state == "stopped" and attempt.line().endswith(": stopped")
-    assert Attempt.from_dict(attempt.to_dict()) == attempt
+    assert AttemptRecord.from_dict(attempt.to_dict()) == attempt
 
 
 def test_a_job_that_allows_no_restart_has_no_verdict_and_no_attempt_list() -> None:
