@@ -154,10 +154,10 @@ def test_the_live_table_has_a_row_per_group_and_the_lighthouse_and_quorum_under_
 
 def _lose_a_host(pool_path: str, owner: str, start: multiprocessing.synchronize.Barrier,
                  taken: multiprocessing.Queue) -> None:
-    course = AttemptHistory(Restarts(max=1), 1, ("s1", "s2", "s3"), pool=SparePool(Path(pool_path), owner))
-    course.begin([f"host-{owner}"])
+    history = AttemptHistory(Restarts(max=1), 1, ("s1", "s2", "s3"), pool=SparePool(Path(pool_path), owner))
+    history.begin([f"host-{owner}"])
     start.wait()
-    verdict = course.verdict(lost(f"host-{owner}"))
+    verdict = history.verdict(lost(f"host-{owner}"))
     taken.put((owner, verdict.hosts))
 
 
@@ -192,9 +192,9 @@ def test_a_spare_set_aside_as_unreachable_is_refilled_from_the_spares_no_other_g
     other = AttemptHistory(Restarts(max=1), 1, ("s1", "s2", "s3"), pool=SparePool(pool, "g0"))
     other.begin(["a"])
     assert other.verdict(lost("a")).hosts == ("s1",)
-    course = AttemptHistory(Restarts(max=1), 1, ("s2", "s3"), pool=SparePool(pool, "g1"))
+    history = AttemptHistory(Restarts(max=1), 1, ("s2", "s3"), pool=SparePool(pool, "g1"))
     with SparePool(pool, "g2").claims() as claims:
         claims["s3"] = "g2"
-    assert course.refill(("s2",), {"s2"}, ("s3",)) is None, "s3 is group 2's"
-    course = AttemptHistory(Restarts(max=1), 1, (), pool=SparePool(pool, "g1"))
-    assert course.refill(("s9",), {"s9"}, ("s2", "s3")) == (("s2",), ())
+    assert history.refill(("s2",), {"s2"}, ("s3",)) is None, "s3 is group 2's"
+    history = AttemptHistory(Restarts(max=1), 1, (), pool=SparePool(pool, "g1"))
+    assert history.refill(("s9",), {"s9"}, ("s2", "s3")) == (("s2",), ())

@@ -53,10 +53,10 @@ def masked(failure: Failure, mask: Masker) -> Failure:
                    traceback=tuple(mask.text(line) for line in failure.traceback))
 
 
-def masked_attempts(course: AttemptHistory, mask: Masker) -> list[dict[str, Any]]:
+def masked_attempts(history: AttemptHistory, mask: Masker) -> list[dict[str, Any]]:
     """The record's attempts, each failure's reason and lines masked."""
-    records = course.records()
-    for record, attempt in zip(records, course.attempts, strict=True):
+    records = history.records()
+    for record, attempt in zip(records, history.attempts, strict=True):
         if attempt.failure is not None:
             record["failure"] = masked(attempt.failure, mask).to_dict()
     return records
@@ -67,7 +67,7 @@ class Launcher:
     """Follows a submitted job to its end through its backend's hooks, and records how it ended."""
 
     def __init__(self, backend: Backend, ctx: LaunchContext, plan: LaunchPlan,
-                 course: AttemptHistory | None = None) -> None:
+                 history: AttemptHistory | None = None) -> None:
         self.backend = backend
         self.ctx = ctx
         self.plan = plan
@@ -84,8 +84,8 @@ class Launcher:
         # The controller's attempts (DISTRUN_ATTEMPT 1, 2, ...) share the job's files; each line keeps its attempt.
         self.sink = LogSink(self.dir, screen, on_metrics=self._on_metrics, secrets=plan.secrets.values(),
                             attempt=plan.attempt)
-        self.course = course or AttemptHistory(ctx.job.restarts, len(plan.hosts), plan.spares)
-        self.course.begin([h.node for h in plan.hosts], plan.master_port)
+        self.history = history or AttemptHistory(ctx.job.restarts, len(plan.hosts), plan.spares)
+        self.history.begin([h.node for h in plan.hosts], plan.master_port)
         self.verdict: Verdict | None = None  # set when this attempt failed: whether and where the next runs
         self.telemetry_lock = threading.Lock()
         self.telemetry_file = self.dir.open(self.dir.telemetry, "a", encoding="utf-8")  # closed in run()
@@ -290,14 +290,14 @@ class Launcher:
         self.monitor.stop()
         # The summary quotes the job's last lines: a secret the job printed is masked here too.
         mask = Masker(self.plan.secrets.values())
-        self.course.end(None, state=state.value)
+        self.history.end(None, state=state.value)
         detail = mask.text("\n".join([detail, *extra, *telemetry.summary_lines(self.record.alerts),
-                                      *self.sink.shortfalls(), *self.course.lines()]))
+                                      *self.sink.shortfalls(), *self.history.lines()]))
         restarts = max((h.restarts for h in self.hosts), default=0)
         try:
             self.store.end(self.plan.job_id, state, code, detail, restarts=restarts,
                            failures=[masked(f, mask).to_dict() for f in failures or []],
-                           attempts=masked_attempts(self.course, mask), quarantined=self.course.quarantined,
+                           attempts=masked_attempts(self.history, mask), quarantined=self.history.quarantined,
                            gpus_freed=gpus_freed)
         except DistrunError as exc:
             # The hosts are stopped and the summary is known: say it, and why it is not recorded.
@@ -347,8 +347,8 @@ class Launcher:
         others = {h.node: own[h.node].describe() if h.node in own else h.end()
                   for h in self.hosts if h.node != root.host}
         ordered = [root, *(f for f in failures if f.host != root.host)]
-        self.verdict = self.course.verdict(root)
-        self.course.end(root, self.verdict.quarantined if self.verdict else None)
+        self.verdict = self.history.verdict(root)
+        self.history.end(root, self.verdict.quarantined if self.verdict else None)
         if self.verdict is not None and self.verdict.hosts is not None:
             title = f"{self.plan.job_id} attempt {self.plan.attempt}"
             return self._end_attempt(failed_summary(title, root, others), self.verdict)
@@ -360,7 +360,7 @@ class Launcher:
     def _end_attempt(self, summary: str, verdict: Verdict) -> int:
         """This attempt failed and another follows: record the attempt, say why and what comes
         next; the job goes on (its record stays running)."""
-        backoff = self.course.policy.backoff
+        backoff = self.history.policy.backoff
         restarting = f"restarting: {verdict.why}" + (f" in {backoff:g} s" if backoff else "")
         self.sink.note(self.plan.hosts[0].node, restarting)
         summary = "\n".join([summary, *self.backend.finish(self.view)])
@@ -369,8 +369,8 @@ class Launcher:
         self.monitor.stop()
         mask = Masker(self.plan.secrets.values())
         try:
-            self.store.update(self.plan.job_id, attempts=masked_attempts(self.course, mask),
-                              quarantined=self.course.quarantined)
+            self.store.update(self.plan.job_id, attempts=masked_attempts(self.history, mask),
+                              quarantined=self.history.quarantined)
         except DistrunError as exc:
             summary += f"\ndistrun: warning: the attempt is not recorded: {exc}"
         self._say(mask.text(f"{summary}\n{restarting}"))
