@@ -1,10 +1,10 @@
 """One attempt of a job, followed to its end: the run loop written once for every backend.
 
-`Launcher` starts every host through its backend (orchestrator/backends/base.py lists the hooks
+`Attempt` starts every host through its backend (orchestrator/backends/base.py lists the hooks
 in order), heartbeats them, watches for the first failure (a host's torchrun exiting non-zero, a
 host going silent, a hang), stops every other host and records the summary, which leads with the
 root cause (failures.root_cause), as torch elastic's does. The backend sees the attempt through
-`AttemptView` only (backends/run.py's RunView and HostEvents), never the Launcher or its HostRuns.
+`AttemptView` only (backends/run.py's RunView and HostEvents), never the Attempt or its HostRuns.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def masked_attempts(history: AttemptHistory, mask: Masker) -> list[dict[str, Any
 
 
 
-class Launcher:
+class Attempt:
     """Follows a submitted job to its end through its backend's hooks, and records how it ended."""
 
     def __init__(self, backend: Backend, ctx: LaunchContext, plan: LaunchPlan,
@@ -414,16 +414,16 @@ class AttemptView:
     """What a backend sees of one attempt: its plan, its line sink, and the hosts' events by node
     name (backends/run.py's RunView, and its HostEvents as `events`)."""
 
-    def __init__(self, launcher: Launcher) -> None:
-        self._launcher = launcher
-        self._hosts = {host.node: host for host in launcher.hosts}
-        self.plan = launcher.plan
-        self.sink = launcher.sink
+    def __init__(self, attempt: Attempt) -> None:
+        self._attempt = attempt
+        self._hosts = {host.node: host for host in attempt.hosts}
+        self.plan = attempt.plan
+        self.sink = attempt.sink
         self.events = self
 
     @property
     def interrupted(self) -> int | None:
-        return self._launcher.interrupted
+        return self._attempt.interrupted
 
     # ---------------------------------------------------------------- HostEvents
 
@@ -457,7 +457,7 @@ class AttemptView:
     # ---------------------------------------------------------------- RunView
 
     def failures(self) -> list[Failure]:
-        run = self._launcher
+        run = self._attempt
         found = (host.failure(run.plan.heartbeat_timeout, run.awake_since) for host in run.hosts)
         return [failure for failure in found if failure is not None]
 
@@ -465,7 +465,7 @@ class AttemptView:
         return self._hosts[node].exited.is_set()
 
     def await_exits(self, nodes: Sequence[str], timeout: float) -> None:
-        run = self._launcher
+        run = self._attempt
         hosts = [self._hosts[node] for node in nodes]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(

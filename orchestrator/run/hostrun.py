@@ -61,7 +61,7 @@ class HostRun:
     gpus_freed: list[str] = field(default_factory=list)  # GPU memory the end of the job freed (remote/gpu.py)
     failed_attempts: int = 0
     exited: threading.Event = field(default_factory=threading.Event)
-    wake: threading.Event | None = None  # set on exit, so the launcher need not wait for its next poll
+    wake: threading.Event | None = None  # set on exit, so the attempt need not wait for its next poll
     handling_errors: int = 0
     _reported: set[str] = field(default_factory=set)
     _reader: FrameReader = field(init=False)

@@ -2,11 +2,11 @@
 attempt after attempt (the restart loop).
 
 `launch` picks the backend (the request's, else the job's), has it prepare, preflight and stage
-the job, and `run_attempts` follows it: each attempt is one `runloop.Launcher`. With the job's
+the job, and `run_attempts` follows it: each attempt is one `attempt.Attempt`. With the job's
 `restarts`, a failure it lists ends only the attempt: `run_attempts` asks the policy (restarts.py)
 whether and where the next attempt runs, re-plans it through the backend's `replan` (a spare in
 place of a quarantined host, a fresh rendezvous port), preflights and stages it, and follows it
-with a new `Launcher` writing into the same job directory, each line with its attempt. The record
+with a new `Attempt` writing into the same job directory, each line with its attempt. The record
 keeps every attempt.
 """
 
@@ -30,7 +30,7 @@ from orchestrator.fanout.group import GroupError
 from orchestrator.ft import replicas
 from orchestrator.plan import LaunchPlan
 from orchestrator.remote.redact import Masker
-from orchestrator.run.attempt import POLL, Launcher, masked_attempts
+from orchestrator.run.attempt import POLL, Attempt, masked_attempts
 from orchestrator.run.restarts import AttemptHistory, Verdict
 from orchestrator.run.spare_pool import SparePool
 from orchestrator.spec.model import JobSpec
@@ -101,11 +101,11 @@ def run_attempts(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Fini
         history = AttemptHistory(ctx.job.restarts, ctx.job.min_nnodes or len(started.hosts), started.spares,
                                 pool=SparePool.from_env(ctx.job_id))
         while True:
-            launcher = _launcher(backend, ctx, started, history)
-            code = launcher.run()
-            if launcher.verdict is None or launcher.verdict.hosts is None:
-                return Finished(code, launcher.final_metrics)
-            following = _next_attempt(backend, ctx, started, history, launcher.verdict)
+            attempt = _open_attempt(backend, ctx, started, history)
+            code = attempt.run()
+            if attempt.verdict is None or attempt.verdict.hosts is None:
+                return Finished(code, attempt.final_metrics)
+            following = _next_attempt(backend, ctx, started, history, attempt.verdict)
             if isinstance(following, int):
                 return Finished(following)
             started = following
@@ -200,15 +200,15 @@ def _end_between(ctx: LaunchContext, history: AttemptHistory, plan: LaunchPlan, 
     return code
 
 
-def _launcher(backend: Backend, ctx: LaunchContext, plan: LaunchPlan,
-              history: AttemptHistory | None = None) -> Launcher:
-    """The launcher of a recorded job, its files open; nothing has started on the hosts yet.
+def _open_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan,
+                  history: AttemptHistory | None = None) -> Attempt:
+    """The attempt of a recorded job, its files open; nothing has started on the hosts yet.
 
     Raises:
         InfraError: the job's files could not be opened (a full disk); the record says so.
     """
     try:
-        return Launcher(backend, ctx, plan, history)
+        return Attempt(backend, ctx, plan, history)
     except OSError as exc:
         error = InfraError(f"cannot write the job's files into {ctx.store.job_dir(plan.job_id).root}: "
                            f"{exc.strerror or exc} (free space under DISTRUN_HOME, or point DISTRUN_HOME elsewhere)")

@@ -8,7 +8,7 @@ next attempt with a spare in that host's place (`spares`, the hosts selected bey
 or on fewer hosts when no spare is left and `nnodes: MIN:MAX` allows it.
 
 Everything here is pure but the claims of a spare pool shared with other controllers
-(spare_pool.py): the launcher (launch.py) asks, and does what the answer says.
+(spare_pool.py): the restart loop (launch.py) asks, and does what the answer says.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def attempts_lines(attempts: Sequence[AttemptRecord], policy: Restarts) -> list[
 
 @dataclass
 class AttemptHistory:
-    """A job's attempts so far, across the launchers that run them one after another.
+    """A job's attempts so far, across the `Attempt`s (run/attempt.py) that run them one after another.
 
     Attributes:
         policy: The job's `restarts`.
