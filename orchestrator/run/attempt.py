@@ -32,7 +32,6 @@ from orchestrator.logs.screen import Screen
 from orchestrator.logs.sink import job_wide
 from orchestrator.plan import LaunchPlan
 from orchestrator.remote.redact import Masker
-from orchestrator.remote.stream import Batch
 from orchestrator.run.hostrun import HostRun
 from orchestrator.run.restarts import AttemptHistory, Verdict
 from orchestrator.store import JobDir, JobRecord, JobState
@@ -432,15 +431,6 @@ class AttemptView:
 
     def data(self, node: str, chunk: bytes) -> None:
         self._hosts[node].on_data(chunk)
-
-    def batch(self, node: str, batch: Batch) -> None:
-        self._hosts[node].lines(batch)
-
-    def telemetry(self, node: str, sample: dict[str, Any]) -> None:
-        self._hosts[node].event({**sample, "ev": "tel"})
-
-    def exit(self, node: str, rc: int, error: str | None = None) -> None:
-        self._hosts[node].event({"ev": "exit", "rc": rc, "error": error})
 
     def alive(self, node: str) -> None:
         self._hosts[node].heard()

@@ -85,16 +85,6 @@ class HostRun:
         """A sign of life that came otherwise than as output (the host has not started yet)."""
         self.last_seen = time.monotonic()
 
-    def lines(self, batch: Batch) -> None:
-        """A batch of lines reported as such (not in the framed stream); a sign of life too."""
-        self.heard()
-        self._guard(self.on_batch)(batch)
-
-    def event(self, event: dict[str, Any]) -> None:
-        """An event (remote/stream.py's kinds) reported as such; a sign of life too."""
-        self.heard()
-        self._guard(self.on_event)(event)
-
     def on_data(self, data: bytes) -> None:
         """The next bytes of the supervisor's output, in chunks of any size. Hearing anything at
         all is the host's sign of life, before and whatever its handling does."""
