@@ -59,7 +59,7 @@ def run_with_phases(out: str, argv: list[str]) -> None:
 
     from orchestrator.backends.ssh import SshBackend
     from orchestrator.cli.main import main
-    from orchestrator.run import attempt as runloop
+    from orchestrator.run.attempt import Attempt
 
     stamp("imported")
 
@@ -79,8 +79,8 @@ def run_with_phases(out: str, argv: list[str]) -> None:
     after(SshBackend, "stage", "staged")
     after(SshBackend, "submit", "submitted")
     after(SshBackend, "start", "started")
-    after(runloop.Launcher, "_watch", "watched")
-    after(runloop.Launcher, "run", "finished")
+    after(Attempt, "_watch", "watched")
+    after(Attempt, "run", "finished")
     atexit.register(lambda: Path(out).write_text(json.dumps({**stamps, "epoch": time.time() - time.monotonic()})))
     sys.argv = ["distrun", *argv]
     main()

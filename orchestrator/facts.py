@@ -164,7 +164,7 @@ class Resolved:
 
 
 @dataclass(frozen=True)
-class Entry:
+class EntryPoint:
     """The job's script or module as the host's python would find it (probe option `entry`)."""
 
     kind: str = "script"  # script | module
@@ -174,7 +174,7 @@ class Entry:
     error: str | None = None
 
     @classmethod
-    def from_probe(cls, data: Mapping[str, Any]) -> Entry:
+    def from_probe(cls, data: Mapping[str, Any]) -> EntryPoint:
         return cls(kind=str(data.get("kind") or "script"), name=str(data.get("name") or ""),
                    ok=bool(data.get("ok")), found=_str(data.get("found")), error=_str(data.get("error")))
 
@@ -247,7 +247,7 @@ class HostFacts:
     listen: Listen | None = None
     connect: Connect | None = None
     resolved: dict[str, Resolved] = field(default_factory=dict)
-    entry: Entry | None = None
+    entry: EntryPoint | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -274,7 +274,7 @@ class HostFacts:
             connect=Connect(_str(connect.get("addr")), _int(connect.get("port")), bool(connect.get("ok")),
                             _str(connect.get("error")), _float(connect.get("ms"))) if connect else None,
             resolved={str(name): Resolved.from_probe(_dict(r)) for name, r in _dict(data.get("resolved")).items()},
-            entry=Entry.from_probe(data["entry"]) if isinstance(data.get("entry"), Mapping) else None,
+            entry=EntryPoint.from_probe(data["entry"]) if isinstance(data.get("entry"), Mapping) else None,
             raw=dict(data),
         )
 

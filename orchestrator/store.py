@@ -63,7 +63,7 @@ class JobRecord:
             listed only by `ps --all`.
         command: The `distrun launch` arguments that start the job again on the same hosts
             ([] when unknown).
-        attempts: `restarts.Attempt.to_dict()` of each attempt of the controller's (`restarts:`),
+        attempts: `restarts.AttemptRecord.to_dict()` of each attempt of the controller's (`restarts:`),
             in order; [] for a job recorded before it started one.
         quarantined: Hosts a failure pointed at, left out of the job's later attempts.
         gpus_freed: `node: line` for each GPU's memory the job's end freed (remote/gpu.py).

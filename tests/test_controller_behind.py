@@ -55,7 +55,7 @@ def host_on(proc: LocalProcess, tmp_path: Path) -> HostRun:
 
 
 def declared_lost_within(host: HostRun, seconds: float) -> bool:
-    """Whether the run loop's check (every 50 ms, as runloop.POLL) finds the host lost within `seconds`."""
+    """Whether the run loop's check (every 50 ms, as attempt.POLL) finds the host lost within `seconds`."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if host.failure(LOST_AFTER) is not None:

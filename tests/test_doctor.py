@@ -16,7 +16,7 @@ from orchestrator.backends.ssh import SshBackend
 from orchestrator.doctor.bandwidth import BandwidthReport, SizeResult, parse_results
 from orchestrator.doctor.bandwidth_check import bandwidth_check
 from orchestrator.doctor.command import exit_code
-from orchestrator.facts import Connect, Entry, HostFacts, Listen
+from orchestrator.facts import Connect, EntryPoint, HostFacts, Listen
 from orchestrator.fanout.group import Group
 from orchestrator.hostcheck import preflight as doctor_preflight
 from orchestrator.hostcheck.checks import NOT_TOLD, Check, Context, Status, run_checks
@@ -497,8 +497,8 @@ def test_preflight_refuses_with_doctors_message_when_torch_differs():
 
 
 def test_preflight_refuses_a_missing_entry_with_exit_2_naming_the_host():
-    entries = {"local0": Entry("script", "train.py", ok=True, found="/work/train.py"),
-               "local1": Entry("script", "train.py", error="no such file")}
+    entries = {"local0": EntryPoint("script", "train.py", ok=True, found="/work/train.py"),
+               "local1": EntryPoint("script", "train.py", error="no such file")}
     facts = {name: HostFacts(name, python="3.11.7", torch="2.13.0", listen=Listen(PORT, ok=True),
                              connect=Connect(MASTER_ADDR, PORT, ok=True), entry=entry)
              for name, entry in entries.items()}
@@ -536,7 +536,7 @@ def test_preflight_refuses_an_unreachable_port_with_exit_3_and_a_missing_entry_s
     with pytest.raises(doctor_preflight.PreflightError, match="cannot connect to local0") as caught:
         preflight(PORT, facts)
     assert caught.value.exit_code == 3
-    missing = Entry("script", "train.py", error="no such file")
+    missing = EntryPoint("script", "train.py", error="no such file")
     facts = {name: replace(f, entry=missing) for name, f in facts.items()}
     with pytest.raises(doctor_preflight.PreflightError) as caught:
         preflight(PORT, facts)

@@ -204,12 +204,12 @@ def test_a_missing_command_exits_127_saying_so(monkeypatch: pytest.MonkeyPatch) 
 def test_an_end_asked_while_the_guard_starts_its_command_ends_the_command_once_started() -> None:
     """The guard's handlers are in place before the command starts: a SIGTERM in between used to
     kill the guard alone and leave the command running, holding exec's pipes open (exec hung)."""
-    from orchestrator.remote.guard import Guard, start
+    from orchestrator.remote.guard import GroupEnder, start
 
-    guard = Guard(grace=1.0)
-    guard.end()  # what the SIGTERM handler does
+    ender = GroupEnder(grace=1.0)
+    ender.end()  # what the SIGTERM handler does
     leader = start(["sleep", "60"])
     began = time.monotonic()
-    guard.begin(leader)
-    assert guard.status(leader) == 128 + signal.SIGTERM
+    ender.begin(leader)
+    assert ender.status(leader) == 128 + signal.SIGTERM
     assert time.monotonic() - began < 5

@@ -20,7 +20,7 @@ from orchestrator.diagnose.at_exit import raised_before_signal
 from orchestrator.diagnose.failures import Failure, FailureKind, is_collateral
 from orchestrator.logs import LogSink
 from orchestrator.plan import HostPlan
-from orchestrator.remote.stream import STDERR, Batch
+from orchestrator.remote.stream import EVENT, STDERR, Batch
 from orchestrator.remote.supervisor import StopCause
 from orchestrator.remote.workerfail import (
     WorkerRecord,
@@ -200,7 +200,7 @@ def host_run(tmp_path: Path) -> HostRun:
 
 
 def exit_event(host: HostRun, **fields: Any) -> HostRun:
-    host.event({"ev": "exit", **fields})
+    host.on_data(EVENT + json.dumps({"ev": "exit", **fields}).encode() + b"\n")
     return host
 
 

@@ -14,7 +14,7 @@ from orchestrator.diagnose.failures import Failure, FailureKind
 from orchestrator.ft.story import story
 from orchestrator.ft.timeline import Member, QuorumTail, Timeline, heal_source, quorum_of
 from orchestrator.ft.view import group_row, render
-from orchestrator.run.restarts import Attempt, AttemptHistory
+from orchestrator.run.restarts import AttemptHistory, AttemptRecord
 from orchestrator.run.spare_pool import SparePool
 from orchestrator.spec.model import Restarts
 
@@ -99,19 +99,20 @@ def test_the_quorum_tail_reads_only_whole_lines_as_the_log_grows(tmp_path: Path)
 
 
 def test_the_story_of_a_group_lost_relaunched_on_a_spare_and_healed_names_its_steps() -> None:
-    attempts = [Attempt(1, ("node1",), started=95.0, ended=170.0, failure=lost("node1"), quarantined="node1"),
-                Attempt(2, ("node3",), started=190.0, ended=260.0, state="succeeded")]
+    attempts = [AttemptRecord(1, ("node1",), started=95.0, ended=170.0, failure=lost("node1"), quarantined="node1"),
+                AttemptRecord(2, ("node3",), started=190.0, ended=260.0, state="succeeded")]
     assert story(attempts, cut_and_heal().of(1)) == (
         "lost node1 at step 12, relaunched on node3, healed from group 0 at step 28")
-    assert story([attempts[0], Attempt(2, ("node3",), started=190.0)], []) == (
+    assert story([attempts[0], AttemptRecord(2, ("node3",), started=190.0)], []) == (
         "lost node1, relaunched on node3, not back in the quorum")
-    assert story([Attempt(1, ("node0",), started=95.0, ended=260.0, state="succeeded")], cut_and_heal().of(0)) == ""
+    succeeded = AttemptRecord(1, ("node0",), started=95.0, ended=260.0, state="succeeded")
+    assert story([succeeded], cut_and_heal().of(0)) == ""
 
 
 def test_the_story_of_a_rank_failure_relaunched_in_place_that_failed_again() -> None:
     crash = Failure("b", FailureKind.EXIT, rank=0, exit_code=3)
-    attempts = [Attempt(1, ("b",), started=95.0, ended=170.0, failure=crash),
-                Attempt(2, ("b",), started=190.0, ended=260.0, failure=crash)]
+    attempts = [AttemptRecord(1, ("b",), started=95.0, ended=170.0, failure=crash),
+                AttemptRecord(2, ("b",), started=190.0, ended=260.0, failure=crash)]
     assert story(attempts, cut_and_heal().of(1)) == (
         "rank 0 on b exited with code 3 at step 12, relaunched on the same host(s), b, healed from group 0 at "
         "step 28, rank 0 on b exited with code 3 at step 30")
@@ -119,11 +120,11 @@ def test_the_story_of_a_rank_failure_relaunched_in_place_that_failed_again() -> 
 
 def test_a_groups_row_says_relaunching_until_it_is_back_in_a_quorum_then_healed() -> None:
     timeline = cut_and_heal()
-    ended = [Attempt(1, ("node1",), started=95.0, ended=195.0, failure=lost("node1"))]
+    ended = [AttemptRecord(1, ("node1",), started=95.0, ended=195.0, failure=lost("node1"))]
     healed = group_row(1, None, ("node3",), ended, timeline)
     assert (healed.state, healed.hosts, healed.relaunches, healed.step, healed.in_quorum) == (
         "healed", ("node3",), 1, 30, True)
-    waiting = [Attempt(1, ("node1",), started=95.0, ended=205.0, failure=lost("node1"))]
+    waiting = [AttemptRecord(1, ("node1",), started=95.0, ended=205.0, failure=lost("node1"))]
     assert group_row(1, None, ("node3",), waiting, timeline).state == "relaunching"
     assert group_row(0, None, ("node0",), [], timeline).state == "running"
     assert group_row(0, 0, ("node0",), [], timeline).state == "done"
@@ -136,7 +137,7 @@ def test_the_live_table_has_a_row_per_group_and_the_lighthouse_and_quorum_under_
     for step in range(1, 13):
         timeline.observe(quorum_of(quorum_line(2, {0: step, 1: step, 2: step})), 100.0 + step)
     timeline.observe(quorum_of(quorum_line(3, {0: 13, 2: 13})), 170.0)
-    ended = [Attempt(1, ("node1",), started=95.0, ended=175.0, failure=lost("node1"))]
+    ended = [AttemptRecord(1, ("node1",), started=95.0, ended=175.0, failure=lost("node1"))]
     rows = [group_row(0, None, ("node0",), [], timeline), group_row(1, None, ("node3",), ended, timeline),
             group_row(2, None, ("node2",), [], timeline)]
     out = io.StringIO()
@@ -153,10 +154,10 @@ def test_the_live_table_has_a_row_per_group_and_the_lighthouse_and_quorum_under_
 
 def _lose_a_host(pool_path: str, owner: str, start: multiprocessing.synchronize.Barrier,
                  taken: multiprocessing.Queue) -> None:
-    course = AttemptHistory(Restarts(max=1), 1, ("s1", "s2", "s3"), pool=SparePool(Path(pool_path), owner))
-    course.begin([f"host-{owner}"])
+    history = AttemptHistory(Restarts(max=1), 1, ("s1", "s2", "s3"), pool=SparePool(Path(pool_path), owner))
+    history.begin([f"host-{owner}"])
     start.wait()
-    verdict = course.verdict(lost(f"host-{owner}"))
+    verdict = history.verdict(lost(f"host-{owner}"))
     taken.put((owner, verdict.hosts))
 
 
@@ -191,9 +192,9 @@ def test_a_spare_set_aside_as_unreachable_is_refilled_from_the_spares_no_other_g
     other = AttemptHistory(Restarts(max=1), 1, ("s1", "s2", "s3"), pool=SparePool(pool, "g0"))
     other.begin(["a"])
     assert other.verdict(lost("a")).hosts == ("s1",)
-    course = AttemptHistory(Restarts(max=1), 1, ("s2", "s3"), pool=SparePool(pool, "g1"))
+    history = AttemptHistory(Restarts(max=1), 1, ("s2", "s3"), pool=SparePool(pool, "g1"))
     with SparePool(pool, "g2").claims() as claims:
         claims["s3"] = "g2"
-    assert course.refill(("s2",), {"s2"}, ("s3",)) is None, "s3 is group 2's"
-    course = AttemptHistory(Restarts(max=1), 1, (), pool=SparePool(pool, "g1"))
-    assert course.refill(("s9",), {"s9"}, ("s2", "s3")) == (("s2",), ())
+    assert history.refill(("s2",), {"s2"}, ("s3",)) is None, "s3 is group 2's"
+    history = AttemptHistory(Restarts(max=1), 1, (), pool=SparePool(pool, "g1"))
+    assert history.refill(("s9",), {"s9"}, ("s2", "s3")) == (("s2",), ())

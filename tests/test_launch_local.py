@@ -153,3 +153,28 @@ def test_nnodes_larger_than_the_inventory_is_an_error_at_the_nnodes_line(tmp_pat
     result = distrun("launch", str(path), home=tmp_path / "home")
     assert result.returncode == 2
     assert f"{path}:3: nnodes" in result.stderr
+
+
+def restarting_job(tmp_path, max_restarts: int, succeed_after: int | None) -> str:
+    """A one-rank job whose worker fails in each of torchrun's attempts before `succeed_after`
+    (TORCHELASTIC_RESTART_COUNT), and in every one when it is None."""
+    script = tmp_path / "flaky.py"
+    limit = "10**9" if succeed_after is None else str(succeed_after)
+    script.write_text("import os, sys\n"
+                      "restart = int(os.environ['TORCHELASTIC_RESTART_COUNT'])\n"
+                      "print(f'attempt {restart}', flush=True)\n"
+                      f"sys.exit(3 if restart < {limit} else 0)\n")
+    path = tmp_path / "flaky.yaml"
+    path.write_text(f"name: flaky\nscript: {script}\nnproc_per_node: 1\nmax_restarts: {max_restarts}\n")
+    return str(path)
+
+
+@pytest.mark.parametrize(("succeed_after", "state", "restarts"), [(1, "succeeded", 1), (None, "failed", 2)])
+def test_torchrun_restarts_of_its_workers_are_counted_and_recorded(tmp_path, succeed_after, state, restarts):
+    home = tmp_path / "home"
+    result = distrun("launch", restarting_job(tmp_path, 2, succeed_after), home=home)
+    assert result.stdout.count(" r0] attempt ") == restarts + 1, result.stdout + result.stderr
+    rec = json.loads(distrun("ps", "--json", home=home).stdout)[0]
+    assert (rec["state"], rec["restarts"]) == (state, restarts)
+    if state == "succeeded":
+        assert f"restarts: {restarts}" in result.stdout

@@ -22,8 +22,8 @@ from orchestrator.errors import UsageError
 from orchestrator.logs import recover as recover_module
 from orchestrator.logs.format import note, rank_prefixes
 from orchestrator.logs.query import parse_ranks
-from orchestrator.logs.recover import HostCopy, rebuild
-from orchestrator.remote.linestore import INDEX, Entry, LineStore
+from orchestrator.logs.recover import FetchedCopy, rebuild
+from orchestrator.remote.linestore import INDEX, IndexEntry, LineStore
 from orchestrator.store import JobRecord, JobState, Store, process_start
 from tests.helpers import distrun
 
@@ -35,7 +35,7 @@ def put(root: Path, t: float, node: str, rank: int | None, stream: str, text: st
         partial: bool = False) -> None:
     data = text.encode()
     store = LineStore(str(root))
-    store.append(Entry(t, attempt, node, rank, stream, data.count(b"\n"), len(data), partial), data)
+    store.append(IndexEntry(t, attempt, node, rank, stream, data.count(b"\n"), len(data), partial), data)
     store.close()
 
 
@@ -242,12 +242,12 @@ def test_a_bad_grep_is_one_clear_error(home: Path) -> None:
         logs(grep="(")
 
 
-def host_copy(tmp_path: Path, node: str, lines: list[tuple[float, int, str, str]]) -> HostCopy:
+def host_copy(tmp_path: Path, node: str, lines: list[tuple[float, int, str, str]]) -> FetchedCopy:
     """A host's copy of its lines (time, rank, stream, text), as the supervisor writes it."""
     root = tmp_path / f"copy-{node}"
     for t, rank, stream, text in lines:
         put(root, t, node, rank, stream, text)
-    return HostCopy({str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()})
+    return FetchedCopy({str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()})
 
 
 def job_files(root: Path) -> dict[str, bytes]:

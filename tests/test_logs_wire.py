@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.remote import linestore
-from orchestrator.remote.linestore import Entry, LineStore, Locator, read_index
+from orchestrator.remote.linestore import IndexEntry, LineStore, Locator, read_index
 from orchestrator.remote.stream import Batch, FrameReader, StreamWriter, encode
 from orchestrator.remote.tail import PARTIAL_WAIT, Tailer
 
@@ -133,8 +133,9 @@ def test_a_broken_output_is_let_go_and_nothing_waits_on_it() -> None:
 
 def test_the_index_gives_every_batch_its_place_in_its_file(tmp_path: Path) -> None:
     store = LineStore(str(tmp_path))
-    batches = [(Entry(1.0, 1, "n0", 0, "o", 2, 4), b"a\nb\n"), (Entry(2.0, 1, "n0", 0, "e", 1, 4), b"err\n"),
-               (Entry(3.0, 1, "n0", None, "d", 1, 5), b"note\n"), (Entry(4.0, 2, "n0", 0, "o", 1, 2, True), b"c\n")]
+    batches = [(IndexEntry(1.0, 1, "n0", 0, "o", 2, 4), b"a\nb\n"), (IndexEntry(2.0, 1, "n0", 0, "e", 1, 4), b"err\n"),
+               (IndexEntry(3.0, 1, "n0", None, "d", 1, 5), b"note\n"),
+               (IndexEntry(4.0, 2, "n0", 0, "o", 1, 2, True), b"c\n")]
     for entry, data in batches:
         store.append(entry, data)
     store.close()
@@ -150,7 +151,7 @@ def test_the_index_gives_every_batch_its_place_in_its_file(tmp_path: Path) -> No
 
 def test_a_buffered_index_is_written_only_on_flush_after_its_data(tmp_path: Path) -> None:
     store = LineStore(str(tmp_path), buffered=True)
-    store.append(Entry(1.0, 1, "n0", 1, "o", 1, 3), b"hi\n")
+    store.append(IndexEntry(1.0, 1, "n0", 1, "o", 1, 3), b"hi\n")
     assert (tmp_path / "ranks" / "1.out").read_bytes() == b"hi\n" and read_index(str(tmp_path)) == []
     store.flush()
     assert len(read_index(str(tmp_path))) == 1
@@ -159,7 +160,7 @@ def test_a_buffered_index_is_written_only_on_flush_after_its_data(tmp_path: Path
 
 def test_a_write_cut_short_by_a_full_disk_is_taken_back(tmp_path: Path, monkeypatch) -> None:
     store = LineStore(str(tmp_path))
-    store.append(Entry(1.0, 1, "n0", 0, "o", 1, 6), b"kept!\n")
+    store.append(IndexEntry(1.0, 1, "n0", 0, "o", 1, 6), b"kept!\n")
     real_write, calls = os.write, []
 
     def disk_fills(fd: int, data: bytes) -> int:
@@ -170,11 +171,11 @@ def test_a_write_cut_short_by_a_full_disk_is_taken_back(tmp_path: Path, monkeypa
 
     monkeypatch.setattr(linestore.os, "write", disk_fills)
     try:
-        store.append(Entry(2.0, 1, "n0", 0, "o", 1, 9), b"lost one\n")
+        store.append(IndexEntry(2.0, 1, "n0", 0, "o", 1, 9), b"lost one\n")
     except OSError as exc:
         assert exc.errno == errno.ENOSPC
     monkeypatch.setattr(linestore.os, "write", real_write)
-    store.append(Entry(3.0, 1, "n0", 0, "o", 1, 6), b"after\n")
+    store.append(IndexEntry(3.0, 1, "n0", 0, "o", 1, 6), b"after\n")
     store.close()
 
     assert (tmp_path / "ranks" / "0.out").read_bytes() == b"kept!\nafter\n"
@@ -182,7 +183,7 @@ def test_a_write_cut_short_by_a_full_disk_is_taken_back(tmp_path: Path, monkeypa
 
 
 def test_an_index_line_being_written_is_left_for_later(tmp_path: Path) -> None:
-    (tmp_path / "lines.idx").write_text(Entry(1.0, 1, "n0", 0, "o", 1, 2).line() + "2.0\t1\tn0")
+    (tmp_path / "lines.idx").write_text(IndexEntry(1.0, 1, "n0", 0, "o", 1, 2).line() + "2.0\t1\tn0")
 
     assert len(read_index(str(tmp_path))) == 1
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.diagnose.failures import Failure, FailureKind
-from orchestrator.run.restarts import Attempt, AttemptHistory, after_failure, blames_host, refill, trigger
+from orchestrator.run.restarts import AttemptHistory, AttemptRecord, after_failure, blames_host, refill, trigger
 from orchestrator.spec.model import Restarts
 
 POLICY = Restarts(max=2, backoff=0)
@@ -65,19 +65,19 @@ def test_a_failure_that_restarts_on_does_not_list_ends_the_job() -> None:
     assert after_failure(Restarts(max=1, on=("hang",)), 1, HANG, ["node0"], [], 1).hosts == ("node0",)
 
 
-def test_a_course_records_every_attempt_and_lists_them_for_the_summary() -> None:
-    course = AttemptHistory(POLICY, min_hosts=2, spares=("node2",))
-    course.begin(["node0", "node1"], 29501)
-    verdict = course.verdict(LOST)
+def test_an_attempt_history_records_every_attempt_and_lists_them_for_the_summary() -> None:
+    history = AttemptHistory(POLICY, min_hosts=2, spares=("node2",))
+    history.begin(["node0", "node1"], 29501)
+    verdict = history.verdict(LOST)
     assert verdict is not None and verdict.hosts == ("node0", "node2")
-    course.end(LOST, verdict.quarantined)
-    course.begin(verdict.hosts)
-    course.end(None)
-    course.end(EXIT)  # a second end keeps the first
-    assert course.quarantined == ["node1"]
-    assert [Attempt.from_dict(data) for data in course.records()] == course.attempts
-    assert course.attempts[0].port == 29501
-    lines = course.lines()
+    history.end(LOST, verdict.quarantined)
+    history.begin(verdict.hosts)
+    history.end(None)
+    history.end(EXIT)  # a second end keeps the first
+    assert history.quarantined == ["node1"]
+    assert [AttemptRecord.from_dict(data) for data in history.records()] == history.attempts
+    assert history.attempts[0].port == 29501
+    lines = history.lines()
     assert lines[0] == "Attempts (2 of at most 3):"
     assert "attempt 1 on node[0-1]" in lines[1] and lines[1].endswith(
         "node1 (10.0.0.11): host lost: nothing heard for 6 s; node1 quarantined")
@@ -85,20 +85,20 @@ def test_a_course_records_every_attempt_and_lists_them_for_the_summary() -> None
 
 
 def test_an_attempt_ended_by_a_stop_shows_stopped_not_succeeded() -> None:
-    course = AttemptHistory(POLICY, min_hosts=2)
-    course.begin(["node0", "node1"])
-    course.end(None, state="stopped")
-    (attempt,) = course.attempts
+    history = AttemptHistory(POLICY, min_hosts=2)
+    history.begin(["node0", "node1"])
+    history.end(None, state="stopped")
+    (attempt,) = history.attempts
     assert attempt.state == "stopped" and attempt.line().endswith(": stopped")
-    assert Attempt.from_dict(attempt.to_dict()) == attempt
+    assert AttemptRecord.from_dict(attempt.to_dict()) == attempt
 
 
 def test_a_job_that_allows_no_restart_has_no_verdict_and_no_attempt_list() -> None:
-    course = AttemptHistory(Restarts(), min_hosts=1)
-    course.begin(["node0"])
-    assert course.verdict(EXIT) is None
-    course.end(EXIT)
-    assert course.lines() == []
+    history = AttemptHistory(Restarts(), min_hosts=1)
+    history.begin(["node0"])
+    assert history.verdict(EXIT) is None
+    history.end(EXIT)
+    assert history.lines() == []
 
 
 def test_refill_puts_spares_in_the_place_of_bad_hosts_and_skips_bad_spares() -> None:
@@ -108,9 +108,9 @@ def test_refill_puts_spares_in_the_place_of_bad_hosts_and_skips_bad_spares() -> 
     assert refill(["node0", "node2"], {"node2"}, [], 2) is None
 
 
-def test_a_course_lists_unreachable_spares_with_its_quarantined_hosts() -> None:
-    course = AttemptHistory(POLICY, min_hosts=1)
-    course.begin(["node0"])
-    course.end(SEGV, "node0")
-    course.unreachable.append("node1")
-    assert course.quarantined == ["node0", "node1"]
+def test_an_attempt_history_lists_unreachable_spares_with_its_quarantined_hosts() -> None:
+    history = AttemptHistory(POLICY, min_hosts=1)
+    history.begin(["node0"])
+    history.end(SEGV, "node0")
+    history.unreachable.append("node1")
+    assert history.quarantined == ["node0", "node1"]

@@ -14,10 +14,9 @@ import pytest
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.slurm import batch_job, follow_lines, write_files
 from orchestrator.backends.slurm_script import BatchJob, SlurmFiles, SlurmOptions, node_config, render_script
-from orchestrator.backends.ssh import supervisor_config
+from orchestrator.backends.ssh import plan_supervisor_config
 from orchestrator.remote.config import SupervisorConfig
-from orchestrator.remote.slurm_node import exit_status, expand
-from orchestrator.remote.slurm_node import supervisor_config as node_supervisor_config
+from orchestrator.remote.slurm_node import exit_status, expand, fill_supervisor_config
 from orchestrator.spec import load_job
 from orchestrator.store import JobDir
 
@@ -63,7 +62,7 @@ def events(lines: list[str]) -> list[dict]:
 def test_a_node_runs_the_command_with_its_secrets_and_exits_with_its_status(batch: BatchJob) -> None:
     command = ("import os, sys, time; time.sleep(1.5); t = os.environ['TOKEN']; "
                "print('args', *sys.argv[1:], t[::-1], t, os.environ['DISTRUN_JOB_ID']); sys.exit(3)")
-    result = node_task(batch.files, batch.bundle_size, str(batch.files.node_config), "--",
+    result = node_task(batch.files, batch.bundle_size, str(batch.files.node_json), "--",
                        sys.executable, "-c", command, "$SLURM_NODEID", "$MASTER_ADDR",
                        stdin=batch.files.secrets.read_text())
 
@@ -81,10 +80,10 @@ def test_a_node_runs_the_command_with_its_secrets_and_exits_with_its_status(batc
 
 def test_a_node_fills_its_rank_and_the_master_into_the_positions_the_config_names(batch: BatchJob) -> None:
     argv = [sys.executable, "-c", "import sys; print('args', *sys.argv[1:])", "$SLURM_NODEID", "$MASTER_ADDR"]
-    config = json.loads(batch.files.node_config.read_text())
+    config = json.loads(batch.files.node_json.read_text())
     config["expand_at"] = [3]
-    batch.files.node_config.write_text(json.dumps(config))
-    result = node_task(batch.files, batch.bundle_size, str(batch.files.node_config), "--", *argv,
+    batch.files.node_json.write_text(json.dumps(config))
+    result = node_task(batch.files, batch.bundle_size, str(batch.files.node_json), "--", *argv,
                        env={"MASTER_ADDR": "n0"}, stdin=batch.files.secrets.read_text())
 
     assert result.returncode == 0, result.stderr
@@ -92,7 +91,7 @@ def test_a_node_fills_its_rank_and_the_master_into_the_positions_the_config_name
 
 
 def test_a_node_killed_by_a_signal_exits_as_a_shell_reports_it(batch: BatchJob) -> None:
-    result = node_task(batch.files, batch.bundle_size, str(batch.files.node_config), "--",
+    result = node_task(batch.files, batch.bundle_size, str(batch.files.node_json), "--",
                        sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
                        stdin=batch.files.secrets.read_text())
 
@@ -156,9 +155,9 @@ def test_a_node_fills_its_own_values_into_the_one_supervisor_configuration_the_c
     template = node_config(batch)["supervisor"]
     assert set(template) == {f.name for f in fields(SupervisorConfig)}
     argv = ["torchrun", "--node-rank", "1", "--nproc-per-node", "2", "x.py"]
-    filled = node_supervisor_config(node_config(batch), "c1", argv, dict(os.environ), {"TOKEN": "s"})
+    filled = fill_supervisor_config(node_config(batch), "c1", argv, dict(os.environ), {"TOKEN": "s"})
     assert (filled.node, filled.first_rank, filled.secret_names, filled.env) == ("c1", 2, ["TOKEN"], {"TOKEN": "s"})
     assert filled.heartbeat_timeout is None  # Slurm owns the job's lifetime: no controller heartbeat
     assert filled.stop_grace == batch.plan.stop_grace == 1
-    over_ssh = supervisor_config(batch.plan, batch.plan.hosts[0])
+    over_ssh = plan_supervisor_config(batch.plan, batch.plan.hosts[0])
     assert (over_ssh.heartbeat_timeout, over_ssh.stop_grace) == (batch.plan.heartbeat_timeout, 1)

@@ -241,7 +241,7 @@ def test_arguments_that_name_node_variables_stay_literal_in_the_script_and_the_n
     argv = batch.plan.hosts[0].argv
     assert argv[-len(args):] == args
     assert shlex.join(args) in script
-    filled = json.loads(batch.files.node_config.read_text())["expand_at"]
+    filled = json.loads(batch.files.node_json.read_text())["expand_at"]
     assert [argv[i - 1] for i in filled] == ["--node-rank", "--master-addr", "--master-port"]
     assert all(i < len(argv) - len(args) - 1 for i in filled)
 

@@ -6,10 +6,10 @@ import pytest
 
 from orchestrator.errors import SpecError, UsageError
 from orchestrator.spec import (
-    Guard,
     HostSelection,
     Inventory,
     JobSpec,
+    SelectionGuard,
     inventory_from_text,
     job_from_text,
     select_hosts,
@@ -179,12 +179,13 @@ BIG = inventory_from_text("nodes:\n" + "".join(f"  - {{name: n{i:02d}, labels: [
 
 
 def test_a_small_inventory_needs_no_explicit_selection() -> None:
-    assert len(select_nodes(job(), inventory_from_text(INVENTORY, "inv.yaml"), guard=Guard(confirm_above=8))) == 4
+    small = inventory_from_text(INVENTORY, "inv.yaml")
+    assert len(select_nodes(job(), small, guard=SelectionGuard(confirm_above=8))) == 4
 
 
 def test_every_host_of_a_large_inventory_is_refused_without_a_terminal() -> None:
     with pytest.raises(UsageError) as caught:
-        select_nodes(job(), BIG, guard=Guard(confirm_above=8))
+        select_nodes(job(), BIG, guard=SelectionGuard(confirm_above=8))
     assert str(caught.value) == (
         "launch: no hosts named, and the default is all 12 hosts of big.yaml (n[00-11]) (more than 8: say which "
         "with --nodes, --label or --nnodes, or pass --all to mean every host)")
@@ -193,17 +194,17 @@ def test_every_host_of_a_large_inventory_is_refused_without_a_terminal() -> None
 @pytest.mark.parametrize("selection", [HostSelection(all=True), HostSelection(nodes=("n[00-10]",)),
                                        HostSelection(labels=("gpu",))])
 def test_an_explicit_selection_of_many_hosts_goes_ahead(selection: HostSelection) -> None:
-    assert len(select_nodes(job(), BIG, selection, guard=Guard(confirm_above=8))) >= 11
+    assert len(select_nodes(job(), BIG, selection, guard=SelectionGuard(confirm_above=8))) >= 11
 
 
 def test_nnodes_in_the_job_or_on_the_command_line_is_explicit() -> None:
-    assert len(select_nodes(job("nnodes: 10\n"), BIG, guard=Guard(confirm_above=8))) == 10
-    assert len(select_nodes(job(), BIG, nnodes=9, guard=Guard(confirm_above=8))) == 9
+    assert len(select_nodes(job("nnodes: 10\n"), BIG, guard=SelectionGuard(confirm_above=8))) == 10
+    assert len(select_nodes(job(), BIG, nnodes=9, guard=SelectionGuard(confirm_above=8))) == 9
 
 
 def test_an_exclusion_alone_is_not_explicit() -> None:
     with pytest.raises(UsageError, match=r"all 11 hosts of big\.yaml"):
-        select_hosts(BIG, HostSelection(exclude=("n00",)), Guard(confirm_above=8), "exec")
+        select_hosts(BIG, HostSelection(exclude=("n00",)), SelectionGuard(confirm_above=8), "exec")
 
 
 def test_on_a_terminal_the_operator_is_asked_and_a_no_stops_everything() -> None:
@@ -215,9 +216,9 @@ def test_on_a_terminal_the_operator_is_asked_and_a_no_stops_everything() -> None
             return yes
         return ask
 
-    assert len(select_hosts(BIG, HostSelection(), Guard(8, answer(True)), "exec")) == 12
+    assert len(select_hosts(BIG, HostSelection(), SelectionGuard(8, answer(True)), "exec")) == 12
     with pytest.raises(UsageError, match=r"^doctor: not confirmed; nothing was done$"):
-        select_hosts(BIG, HostSelection(), Guard(8, answer(False)), "doctor")
+        select_hosts(BIG, HostSelection(), SelectionGuard(8, answer(False)), "doctor")
     assert asked == ["distrun exec on all 12 hosts of big.yaml (n[00-11])?",
                      "distrun doctor on all 12 hosts of big.yaml (n[00-11])?"]
 

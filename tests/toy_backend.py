@@ -11,6 +11,7 @@ stdout (no per-rank labels), and `distrun stop` of a recorded job has nothing to
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -24,7 +25,7 @@ from orchestrator.backends.base import Backend, LaunchContext, Stopped
 from orchestrator.backends.run import EXIT_WAIT, RunView
 from orchestrator.diagnose.failures import Failure
 from orchestrator.plan import HostPlan, LaunchPlan, build_plan
-from orchestrator.remote.stream import STDOUT, Batch
+from orchestrator.remote.stream import EVENT, STDOUT, Batch, encode
 from orchestrator.spec.model import NodeSpec
 from orchestrator.store import JobRecord
 
@@ -87,12 +88,14 @@ class ToyBackend(Backend):
                                 start_new_session=True)
 
     def _follow(self, run: RunView, node: str) -> None:
-        """Each line as a batch of the host's own, then its exit."""
+        """Each line as a batch of the host's own, then its exit, framed as a supervisor frames them
+        (remote/stream.py)."""
         proc = self.procs[node]
         assert proc.stdout is not None
         for line in proc.stdout:
-            run.events.batch(node, Batch(None, STDOUT, 1, line))
-        run.events.exit(node, proc.wait())
+            run.events.data(node, encode(Batch(None, STDOUT, 1, line)))
+        run.events.data(node, EVENT + json.dumps({"ev": "exit", "rc": proc.wait()}).encode() + b"\n")
+        run.events.end(node)
 
     def _heartbeats(self, run: RunView) -> None:
         """A running host is alive even while it prints nothing."""

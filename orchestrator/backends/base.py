@@ -1,11 +1,11 @@
-"""The contract of a backend: the public hooks the launcher's run loop calls, and per-job operations.
+"""The contract of a backend: the public hooks the run loop calls, and per-job operations.
 A running job is seen through backends/run.py's RunView only; backends/README.md is the guide to
 writing one (tests/toy_backend.py is a whole one in one file).
 
 invoke's `Runner` is the model: the run loop (`orchestrator.run.attempt`) is written once; a backend
 fills in hooks. A backend object serves one command: one launch, or operations on recorded jobs.
 
-A launch calls, in this order (`launch.launch` and `runloop.Launcher`):
+A launch calls, in this order (`launch.launch` and `attempt.Attempt`):
 
     prepare(ctx) -> plan                  reach hosts / render the scheduler's request; nothing starts
     replan(ctx, plan, hosts, spares)      the controller's next attempt (`restarts:`), then preflight,
@@ -58,7 +58,7 @@ from orchestrator.errors import UsageError
 from orchestrator.fanout.group import GroupResult
 from orchestrator.plan import LaunchPlan
 from orchestrator.spec.model import JobSpec
-from orchestrator.spec.select import Guard, HostSelection
+from orchestrator.spec.select import HostSelection, SelectionGuard
 from orchestrator.store import JobRecord, JobState, Store, controller_alive, process_start
 from orchestrator.transport.base import CommandResult
 
@@ -90,7 +90,7 @@ class LaunchRequest:
     name: str | None = None
     nproc_per_node: str | None = None  # a number or "auto", as given
     env: list[str] = field(default_factory=list)  # `--env KEY=VALUE` pairs, as given
-    guard: Guard | None = None  # the rule for an implicit selection of many hosts; None: none
+    guard: SelectionGuard | None = None  # the rule for an implicit selection of many hosts; None: none
     internal: bool = False  # a run distrun makes for itself: never `last`
 
     def reproduce(self, hosts: Sequence[str], inventory: str, spares: Sequence[str] = ()) -> list[str]:

@@ -9,11 +9,10 @@ ClusterShell's Worker/EventHandler split is the model: a backend reports each ho
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from orchestrator.diagnose.failures import Failure, FailureKind
 from orchestrator.plan import LaunchPlan
-from orchestrator.remote.stream import Batch
 
 EXIT_WAIT = 10.0  # beyond the stop grace, how long stopped hosts get to report their exit
 
@@ -54,15 +53,6 @@ class HostEvents(Protocol):
     def data(self, node: str, chunk: bytes) -> None:
         """The next bytes of the host's supervisor output (remote/stream.py framing: line batches,
         heartbeat, telemetry, note and exit events), in chunks of any size."""
-
-    def batch(self, node: str, batch: Batch) -> None:
-        """A batch of lines (for a backend whose hosts run no supervisor)."""
-
-    def telemetry(self, node: str, sample: dict[str, Any]) -> None:
-        """A telemetry sample of the host (remote/sampler.py's keys)."""
-
-    def exit(self, node: str, rc: int, error: str | None = None) -> None:
-        """torchrun on the host ended with `rc` (for a backend whose hosts run no supervisor)."""
 
     def alive(self, node: str) -> None:
         """A heartbeat: the host is not silent, though nothing came from it (not started yet)."""

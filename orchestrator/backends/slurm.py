@@ -187,7 +187,7 @@ def write_files(job_dir: JobDir, batch: BatchJob, bundle: bytes, script: str) ->
     make_private_dirs(files.dir)
     write_private(files.bundle, bundle)
     write_private(files.bootstrap, BOOTSTRAP)
-    write_private(files.node_config, json.dumps(node_config(batch), indent=2) + "\n")
+    write_private(files.node_json, json.dumps(node_config(batch), indent=2) + "\n")
     if batch.plan.secrets:
         write_private(files.secrets, json.dumps(batch.plan.secrets))
     write_private(files.script, script)

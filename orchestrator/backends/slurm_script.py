@@ -69,7 +69,7 @@ class SlurmFiles:
         return self.dir / "bundle.json"
 
     @property
-    def node_config(self) -> Path:
+    def node_json(self) -> Path:
         return self.dir / "node.json"
 
     @property
@@ -187,7 +187,7 @@ def _preamble(batch: BatchJob) -> list[str]:
         "#",
         f"# distrun job {batch.plan.job_id}, written by `distrun launch --backend slurm`, which follows it.",
         f"# Every node must see {batch.files.root} (a shared filesystem): each node's supervisor",
-        f"# reads slurm/{batch.files.node_config.name} there and appends its output to slurm/<node>.stream.",
+        f"# reads slurm/{batch.files.node_json.name} there and appends its output to slurm/<node>.stream.",
     ]
     if batch.plan.secrets:
         names = ", ".join(sorted(batch.plan.secrets))
@@ -220,7 +220,7 @@ def _body(batch: BatchJob) -> list[str]:
         "# One supervisor per node starts torchrun; each node fills in the '$NAME' arguments itself.",
         "# --kill-on-bad-exit: when one node fails, Slurm ends the step on every node.",
         f"srun --nodes={batch.plan.nnodes} --ntasks-per-node=1 --kill-on-bad-exit=1 --export=ALL \\",
-        f'    "${{DISTRUN[@]}}" {shlex.quote(str(files.node_config))} -- \\',
+        f'    "${{DISTRUN[@]}}" {shlex.quote(str(files.node_json))} -- \\',
         f"    {shlex.join(argv)}" + (" <&3" if batch.plan.secrets else ""),
     ]
 

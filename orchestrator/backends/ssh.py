@@ -28,7 +28,7 @@ from orchestrator.facts import HostFacts
 from orchestrator.fanout.group import Group, GroupError, GroupResult, parallel
 from orchestrator.hostcheck.probe import import_options, probe_round
 from orchestrator.logs.format import note
-from orchestrator.logs.recover import HostCopy, rebuild
+from orchestrator.logs.recover import FetchedCopy, rebuild
 from orchestrator.plan import DEFAULT_PORT, HostPlan, LaunchPlan, build_plan
 from orchestrator.remote.config import SupervisorConfig
 from orchestrator.spec import (
@@ -208,7 +208,7 @@ class SshBackend(Backend):
         events.attach(node, channel)
         channel.proc.stream_bytes(lambda data: events.data(node, data), lambda line: events.stderr(node, line),
                                   lambda: events.end(node))
-        channel.write(payload + supervisor_config(plan, host).to_line())
+        channel.write(payload + plan_supervisor_config(plan, host).to_line())
 
     def stop(self, run: RunView, nodes: list[str]) -> None:
         """Tell each supervisor to stop and wait for the exits of those that can still report
@@ -362,7 +362,7 @@ def on_record_hosts(record: JobRecord, fn: Callable[[Transport], T], only: list[
         return group.run(fn, only=only)
 
 
-def supervisor_config(plan: LaunchPlan, host: HostPlan) -> SupervisorConfig:
+def plan_supervisor_config(plan: LaunchPlan, host: HostPlan) -> SupervisorConfig:
     """A host's supervisor configuration from the plan. To label and mask the host's lines it gets
     the secrets' names (their values come with the environment), the host's first global rank,
     whether torchrun's ranks follow from it (static rendezvous; c10d assigns them at rendezvous),
@@ -376,7 +376,7 @@ def supervisor_config(plan: LaunchPlan, host: HostPlan) -> SupervisorConfig:
     )
 
 
-def fetch_copy(transport: Transport, job_id: str) -> HostCopy:
+def fetch_copy(transport: Transport, job_id: str) -> FetchedCopy:
     """A host's copy of a job's lines and telemetry (remote/fetch.py).
 
     Raises:
@@ -384,7 +384,7 @@ def fetch_copy(transport: Transport, job_id: str) -> HostCopy:
     """
     answer = json.loads(run_remote(transport, "fetch", ["fetch"], b"", job_id, transport.name).strip().splitlines()[-1])
     files = {path: text.encode("utf-8", "surrogateescape") for path, text in answer["files"].items()}
-    return HostCopy(files, answer["telemetry"])
+    return FetchedCopy(files, answer["telemetry"])
 
 
 def _remove_copies(inventory_path: str, jobs: list[JobRecord]) -> dict[str, str]:

@@ -21,7 +21,7 @@ from orchestrator.console import terminal
 from orchestrator.console.terminal import ColorMode
 from orchestrator.errors import DistrunError
 from orchestrator.spec.config import Config
-from orchestrator.spec.select import DEFAULT_CONFIRM_ABOVE, Guard, HostSelection
+from orchestrator.spec.select import DEFAULT_CONFIRM_ABOVE, HostSelection, SelectionGuard
 
 F = TypeVar("F", bound=Callable[..., Any])
 NODE_COUNT = re.compile(r"(\d+)(?::(\d+))?")
@@ -80,13 +80,13 @@ def host_selection() -> Callable[[F], F]:
     return decorate
 
 
-def guard(config: Config) -> Guard:
+def guard(config: Config) -> SelectionGuard:
     """The guard for this terminal: it asks when someone can answer, else it refuses."""
     above = config.confirm_above if config.confirm_above is not None else DEFAULT_CONFIRM_ABOVE
-    return Guard(above, terminal.ask_yes_no if terminal.can_ask() else None)
+    return SelectionGuard(above, terminal.ask_yes_no if terminal.can_ask() else None)
 
 
-def context_guard(ctx: click.Context) -> Guard:
+def context_guard(ctx: click.Context) -> SelectionGuard:
     """`guard` with the config file main() read (the defaults when the group is invoked some other way)."""
     config = (ctx.find_root().obj or {}).get("config")
     return guard(config if isinstance(config, Config) else Config())

@@ -22,7 +22,7 @@ DEFAULT_GROUP = "default_pg"
 
 
 @dataclass(frozen=True)
-class Entry:
+class LastCollective:
     """A rank's last collective in one process group."""
 
     seq: int  # collective_seq_id: the same collective has the same number on every rank of the group
@@ -87,10 +87,10 @@ def by_reason(errors: Mapping[int, str]) -> dict[str, list[int]]:
     return grouped
 
 
-def last_entries(dump: Mapping[str, Any]) -> dict[tuple[str, str], Entry]:
+def last_entries(dump: Mapping[str, Any]) -> dict[tuple[str, str], LastCollective]:
     """A rank's last collective in each process group ((name, desc) -> entry); point-to-point
     operations are left out (they have no collective_seq_id shared by the group)."""
-    last: dict[tuple[str, str], Entry] = {}
+    last: dict[tuple[str, str], LastCollective] = {}
     for raw in dump.get("entries") or ():
         seq = int(raw.get("collective_seq_id") or 0)
         if raw.get("is_p2p") or seq <= 0:
@@ -99,7 +99,7 @@ def last_entries(dump: Mapping[str, Any]) -> dict[tuple[str, str], Entry]:
         group = (str(pg[0]), str(pg[1]) if len(pg) > 1 else "")
         if group not in last or seq >= last[group].seq:
             done = bool(raw.get("retired")) or raw.get("state") == COMPLETED  # gloo leaves state "scheduled"
-            last[group] = Entry(seq, str(raw.get("profiling_name") or "?"), not done)
+            last[group] = LastCollective(seq, str(raw.get("profiling_name") or "?"), not done)
     return last
 
 
@@ -115,7 +115,7 @@ def lags(dumps: Mapping[int, Mapping[str, Any]]) -> list[Lag]:
         ranks are those whose dump has entries in it (every rank with a dump for the default group);
         ranks without a dump are in none. A group where no rank waits (all completed) has none.
     """
-    by_group: dict[tuple[str, str], dict[int, Entry]] = {}
+    by_group: dict[tuple[str, str], dict[int, LastCollective]] = {}
     for rank, dump in sorted(dumps.items()):
         for group, entry in last_entries(dump).items():
             by_group.setdefault(group, {})[rank] = entry
@@ -127,7 +127,7 @@ def lags(dumps: Mapping[int, Mapping[str, Any]]) -> list[Lag]:
         seq = max(pending, key=lambda s: (pending[s], s))
         waiting = tuple(r for r, e in entries.items() if e.seq == seq and e.pending)
         members = sorted(dumps) if desc == DEFAULT_GROUP else sorted(entries)
-        behind = tuple(r for r in members if entries.get(r, Entry(0, "", False)).seq < seq)
+        behind = tuple(r for r in members if entries.get(r, LastCollective(0, "", False)).seq < seq)
         found.append(Lag(name, desc, seq, entries[waiting[0]].name, waiting, behind,
                          tuple(entries[r].seq if r in entries else 0 for r in behind)))
     return found

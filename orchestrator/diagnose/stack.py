@@ -270,11 +270,6 @@ def fold(ranks: Sequence[RankStack]) -> list[StackGroup]:
     return sorted(groups.values(), key=lambda g: (len(g.ranks), g.sample.in_collective(), g.ranks[0].rank))
 
 
-def headlines(groups: Sequence[StackGroup]) -> list[str]:
-    """One line per group: `ranks 0-2,4-5: all_reduce ← main (worker.py:50)`."""
-    return [f"{g.label()}: {g.sample.where()}" for g in groups]
-
-
 def render(gathered: Gathered) -> str:
     """Every group's ranks and hosts, then its stack (main thread first, innermost frame first)."""
     groups = fold(gathered.ranks)

@@ -8,7 +8,7 @@ wall time cannot tell a straggler from its victims; `busy_s` can. Scripts that p
 
 A rank is named once it was slow (above SLOW_FACTOR x the median of all ranks of the same
 interval) for SLOW_INTERVALS consecutive intervals, and named again only after an interval that
-was not slow ended its episode. An interval is judged when every rank reported it, or when a
+was not slow ended its streak. An interval is judged when every rank reported it, or when a
 later interval began (a rank that did not report it then breaks its run of slow intervals: it
 is named on evidence only).
 """
@@ -44,7 +44,7 @@ class Straggler:
 
 
 @dataclass
-class Episode:
+class SlowStreak:
     """One rank's run of slow intervals, and whether it was named in this run."""
 
     slow: int = 0
@@ -87,7 +87,7 @@ class Detector:
     intervals: int = SLOW_INTERVALS
     pending: dict[int, dict[int, Sample]] = field(default_factory=dict)
     judged: int = 0  # the last step judged
-    episodes: dict[int, Episode] = field(default_factory=dict)
+    streaks: dict[int, SlowStreak] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def observe(self, node: str, record: dict[str, Any]) -> list[Straggler]:
@@ -113,15 +113,15 @@ class Detector:
         median = statistics.median(s.step_s for s in samples.values())
         named = []
         for rank, sample in samples.items():
-            episode = self.episodes.setdefault(rank, Episode())
+            streak = self.streaks.setdefault(rank, SlowStreak())
             if sample.step_s <= self.factor * median:
-                episode.slow, episode.named = 0, False
+                streak.slow, streak.named = 0, False
             else:
-                episode.slow += 1
-                if episode.slow >= self.intervals and not episode.named:
-                    episode.named = True
-                    named.append(Straggler(sample.node, rank, step, sample.step_s, median, episode.slow))
-        for rank, episode in self.episodes.items():
+                streak.slow += 1
+                if streak.slow >= self.intervals and not streak.named:
+                    streak.named = True
+                    named.append(Straggler(sample.node, rank, step, sample.step_s, median, streak.slow))
+        for rank, streak in self.streaks.items():
             if rank not in samples:
-                episode.slow = 0  # no evidence this interval: the run of slow ones starts again
+                streak.slow = 0  # no evidence this interval: the run of slow ones starts again
         return named

@@ -37,7 +37,7 @@ from orchestrator.hostcheck.firewall import with_forward_note
 from orchestrator.hostcheck.probe import ProbeResult, import_options, probe_round
 from orchestrator.hostcheck.render import render_table, to_json
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec
-from orchestrator.spec.select import Guard, HostSelection
+from orchestrator.spec.select import HostSelection, SelectionGuard
 
 if TYPE_CHECKING:
     from orchestrator.doctor.bandwidth import BandwidthReport
@@ -50,7 +50,7 @@ class DoctorRequest:
     inventory: str | None = None
     job_file: str | None = None
     selection: HostSelection = field(default_factory=HostSelection)
-    guard: Guard | None = None
+    guard: SelectionGuard | None = None
     as_json: bool = False
     strict: bool = False
     bandwidth: bool = False

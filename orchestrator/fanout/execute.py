@@ -43,7 +43,7 @@ from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
 from orchestrator.fanout.group import Group, without_host
 from orchestrator.remote.redact import escape_controls, escape_json
 from orchestrator.spec.model import NodeSpec
-from orchestrator.spec.select import Guard, HostSelection, select_hosts
+from orchestrator.spec.select import HostSelection, SelectionGuard, select_hosts
 from orchestrator.transport import RemoteProcess, Transport
 from orchestrator.transport.base import ConnectError, reach_hint
 
@@ -58,7 +58,7 @@ class ExecRequest:
     argv: tuple[str, ...]
     inventory: str | None = None
     selection: HostSelection = field(default_factory=HostSelection)
-    guard: Guard | None = None
+    guard: SelectionGuard | None = None
     timeout: float | None = None
     as_json: bool = False
 

@@ -28,7 +28,7 @@ from pathlib import Path, PurePosixPath
 from orchestrator.diagnose.failures import FailureKind
 from orchestrator.errors import InfraError
 from orchestrator.logs.format import rank_prefixes
-from orchestrator.run.restarts import Attempt
+from orchestrator.run.restarts import AttemptRecord
 from orchestrator.spec.model import JobSpec, NodeSpec, Restarts
 
 # Starts of the lighthouse after its first: as many as a job could need, each host lost at most once.
@@ -113,7 +113,7 @@ def crashed_first(attempts: Sequence[dict]) -> str | None:
     while that attempt runs, and when its host failed, not the process. A lighthouse that exits
     before it ever listened (its port bound, a torchft that refuses its arguments, a broken install)
     would do the same again on every restart."""
-    first = Attempt.from_dict(attempts[0]).failure if attempts else None
+    first = AttemptRecord.from_dict(attempts[0]).failure if attempts else None
     if first is None or first.kind not in (FailureKind.EXIT, FailureKind.SIGNAL):
         return None
     last = [line.strip() for line in first.last_lines if line.strip()]

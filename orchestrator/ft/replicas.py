@@ -40,7 +40,7 @@ from orchestrator.ft.state import GROUPS_FILE
 from orchestrator.ft.story import story
 from orchestrator.ft.timeline import QuorumTail, Timeline
 from orchestrator.ft.view import STOPPED, GroupRow, LiveGroups, group_row, render
-from orchestrator.run.restarts import Attempt
+from orchestrator.run.restarts import AttemptRecord
 from orchestrator.run.spare_pool import POOL_ENV
 from orchestrator.spec import resolve_inventory_path, select_with_spares
 from orchestrator.spec.model import JobSpec, NodeSpec
@@ -67,7 +67,7 @@ class GroupRun:
     ended: float | None = None
     pump: threading.Thread | None = field(default=None, repr=False)
     hosts: tuple[str, ...] = ()  # its hosts now, from its record (a relaunch on a spare changes them)
-    attempts: list[Attempt] = field(default_factory=list)  # its record's attempts (each one once ended)
+    attempts: list[AttemptRecord] = field(default_factory=list)  # its record's attempts (each one once ended)
 
     stopped: bool = False  # the parent stopped it (Ctrl-C, `distrun stop`, or the job's end)
 
@@ -332,7 +332,7 @@ class _Parent:
             except DistrunError:
                 continue
             run.hosts = tuple(record.hosts) or run.hosts
-            run.attempts = [Attempt.from_dict(a) for a in record.attempts]
+            run.attempts = [AttemptRecord.from_dict(a) for a in record.attempts]
         self.rows = [group_row(r.group.index, r.rc, r.hosts, r.attempts, self.timeline) for r in self.runs]
         self.light_now = self._light_record()
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from orchestrator.console.display import fold_hosts
 from orchestrator.diagnose.failures import Failure, FailureKind
 from orchestrator.ft.timeline import Stint
-from orchestrator.run.restarts import Attempt
+from orchestrator.run.restarts import AttemptRecord
 
 
 def cause(failure: Failure) -> str:
@@ -44,7 +44,7 @@ def comeback(stints: Sequence[Stint]) -> str:
     return f"healed from {peer} at step {first.top_step}"
 
 
-def story(attempts: Sequence[Attempt], stints: Sequence[Stint]) -> str:
+def story(attempts: Sequence[AttemptRecord], stints: Sequence[Stint]) -> str:
     """The group's relaunches, each with the step it was lost at and how it came back; "" for a
     group never relaunched whose only attempt did not fail."""
     clauses: list[str] = []

@@ -21,7 +21,7 @@ from orchestrator.console.display import fold_hosts
 from orchestrator.console.terminal import colour
 from orchestrator.errors import ExitCode
 from orchestrator.ft.timeline import Stint, Timeline
-from orchestrator.run.restarts import Attempt
+from orchestrator.run.restarts import AttemptRecord
 from orchestrator.telemetry.view import ConsoleWriter
 
 STOPPED = (int(ExitCode.INTERRUPTED), int(ExitCode.TERMINATED))  # a controller's exit when it was stopped
@@ -49,7 +49,7 @@ class GroupRow:
     in_quorum: bool
 
 
-def group_state(rc: int | None, attempts: Sequence[Attempt], stints: Sequence[Stint]) -> str:
+def group_state(rc: int | None, attempts: Sequence[AttemptRecord], stints: Sequence[Stint]) -> str:
     """A group's state from its controller's exit code (None while it runs) and its record's
     attempts (a running attempt is recorded once it ended)."""
     if rc is not None:
@@ -62,7 +62,7 @@ def group_state(rc: int | None, attempts: Sequence[Attempt], stints: Sequence[St
     return "healed" if any(s.began >= ended for s in stints) else "relaunching"
 
 
-def group_row(index: int, rc: int | None, hosts: Sequence[str], attempts: Sequence[Attempt],
+def group_row(index: int, rc: int | None, hosts: Sequence[str], attempts: Sequence[AttemptRecord],
               timeline: Timeline) -> GroupRow:
     """The row of group `index`; `hosts` and `attempts` from its record (its first hosts until then)."""
     stints = timeline.of(index)

@@ -1,6 +1,6 @@
 """A job's lines on the controller: stored once, shown on the terminal, read back by `distrun logs`.
 
-- `sink`: what the launcher writes every batch to (the job directory, the summary's tails, metrics);
+- `sink`: what an attempt writes every batch to (the job directory, the summary's tails, metrics);
 - `screen`: the terminal side (a queue of its own, noise folded, `--collapse`);
 - `format`: the one line format (`[node1 r3] text`);
 - `query`: reading a job directory back, filters, following;

@@ -20,7 +20,7 @@ from orchestrator.logs.fold import HarmlessFold
 from orchestrator.logs.format import group_label, label, prefixed, shown, stamp
 from orchestrator.logs.screen import Collapser, FoldedLines
 from orchestrator.remote.follow import Follower
-from orchestrator.remote.linestore import INDEX, Entry, Located, Locator, parse_entries
+from orchestrator.remote.linestore import INDEX, IndexEntry, Located, Locator, parse_entries
 
 
 def parse_ranks(values: Iterable[str]) -> frozenset[int] | None:
@@ -66,7 +66,7 @@ class Query:
         """Whether a filter leaves lines out (then the job's summary is not shown after them)."""
         return any(v is not None for v in (self.nodes, self.ranks, self.attempt, self.since, self.grep)) or self.stderr
 
-    def takes(self, entry: Entry) -> bool:
+    def takes(self, entry: IndexEntry) -> bool:
         """Whether a batch's lines may be wanted (grep and tail apply to its lines)."""
         return ((self.nodes is None or entry.node in self.nodes)
                 and (self.ranks is None or entry.rank in self.ranks)
@@ -82,7 +82,7 @@ class Style:
     timestamps: bool = False
     bare: bool = False
 
-    def prefix(self, entry: Entry) -> str:
+    def prefix(self, entry: IndexEntry) -> str:
         parts = [stamp(entry.time)] if self.timestamps else []
         if not self.bare:
             parts.append(label(entry.node, entry.rank, entry.stream, entry.partial))
@@ -181,7 +181,7 @@ class Renderer:
         if self.collapser is not None:
             yield from self._groups(self.collapser.due(now))
 
-    def _attempt_mark(self, entry: Entry) -> Iterator[str]:
+    def _attempt_mark(self, entry: IndexEntry) -> Iterator[str]:
         """A line where the attempt changes (what collapse holds of the last attempt goes first)."""
         if self.attempt is not None and entry.attempt != self.attempt:
             yield from self.finish()
@@ -189,7 +189,7 @@ class Renderer:
                 yield f"--- attempt {entry.attempt} ---\n"
         self.attempt = entry.attempt
 
-    def _collapse(self, collapser: Collapser, entry: Entry, text: str) -> Iterator[str]:
+    def _collapse(self, collapser: Collapser, entry: IndexEntry, text: str) -> Iterator[str]:
         for line in text[:-1].split("\n"):
             yield from self._groups(collapser.add(entry.time, entry.node, entry.rank, entry.stream, line))
 

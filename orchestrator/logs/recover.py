@@ -18,7 +18,7 @@ from pathlib import Path
 
 from orchestrator.logs.query import JobLog
 from orchestrator.logs.sink import METRICS_MARK, parse_metrics
-from orchestrator.remote.linestore import INDEX, NOTE, Entry, LineStore, Locator, parse_entries
+from orchestrator.remote.linestore import INDEX, NOTE, IndexEntry, LineStore, Locator, parse_entries
 from orchestrator.store import JobDir
 
 STAGING = ".recovering"
@@ -26,7 +26,7 @@ LAYOUT_DIRS = ("ranks", "nodes")
 
 
 @dataclass(frozen=True)
-class HostCopy:
+class FetchedCopy:
     """One host's copy as fetched: its files by path (`lines.idx`, `ranks/3.out`, ...) and the
     telemetry samples it kept (JSON lines)."""
 
@@ -38,12 +38,12 @@ class HostCopy:
 class Piece:
     """A batch to write into the rebuilt directory, with its place in the merged order."""
 
-    entry: Entry
+    entry: IndexEntry
     data: bytes
     order: int
 
 
-def rebuild(job_dir: JobDir, copies: Mapping[str, HostCopy]) -> dict[str, int]:
+def rebuild(job_dir: JobDir, copies: Mapping[str, FetchedCopy]) -> dict[str, int]:
     """Replace a job's lines, metrics and telemetry with what its hosts kept.
 
     Args:
@@ -73,7 +73,7 @@ def rebuild(job_dir: JobDir, copies: Mapping[str, HostCopy]) -> dict[str, int]:
             for node in sorted(with_copy)}
 
 
-def write_staging(staging: Path, pieces: list[Piece], copies: Mapping[str, HostCopy]) -> None:
+def write_staging(staging: Path, pieces: list[Piece], copies: Mapping[str, FetchedCopy]) -> None:
     """The rebuilt lines, metrics and telemetry, written aside in `staging`.
 
     Raises:
@@ -103,7 +103,7 @@ def controller_pieces(root: Path, replaced: set[str]) -> Iterator[Piece]:
         log.close()
 
 
-def host_pieces(copy: HostCopy, first_order: int) -> list[Piece]:
+def host_pieces(copy: FetchedCopy, first_order: int) -> list[Piece]:
     """A host copy's batches, from its index; a batch cut short keeps its whole lines."""
     locator = Locator()
     pieces = []
@@ -112,8 +112,8 @@ def host_pieces(copy: HostCopy, first_order: int) -> list[Piece]:
         data = copy.files.get(entry.path, b"")[located.offset:located.offset + entry.nbytes]
         if len(data) < entry.nbytes:
             data = data[:data.rfind(b"\n") + 1]
-            entry = Entry(entry.time, entry.attempt, entry.node, entry.rank, entry.stream, data.count(b"\n"),
-                          len(data), entry.partial)
+            entry = IndexEntry(entry.time, entry.attempt, entry.node, entry.rank, entry.stream, data.count(b"\n"),
+                               len(data), entry.partial)
         if data:
             pieces.append(Piece(entry, data, first_order + len(pieces)))
     return pieces
@@ -133,7 +133,7 @@ def write_metrics(path: Path, pieces: list[Piece]) -> None:
                                           **record}) + "\n")
 
 
-def write_telemetry(path: Path, copies: Mapping[str, HostCopy]) -> None:
+def write_telemetry(path: Path, copies: Mapping[str, FetchedCopy]) -> None:
     with open(path, "w", encoding="utf-8") as out:
         for node, copy in copies.items():
             for line in copy.telemetry.splitlines():

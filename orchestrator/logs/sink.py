@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import IO, Any
 
 from orchestrator.logs.screen import Screen
-from orchestrator.remote.linestore import NOTE, Entry, LineStore
+from orchestrator.remote.linestore import NOTE, IndexEntry, LineStore
 from orchestrator.remote.redact import Masker
 from orchestrator.remote.stream import STDOUT, Batch
 from orchestrator.store import JobDir
@@ -85,8 +85,8 @@ class LogSink:
     def batch(self, node: str, batch: Batch) -> None:
         """A batch of lines from a host (its ranks' or its own)."""
         data = self.masker.bytes(batch.data) if self.masker else batch.data
-        self._keep(Entry(time.time(), self.attempt, node, batch.rank, batch.stream, batch.nlines, len(data),
-                         batch.partial), data)
+        self._keep(IndexEntry(time.time(), self.attempt, node, batch.rank, batch.stream, batch.nlines, len(data),
+                              batch.partial), data)
         if self.screen is not None:
             self.screen.batch(node, batch.rank, batch.stream, data, batch.nlines, batch.partial)
         if batch.rank is not None and METRICS_MARK.encode() in data:
@@ -100,7 +100,7 @@ class LogSink:
         """A line of distrun's own about a host, shown and kept with the host's lines."""
         text = self.masker.text(text) if self.masker else text
         data = f"distrun: {text}\n".encode("utf-8", "replace")
-        self._keep(Entry(time.time(), self.attempt, node, None, NOTE, 1, len(data)), data)
+        self._keep(IndexEntry(time.time(), self.attempt, node, None, NOTE, 1, len(data)), data)
         if self.screen is not None:
             self.screen.note(node, text)
 
@@ -159,7 +159,7 @@ class LogSink:
                 with contextlib.suppress(OSError):
                     self.metrics_file.close()
 
-    def _keep(self, entry: Entry, data: bytes) -> None:
+    def _keep(self, entry: IndexEntry, data: bytes) -> None:
         with self.lock:
             try:
                 self.store.append(entry, data)
@@ -220,6 +220,6 @@ def append_note(job_dir: JobDir, node: str, text: str, attempt: int = 1) -> None
     data = f"distrun: {text}\n".encode("utf-8", "replace")
     store = LineStore(str(job_dir.root))
     try:
-        store.append(Entry(time.time(), attempt, node, None, NOTE, 1, len(data)), data)
+        store.append(IndexEntry(time.time(), attempt, node, None, NOTE, 1, len(data)), data)
     finally:
         store.close()

@@ -23,8 +23,9 @@ from typing import BinaryIO
 from orchestrator.remote.leader import Leader
 
 
-class Guard:
-    """Its signal handlers are installed before the command starts: a SIGTERM that arrives while
+class GroupEnder:
+    """Ends the command's process group once (SIGTERM, then SIGKILL after the grace period). Its
+    signal handlers are installed before the command starts: a SIGTERM that arrives while
     it starts ends the command once it has, instead of killing the guard and orphaning it."""
 
     def __init__(self, grace: float) -> None:
@@ -91,13 +92,13 @@ def start(command: list[str]) -> Leader:
 
 def main(argv: list[str]) -> None:
     grace, command = float(argv[0]), argv[1:]
-    guard = Guard(grace)
+    ender = GroupEnder(grace)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(sig, lambda _signum, _frame: guard.end())
+        signal.signal(sig, lambda _signum, _frame: ender.end())
     leader = start(command)
-    guard.begin(leader)
-    threading.Thread(target=guard.watch, args=(sys.stdin.buffer,), daemon=True).start()
-    code = guard.status(leader)
+    ender.begin(leader)
+    threading.Thread(target=ender.watch, args=(sys.stdin.buffer,), daemon=True).start()
+    code = ender.status(leader)
     sys.stdout.flush()
     sys.stderr.flush()
     # The watching thread sits in a blocking read of stdin; leave without joining it.

@@ -31,7 +31,7 @@ STREAMS = ("o", "e", NOTE)
 
 
 @dataclass(frozen=True)
-class Entry:
+class IndexEntry:
     """One batch of lines as the index records it."""
 
     time: float
@@ -61,8 +61,8 @@ def data_path(node: str, rank: int | None, stream: str) -> str:
     return f"nodes/{node}.{ext}" if rank is None else f"ranks/{rank}.{ext}"
 
 
-def parse_entry(line: str) -> Entry:
-    """An index line back into an Entry.
+def parse_entry(line: str) -> IndexEntry:
+    """An index line back into an IndexEntry.
 
     Raises:
         ValueError: the line is not an index entry.
@@ -71,11 +71,11 @@ def parse_entry(line: str) -> Entry:
     if len(fields) != 8 or fields[4] not in STREAMS:
         raise ValueError(f"not a line of {INDEX}: {line[:80]!r}")
     rank = None if fields[3] == "-" else int(fields[3])
-    return Entry(float(fields[0]), int(fields[1]), fields[2], rank, fields[4], int(fields[5]), int(fields[6]),
-                 fields[7] == "p")
+    return IndexEntry(float(fields[0]), int(fields[1]), fields[2], rank, fields[4], int(fields[5]), int(fields[6]),
+                      fields[7] == "p")
 
 
-def read_index(root: str) -> list[Entry]:
+def read_index(root: str) -> list[IndexEntry]:
     """Every entry of a directory's index (an unfinished last line, being written, is left out)."""
     try:
         with open(os.path.join(root, INDEX), encoding="utf-8") as fh:
@@ -85,7 +85,7 @@ def read_index(root: str) -> list[Entry]:
     return list(parse_entries(text[:text.rfind("\n") + 1]))
 
 
-def parse_entries(text: str) -> Iterator[Entry]:
+def parse_entries(text: str) -> Iterator[IndexEntry]:
     """Entries of index text made of whole lines; a line that cannot be read is skipped."""
     for line in text.splitlines():
         try:
@@ -98,7 +98,7 @@ def parse_entries(text: str) -> Iterator[Entry]:
 class Located:
     """An entry and where its bytes are: `offset` in its file."""
 
-    entry: Entry
+    entry: IndexEntry
     offset: int
 
 
@@ -109,13 +109,13 @@ class Locator:
     def __init__(self) -> None:
         self.ends: dict[str, int] = {}
 
-    def place(self, entry: Entry) -> Located:
+    def place(self, entry: IndexEntry) -> Located:
         path = entry.path
         offset = self.ends.get(path, 0)
         self.ends[path] = offset + entry.nbytes
         return Located(entry, offset)
 
-    def place_all(self, entries: Iterable[Entry]) -> list[Located]:
+    def place_all(self, entries: Iterable[IndexEntry]) -> list[Located]:
         return [self.place(e) for e in entries]
 
 
@@ -143,7 +143,7 @@ class LineStore:
         os.fchmod(fd, FILE_MODE)  # a file made before (by an older distrun, or another umask) too
         return fd
 
-    def append(self, entry: Entry, data: bytes) -> None:
+    def append(self, entry: IndexEntry, data: bytes) -> None:
         """Write a batch's bytes to its file, then its entry to the index.
 
         Raises:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import BinaryIO
 
 from orchestrator.remote.config import SupervisorConfig
-from orchestrator.remote.linestore import Entry, LineStore
+from orchestrator.remote.linestore import IndexEntry, LineStore
 from orchestrator.remote.provenance import own_roots, proven
 from orchestrator.remote.redact import Masker
 from orchestrator.remote.stream import STDERR, STDOUT, Batch, StreamWriter
@@ -99,7 +99,7 @@ class RankMap:
         return self.known[key]
 
 
-class HostCopy:
+class CopyWriter:
     """The host-side copy of the job's lines, written as they are read; a write that fails (a full
     disk) stops the copy with one warning, and the lines still go to the controller.
 
@@ -123,8 +123,8 @@ class HostCopy:
     def append(self, batch: Batch) -> None:
         if self.store is None:
             return
-        entry = Entry(time.time(), self.attempt, self.node, batch.rank, batch.stream, batch.nlines, len(batch.data),
-                      batch.partial)
+        entry = IndexEntry(time.time(), self.attempt, self.node, batch.rank, batch.stream, batch.nlines,
+                           len(batch.data), batch.partial)
         try:
             self.store.append(entry, batch.data)
         except OSError as exc:
@@ -186,7 +186,7 @@ class Relay:
         self.out = out
         self.masker = Masker(env.get(name, "") for name in cfg.secret_names)
         self.raw_dir = os.path.join(job_dir, node, "torchrun")
-        self.copy = HostCopy(os.path.join(job_dir, node), node, int(cfg.attempt), warn)
+        self.copy = CopyWriter(os.path.join(job_dir, node), node, int(cfg.attempt), warn)
         self.ranks = RankMap(cfg)
         self.tailer = Tailer(self.raw_dir, self._rank_lines, masker=self.masker)
 

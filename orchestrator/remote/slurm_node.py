@@ -50,8 +50,8 @@ def read_secrets(cfg: dict[str, Any], stdin: BinaryIO) -> dict[str, str]:
     return json.loads(stdin.readline()) if cfg.get("secrets_on_stdin") else {}
 
 
-def supervisor_config(cfg: dict[str, Any], node: str, argv: list[str], env: dict[str, str],
-                      secrets: dict[str, str]) -> SupervisorConfig:
+def fill_supervisor_config(cfg: dict[str, Any], node: str, argv: list[str], env: dict[str, str],
+                           secrets: dict[str, str]) -> SupervisorConfig:
     """The supervisor's configuration for this node: the job's, with this node's own values."""
     argv = expand(argv, cfg.get("expand", []), env, cfg.get("expand_at", []))
     return replace(SupervisorConfig.from_dict(cfg["supervisor"]), node=node, argv=argv, env=secrets,
@@ -108,7 +108,7 @@ def main(argv: list[str]) -> None:
     stream_path = os.path.join(cfg["stream_dir"], f"{node}.stream")
     with open_private(stream_path, "ab") as stream:
         # sys.stdin is the bundle file the bootstrap read from; srun's stdin is the process's own.
-        config = supervisor_config(cfg, node, command, env, read_secrets(cfg, sys.__stdin__.buffer))
+        config = fill_supervisor_config(cfg, node, command, env, read_secrets(cfg, sys.__stdin__.buffer))
         supervisor = Supervisor(config, StreamWriter(stream))
         supervisor.run(sys.stdin.buffer)
     rc = supervisor.child.returncode if supervisor.child is not None else None

@@ -14,8 +14,10 @@ barrier for the other hosts); null when torchrun had already exited or no stop c
 It also carries `stop_cause` (a `StopCause`: who had the supervisor end the job; null when
 nobody did) and `workers`: torchrun's record of each failed worker (remote/workerfail.py),
 the job's secrets masked.
-Every `exit` carries `gpus_freed`: for each GPU's memory a process of the job held when the
-supervisor ended it, the line remote/gpu.py words ("freed 2.1 GB on gpu0 held by pid 4242").
+Every `exit` carries `restarts`: how many times torchrun restarted its workers (`--max-restarts`),
+by torchrun's own count (remote/tail.py's `restart_count`), and `gpus_freed`: for each GPU's
+memory a process of the job held when the supervisor ended it, the line remote/gpu.py words
+("freed 2.1 GB on gpu0 held by pid 4242").
 
 The job's processes are found two ways: torchrun's process group, and every process whose
 environment carries `DISTRUN_JOB_ID=<id>` and `DISTRUN_NODE=<node>` (torchrun starts each
@@ -49,6 +51,7 @@ from orchestrator.remote.relay import Relay
 from orchestrator.remote.safedirs import UnsafeDirError, expand_var, make_safe_dir
 from orchestrator.remote.sockdir import remove_fallback, socket_dir
 from orchestrator.remote.stream import StreamWriter
+from orchestrator.remote.tail import restart_count
 from orchestrator.remote.workerfail import WorkerRecord, read_records, shim_argv
 
 HEARTBEAT_EVERY = 1.0
@@ -228,6 +231,7 @@ class Supervisor:
         self.stop_reason: str | None = None
         self.stop_cause: StopCause | None = None
         self.workers: list[WorkerRecord] = []
+        self.restarts = 0  # torchrun's restarts of its workers, counted once it has ended
         self.sockets: tuple[str, str] | None = None  # the ranks' socket directory: (as asked, as made)
         self.workers_at_stop: int | None = None
         self.gpus_freed: list[str] = []
@@ -369,6 +373,7 @@ class Supervisor:
         self.out.end("exit", self.last_words_wait(), rc=rc, reason=self.stop_reason, stop_cause=self.stop_cause,
                      oom_kills=self._oom_kills_since_start(), workers_at_stop=self.workers_at_stop,
                      gpus_freed=self.gpus_freed, workers=[self._masked(record) for record in self.workers],
+                     restarts=self.restarts,
                      **({"error": error} if error else {}), **({"refused": True} if refused else {}))
         return 0
 
@@ -393,6 +398,7 @@ class Supervisor:
             self._freed(end_job_freeing_gpus(self.job_id, self.node, self.leader, min(self.grace, 2.0))[1])
         rc = self.leader.wait() if self.leader is not None else 127
         self.workers = read_records(self.record_path)  # before the relay removes torchrun's files
+        self.restarts = restart_count(self.relay.raw_dir)
         self.relay.finish()
         if self.sockets is not None:
             remove_fallback(*self.sockets)

@@ -137,6 +137,16 @@ class Tailer:
                   1, True)
 
 
+def restart_count(log_dir: str) -> int:
+    """How many times torchrun restarted its workers, by its own count: its agent starts each
+    worker group in `attempt_<restart count>` (the workers' TORCHELASTIC_RESTART_COUNT, which only
+    a failure's restart raises, not a change of membership), so the highest such directory is the
+    count; 0 when there is none."""
+    found = [int(match.group(1)) for run in _subdirs(log_dir) for attempt in _subdirs(run)
+             if (match := _ATTEMPT.match(os.path.basename(attempt))) is not None]
+    return max(found, default=0)
+
+
 def rank_files(log_dir: str) -> list[tuple[str, int, int, str]]:
     """(path, restart, local rank, stream) of every rank file torchrun made under `log_dir`."""
     found = []

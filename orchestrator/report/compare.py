@@ -19,7 +19,7 @@ from orchestrator.errors import DistrunError, ExitCode, UsageError
 from orchestrator.report.numbers import JobData
 from orchestrator.report.page import write_report
 from orchestrator.spec import load_job
-from orchestrator.spec.select import Guard, HostSelection
+from orchestrator.spec.select import HostSelection, SelectionGuard
 from orchestrator.store import JobRecord, JobState, Store, new_job_id
 
 JOB_SUFFIXES = (".yaml", ".yml")
@@ -35,7 +35,7 @@ class BenchRequest:
     output: Path = Path("report.html")
     selection: HostSelection = field(default_factory=HostSelection)
     host_counts: list[int] | None = None  # --hosts: run each job file at each of these host counts
-    guard: Guard | None = None
+    guard: SelectionGuard | None = None
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """One attempt of a job, followed to its end: the run loop written once for every backend.
 
-`Launcher` starts every host through its backend (orchestrator/backends/base.py lists the hooks
+`Attempt` starts every host through its backend (orchestrator/backends/base.py lists the hooks
 in order), heartbeats them, watches for the first failure (a host's torchrun exiting non-zero, a
 host going silent, a hang), stops every other host and records the summary, which leads with the
 root cause (failures.root_cause), as torch elastic's does. The backend sees the attempt through
-`AttemptView` only (backends/run.py's RunView and HostEvents), never the Launcher or its HostRuns.
+`AttemptView` only (backends/run.py's RunView and HostEvents), never the Attempt or its HostRuns.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from orchestrator.logs.screen import Screen
 from orchestrator.logs.sink import job_wide
 from orchestrator.plan import LaunchPlan
 from orchestrator.remote.redact import Masker
-from orchestrator.remote.stream import Batch
 from orchestrator.run.hostrun import HostRun
 from orchestrator.run.restarts import AttemptHistory, Verdict
 from orchestrator.store import JobDir, JobRecord, JobState
@@ -53,21 +52,21 @@ def masked(failure: Failure, mask: Masker) -> Failure:
                    traceback=tuple(mask.text(line) for line in failure.traceback))
 
 
-def masked_attempts(course: AttemptHistory, mask: Masker) -> list[dict[str, Any]]:
+def masked_attempts(history: AttemptHistory, mask: Masker) -> list[dict[str, Any]]:
     """The record's attempts, each failure's reason and lines masked."""
-    records = course.records()
-    for record, attempt in zip(records, course.attempts, strict=True):
+    records = history.records()
+    for record, attempt in zip(records, history.attempts, strict=True):
         if attempt.failure is not None:
             record["failure"] = masked(attempt.failure, mask).to_dict()
     return records
 
 
 
-class Launcher:
+class Attempt:
     """Follows a submitted job to its end through its backend's hooks, and records how it ended."""
 
     def __init__(self, backend: Backend, ctx: LaunchContext, plan: LaunchPlan,
-                 course: AttemptHistory | None = None) -> None:
+                 history: AttemptHistory | None = None) -> None:
         self.backend = backend
         self.ctx = ctx
         self.plan = plan
@@ -84,8 +83,8 @@ class Launcher:
         # The controller's attempts (DISTRUN_ATTEMPT 1, 2, ...) share the job's files; each line keeps its attempt.
         self.sink = LogSink(self.dir, screen, on_metrics=self._on_metrics, secrets=plan.secrets.values(),
                             attempt=plan.attempt)
-        self.course = course or AttemptHistory(ctx.job.restarts, len(plan.hosts), plan.spares)
-        self.course.begin([h.node for h in plan.hosts], plan.master_port)
+        self.history = history or AttemptHistory(ctx.job.restarts, len(plan.hosts), plan.spares)
+        self.history.begin([h.node for h in plan.hosts], plan.master_port)
         self.verdict: Verdict | None = None  # set when this attempt failed: whether and where the next runs
         self.telemetry_lock = threading.Lock()
         self.telemetry_file = self.dir.open(self.dir.telemetry, "a", encoding="utf-8")  # closed in run()
@@ -290,14 +289,14 @@ class Launcher:
         self.monitor.stop()
         # The summary quotes the job's last lines: a secret the job printed is masked here too.
         mask = Masker(self.plan.secrets.values())
-        self.course.end(None, state=state.value)
+        self.history.end(None, state=state.value)
         detail = mask.text("\n".join([detail, *extra, *telemetry.summary_lines(self.record.alerts),
-                                      *self.sink.shortfalls(), *self.course.lines()]))
+                                      *self.sink.shortfalls(), *self.history.lines()]))
         restarts = max((h.restarts for h in self.hosts), default=0)
         try:
             self.store.end(self.plan.job_id, state, code, detail, restarts=restarts,
                            failures=[masked(f, mask).to_dict() for f in failures or []],
-                           attempts=masked_attempts(self.course, mask), quarantined=self.course.quarantined,
+                           attempts=masked_attempts(self.history, mask), quarantined=self.history.quarantined,
                            gpus_freed=gpus_freed)
         except DistrunError as exc:
             # The hosts are stopped and the summary is known: say it, and why it is not recorded.
@@ -347,8 +346,8 @@ class Launcher:
         others = {h.node: own[h.node].describe() if h.node in own else h.end()
                   for h in self.hosts if h.node != root.host}
         ordered = [root, *(f for f in failures if f.host != root.host)]
-        self.verdict = self.course.verdict(root)
-        self.course.end(root, self.verdict.quarantined if self.verdict else None)
+        self.verdict = self.history.verdict(root)
+        self.history.end(root, self.verdict.quarantined if self.verdict else None)
         if self.verdict is not None and self.verdict.hosts is not None:
             title = f"{self.plan.job_id} attempt {self.plan.attempt}"
             return self._end_attempt(failed_summary(title, root, others), self.verdict)
@@ -360,7 +359,7 @@ class Launcher:
     def _end_attempt(self, summary: str, verdict: Verdict) -> int:
         """This attempt failed and another follows: record the attempt, say why and what comes
         next; the job goes on (its record stays running)."""
-        backoff = self.course.policy.backoff
+        backoff = self.history.policy.backoff
         restarting = f"restarting: {verdict.why}" + (f" in {backoff:g} s" if backoff else "")
         self.sink.note(self.plan.hosts[0].node, restarting)
         summary = "\n".join([summary, *self.backend.finish(self.view)])
@@ -369,8 +368,8 @@ class Launcher:
         self.monitor.stop()
         mask = Masker(self.plan.secrets.values())
         try:
-            self.store.update(self.plan.job_id, attempts=masked_attempts(self.course, mask),
-                              quarantined=self.course.quarantined)
+            self.store.update(self.plan.job_id, attempts=masked_attempts(self.history, mask),
+                              quarantined=self.history.quarantined)
         except DistrunError as exc:
             summary += f"\ndistrun: warning: the attempt is not recorded: {exc}"
         self._say(mask.text(f"{summary}\n{restarting}"))
@@ -414,16 +413,16 @@ class AttemptView:
     """What a backend sees of one attempt: its plan, its line sink, and the hosts' events by node
     name (backends/run.py's RunView, and its HostEvents as `events`)."""
 
-    def __init__(self, launcher: Launcher) -> None:
-        self._launcher = launcher
-        self._hosts = {host.node: host for host in launcher.hosts}
-        self.plan = launcher.plan
-        self.sink = launcher.sink
+    def __init__(self, attempt: Attempt) -> None:
+        self._attempt = attempt
+        self._hosts = {host.node: host for host in attempt.hosts}
+        self.plan = attempt.plan
+        self.sink = attempt.sink
         self.events = self
 
     @property
     def interrupted(self) -> int | None:
-        return self._launcher.interrupted
+        return self._attempt.interrupted
 
     # ---------------------------------------------------------------- HostEvents
 
@@ -432,15 +431,6 @@ class AttemptView:
 
     def data(self, node: str, chunk: bytes) -> None:
         self._hosts[node].on_data(chunk)
-
-    def batch(self, node: str, batch: Batch) -> None:
-        self._hosts[node].lines(batch)
-
-    def telemetry(self, node: str, sample: dict[str, Any]) -> None:
-        self._hosts[node].event({**sample, "ev": "tel"})
-
-    def exit(self, node: str, rc: int, error: str | None = None) -> None:
-        self._hosts[node].event({"ev": "exit", "rc": rc, "error": error})
 
     def alive(self, node: str) -> None:
         self._hosts[node].heard()
@@ -457,7 +447,7 @@ class AttemptView:
     # ---------------------------------------------------------------- RunView
 
     def failures(self) -> list[Failure]:
-        run = self._launcher
+        run = self._attempt
         found = (host.failure(run.plan.heartbeat_timeout, run.awake_since) for host in run.hosts)
         return [failure for failure in found if failure is not None]
 
@@ -465,7 +455,7 @@ class AttemptView:
         return self._hosts[node].exited.is_set()
 
     def await_exits(self, nodes: Sequence[str], timeout: float) -> None:
-        run = self._launcher
+        run = self._attempt
         hosts = [self._hosts[node] for node in nodes]
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(

@@ -9,7 +9,6 @@ the supervisor stop the job (`StopCause`). Nothing torchrun or distrun print is 
 from __future__ import annotations
 
 import json
-import re
 import signal
 import threading
 import time
@@ -28,8 +27,6 @@ from orchestrator.remote.supervisor import StopCause
 from orchestrator.remote.workerfail import WorkerRecord, first_failure
 
 SUMMARY_LINES = 20
-# torchrun prints this (at ERROR, unlike its INFO "will restart") once per failed attempt.
-FAILED_ATTEMPT = re.compile(r"failed \(exitcode: -?\d+\) local_rank: \d+")
 
 
 @dataclass
@@ -60,9 +57,9 @@ class HostRun:
     stop_sent: bool = False  # the controller asked this host to stop (before or after its exit)
     workers_at_stop: int | None = None  # the job's processes besides torchrun when the stop came (see supervisor)
     gpus_freed: list[str] = field(default_factory=list)  # GPU memory the end of the job freed (remote/gpu.py)
-    failed_attempts: int = 0
+    restarts: int = 0  # torchrun's restarts of its workers, as its supervisor counted them
     exited: threading.Event = field(default_factory=threading.Event)
-    wake: threading.Event | None = None  # set on exit, so the launcher need not wait for its next poll
+    wake: threading.Event | None = None  # set on exit, so the attempt need not wait for its next poll
     handling_errors: int = 0
     _reported: set[str] = field(default_factory=set)
     _reader: FrameReader = field(init=False)
@@ -89,16 +86,6 @@ class HostRun:
         """A sign of life that came otherwise than as output (the host has not started yet)."""
         self.last_seen = time.monotonic()
 
-    def lines(self, batch: Batch) -> None:
-        """A batch of lines reported as such (not in the framed stream); a sign of life too."""
-        self.heard()
-        self._guard(self.on_batch)(batch)
-
-    def event(self, event: dict[str, Any]) -> None:
-        """An event (remote/stream.py's kinds) reported as such; a sign of life too."""
-        self.heard()
-        self._guard(self.on_event)(event)
-
     def on_data(self, data: bytes) -> None:
         """The next bytes of the supervisor's output, in chunks of any size. Hearing anything at
         all is the host's sign of life, before and whatever its handling does."""
@@ -110,9 +97,7 @@ class HostRun:
         self._reader.close()
 
     def on_batch(self, batch: Batch) -> None:
-        if batch.rank is None:
-            self._count_restarts(batch.data.decode("utf-8", "replace"))
-        else:
+        if batch.rank is not None:
             self.last_progress = time.monotonic()  # a rank's lines, DISTRUN_METRICS lines included: the job moves
         self.sink.batch(self.node, batch)
 
@@ -148,10 +133,6 @@ class HostRun:
         except Exception:
             show(note(self.node, message), err=True)
 
-    def _count_restarts(self, text: str) -> None:
-        """Count torchrun's failed attempts in its own lines (the host's)."""
-        self.failed_attempts += len(FAILED_ATTEMPT.findall(text))
-
     def on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("ev")
         if kind == "exit":
@@ -176,18 +157,14 @@ class HostRun:
             self.on_telemetry(self.node, event)
 
     def _read_ending(self, event: dict[str, Any]) -> None:
-        """The exit event's stop cause and worker records; malformed ones are reported and taken
-        as absent, so that the exit itself still counts."""
+        """The exit event's stop cause, worker records and torchrun's restarts; malformed ones are
+        reported and taken as absent, so that the exit itself still counts."""
         try:
             self.stop_cause = StopCause(event["stop_cause"]) if event.get("stop_cause") else None
             self.workers = [WorkerRecord.from_event(worker) for worker in event.get("workers") or ()]
-        except ValueError as exc:
+            self.restarts = int(event.get("restarts") or 0)
+        except (ValueError, TypeError) as exc:
             self._failed_handling(exc)
-
-    @property
-    def restarts(self) -> int:
-        """Attempts torchrun restarted: its failed attempts, less the last if the host failed."""
-        return max(0, self.failed_attempts - (1 if self.exit_rc else 0))
 
     def channel_closed(self) -> bool:
         return self.channel is not None and self.channel.closed() and not self.exited.is_set()

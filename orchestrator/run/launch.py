@@ -2,11 +2,11 @@
 attempt after attempt (the restart loop).
 
 `launch` picks the backend (the request's, else the job's), has it prepare, preflight and stage
-the job, and `run_attempts` follows it: each attempt is one `runloop.Launcher`. With the job's
+the job, and `run_attempts` follows it: each attempt is one `attempt.Attempt`. With the job's
 `restarts`, a failure it lists ends only the attempt: `run_attempts` asks the policy (restarts.py)
 whether and where the next attempt runs, re-plans it through the backend's `replan` (a spare in
 place of a quarantined host, a fresh rendezvous port), preflights and stages it, and follows it
-with a new `Launcher` writing into the same job directory, each line with its attempt. The record
+with a new `Attempt` writing into the same job directory, each line with its attempt. The record
 keeps every attempt.
 """
 
@@ -30,7 +30,7 @@ from orchestrator.fanout.group import GroupError
 from orchestrator.ft import replicas
 from orchestrator.plan import LaunchPlan
 from orchestrator.remote.redact import Masker
-from orchestrator.run.attempt import POLL, Launcher, masked_attempts
+from orchestrator.run.attempt import POLL, Attempt, masked_attempts
 from orchestrator.run.restarts import AttemptHistory, Verdict
 from orchestrator.run.spare_pool import SparePool
 from orchestrator.spec.model import JobSpec
@@ -98,14 +98,14 @@ def run_attempts(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Fini
         started = backend.submit(ctx, plan)
         if started is None:
             return Finished(ctx.store.get(ctx.job_id).exit_code or 0)
-        course = AttemptHistory(ctx.job.restarts, ctx.job.min_nnodes or len(started.hosts), started.spares,
+        history = AttemptHistory(ctx.job.restarts, ctx.job.min_nnodes or len(started.hosts), started.spares,
                                 pool=SparePool.from_env(ctx.job_id))
         while True:
-            launcher = _launcher(backend, ctx, started, course)
-            code = launcher.run()
-            if launcher.verdict is None or launcher.verdict.hosts is None:
-                return Finished(code, launcher.final_metrics)
-            following = _next_attempt(backend, ctx, started, course, launcher.verdict)
+            attempt = _open_attempt(backend, ctx, started, history)
+            code = attempt.run()
+            if attempt.verdict is None or attempt.verdict.hosts is None:
+                return Finished(code, attempt.final_metrics)
+            following = _next_attempt(backend, ctx, started, history, attempt.verdict)
             if isinstance(following, int):
                 return Finished(following)
             started = following
@@ -119,7 +119,7 @@ def _announce(ctx: LaunchContext) -> None:
              flush=True)
 
 
-def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: AttemptHistory,
+def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, history: AttemptHistory,
                   verdict: Verdict) -> LaunchPlan | int:
     """After the backoff, plan the next attempt on the verdict's hosts, preflight and stage it.
 
@@ -127,24 +127,24 @@ def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course
         The next attempt's plan, or the exit code when the job ended here instead (interrupted,
         or the next attempt could not be planned: recorded as the job's end).
     """
-    deadline = time.monotonic() + course.policy.backoff
+    deadline = time.monotonic() + history.policy.backoff
     while ctx.interrupted is None and time.monotonic() < deadline:
         time.sleep(POLL)
     following: LaunchPlan | None = None
     failed: DistrunError | None = None
     if ctx.interrupted is None:
         try:
-            following = _plan_next(backend, ctx, plan, course, verdict.hosts or (), verdict.spares)
+            following = _plan_next(backend, ctx, plan, history, verdict.hosts or (), verdict.spares)
         except DistrunError as exc:
             failed = exc
     if ctx.interrupted is not None:
         name = signal.Signals(ctx.interrupted).name
         code = ExitCode.INTERRUPTED if ctx.interrupted == signal.SIGINT else ExitCode.TERMINATED
-        return _end_between(ctx, course, plan, JobState.STOPPED, int(code),
-                            f"job {ctx.job_id} stopped ({name}) before attempt {course.number + 1}")
+        return _end_between(ctx, history, plan, JobState.STOPPED, int(code),
+                            f"job {ctx.job_id} stopped ({name}) before attempt {history.number + 1}")
     if failed is not None or following is None:
-        return _end_between(ctx, course, plan, JobState.FAILED, int(failed.exit_code if failed else ExitCode.FAILED),
-                            f"job {ctx.job_id} FAILED: attempt {course.number + 1} could not start: {failed}")
+        return _end_between(ctx, history, plan, JobState.FAILED, int(failed.exit_code if failed else ExitCode.FAILED),
+                            f"job {ctx.job_id} FAILED: attempt {history.number + 1} could not start: {failed}")
     ctx.store.job_dir(ctx.job_id).write_plan(following.to_dict())
     hosts = [h.node for h in following.hosts]
     command = {} if ctx.request.internal else {
@@ -154,7 +154,7 @@ def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course
     return following
 
 
-def _plan_next(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: AttemptHistory, hosts: Sequence[str],
+def _plan_next(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, history: AttemptHistory, hosts: Sequence[str],
                spares: Sequence[str]) -> LaunchPlan:
     """Plan, preflight and stage the next attempt on `hosts`; a host that cannot be reached or
     probed is set aside, and the next spare (else fewer hosts, as `nnodes: MIN:MAX` allows)
@@ -164,7 +164,7 @@ def _plan_next(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: A
         DistrunError: the attempt cannot start (no host left to try, or another error).
     """
     while True:
-        course.spares = tuple(spares)
+        history.spares = tuple(spares)
         try:
             following = backend.replan(ctx, plan, hosts, spares)
             if not ctx.request.skip_preflight:
@@ -173,12 +173,12 @@ def _plan_next(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: A
             return following
         except GroupError as exc:
             bad = set(exc.failed) & set(hosts)
-            refilled = course.refill(hosts, bad, spares) if bad else None
+            refilled = history.refill(hosts, bad, spares) if bad else None
             if refilled is None or ctx.interrupted is not None:
                 raise
-            course.unreachable += sorted(bad)
+            history.unreachable += sorted(bad)
             hosts, spares = refilled
-            _tell(ctx, f"[distrun] {fold_hosts(bad)} set aside ({exc}); attempt {course.number + 1} on "
+            _tell(ctx, f"[distrun] {fold_hosts(bad)} set aside ({exc}); attempt {history.number + 1} on "
                        f"{fold_hosts(hosts)}")
 
 
@@ -186,28 +186,29 @@ def _tell(ctx: LaunchContext, text: str) -> None:
     show(text, stream=ctx.terminal or sys.stderr, flush=True)
 
 
-def _end_between(ctx: LaunchContext, course: AttemptHistory, plan: LaunchPlan, state: JobState, code: int,
+def _end_between(ctx: LaunchContext, history: AttemptHistory, plan: LaunchPlan, state: JobState, code: int,
                  detail: str) -> int:
     """Record and say the end of a job that ended between two attempts (secrets masked); its exit code."""
     mask = Masker(plan.secrets.values())
-    text = mask.text("\n".join([detail, *course.lines()]))
+    text = mask.text("\n".join([detail, *history.lines()]))
     try:
-        ctx.store.end(ctx.job_id, state, code, text, attempts=masked_attempts(course, mask),
-                      quarantined=course.quarantined)
+        ctx.store.end(ctx.job_id, state, code, text, attempts=masked_attempts(history, mask),
+                      quarantined=history.quarantined)
     except DistrunError as exc:
         text += f"\ndistrun: warning: the job's end is not recorded: {exc}"
     _tell(ctx, text)
     return code
 
 
-def _launcher(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, course: AttemptHistory | None = None) -> Launcher:
-    """The launcher of a recorded job, its files open; nothing has started on the hosts yet.
+def _open_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan,
+                  history: AttemptHistory | None = None) -> Attempt:
+    """The attempt of a recorded job, its files open; nothing has started on the hosts yet.
 
     Raises:
         InfraError: the job's files could not be opened (a full disk); the record says so.
     """
     try:
-        return Launcher(backend, ctx, plan, course)
+        return Attempt(backend, ctx, plan, history)
     except OSError as exc:
         error = InfraError(f"cannot write the job's files into {ctx.store.job_dir(plan.job_id).root}: "
                            f"{exc.strerror or exc} (free space under DISTRUN_HOME, or point DISTRUN_HOME elsewhere)")

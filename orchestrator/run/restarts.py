@@ -49,7 +49,7 @@ def blames_host(failure: Failure) -> bool:
 
 
 @dataclass(frozen=True)
-class Attempt:
+class AttemptRecord:
     """One attempt of a job, as its record keeps it.
 
     Attributes:
@@ -79,7 +79,7 @@ class Attempt:
                 "port": self.port, "state": self.state}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Attempt:
+    def from_dict(cls, data: Mapping[str, Any]) -> AttemptRecord:
         failure = data.get("failure")
         return cls(number=int(data["number"]), hosts=tuple(data.get("hosts") or ()),
                    started=float(data.get("started") or 0.0), ended=data.get("ended"),
@@ -165,7 +165,7 @@ def refill(hosts: Sequence[str], bad: set[str], spares: Sequence[str],
     return (*kept, *taken), tuple(free[len(taken):])
 
 
-def attempts_lines(attempts: Sequence[Attempt], policy: Restarts) -> list[str]:
+def attempts_lines(attempts: Sequence[AttemptRecord], policy: Restarts) -> list[str]:
     """The summary's list of every attempt (nothing for a job that ran once and allowed no restart)."""
     if len(attempts) < 2 and not policy.max:
         return []
@@ -174,7 +174,7 @@ def attempts_lines(attempts: Sequence[Attempt], policy: Restarts) -> list[str]:
 
 @dataclass
 class AttemptHistory:
-    """A job's attempts so far, across the launchers that run them one after another.
+    """A job's attempts so far, across the `Attempt`s (run/attempt.py) that run them one after another.
 
     Attributes:
         policy: The job's `restarts`.
@@ -186,7 +186,7 @@ class AttemptHistory:
     policy: Restarts
     min_hosts: int
     spares: tuple[str, ...] = ()
-    attempts: list[Attempt] = field(default_factory=list)
+    attempts: list[AttemptRecord] = field(default_factory=list)
     unreachable: list[str] = field(default_factory=list)  # spares set aside when the next attempt could not reach them
     pool: SparePool | None = None  # spares shared with other controllers (a fault-tolerant job's groups)
 
@@ -200,7 +200,7 @@ class AttemptHistory:
         return [*(a.quarantined for a in self.attempts if a.quarantined), *self.unreachable]
 
     def begin(self, hosts: Sequence[str], port: int = 0) -> None:
-        self.attempts.append(Attempt(len(self.attempts) + 1, tuple(hosts), port=port))
+        self.attempts.append(AttemptRecord(len(self.attempts) + 1, tuple(hosts), port=port))
 
     def end(self, failure: Failure | None, quarantined: str | None = None, state: str = "") -> None:
         """The current attempt ended, the job then in `state` (default: failed with a failure, else

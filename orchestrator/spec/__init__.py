@@ -12,10 +12,9 @@ from orchestrator.spec.model import (
     Telemetry,
     TransportKind,
 )
-from orchestrator.spec.select import Guard, HostSelection, select_hosts, select_nodes, select_with_spares
+from orchestrator.spec.select import HostSelection, SelectionGuard, select_hosts, select_nodes, select_with_spares
 
 __all__ = [
-    "Guard",
     "HostKeyPolicy",
     "HostSelection",
     "Inventory",
@@ -23,6 +22,7 @@ __all__ = [
     "NodeSpec",
     "Rendezvous",
     "Select",
+    "SelectionGuard",
     "Telemetry",
     "TransportKind",
     "default_inventory",

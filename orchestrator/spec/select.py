@@ -7,14 +7,14 @@ The flags mean the same on every command, and each takes clush/pdsh host ranges
 - `-x/--exclude R` (repeatable): not these hosts; every name must be in the inventory.
 - `--label L` (repeatable): hosts with one of the labels L stands for (`--label h100,a100` is
   either); each `--label` given must match (`--label h100 --label ib` is both).
-- `--all`: every host of the inventory, said on purpose (see `Guard`).
+- `--all`: every host of the inventory, said on purpose (see `SelectionGuard`).
 
 For a job, `--nodes` replaces the job's `select.names` (which may hold ranges too); the job's
 `select.labels` always apply. The first `nnodes` of the selected hosts, in inventory order,
 are the job's hosts; the hosts selected beyond them are its spares (`spares: K` keeps K of
 them), which take a failed host's place when the controller restarts the job.
 
-`Guard` keeps a command off every host by accident: a selection that says nothing about the
+`SelectionGuard` keeps a command off every host by accident: a selection that says nothing about the
 hosts (no `--nodes`, `--label`, `--all`, no `--nnodes`, and a job without `nnodes` or
 `select`) is fine up to `confirm_above` hosts; above that, distrun asks on a terminal and
 refuses elsewhere.
@@ -66,7 +66,7 @@ class HostSelection:
 
 
 @dataclass(frozen=True)
-class Guard:
+class SelectionGuard:
     """The rule that keeps a command off every host of a large inventory by accident.
 
     Attributes:
@@ -118,7 +118,7 @@ def expand_option(option: str, values: Iterable[str]) -> list[str]:
     return list(names)
 
 
-def select_hosts(inv: Inventory, selection: HostSelection, guard: Guard | None = None,
+def select_hosts(inv: Inventory, selection: HostSelection, guard: SelectionGuard | None = None,
                  command: str = "") -> list[NodeSpec]:
     """The hosts a command without a job uses (exec, doctor), in inventory order.
 
@@ -145,13 +145,13 @@ def select_hosts(inv: Inventory, selection: HostSelection, guard: Guard | None =
 
 
 def select_nodes(job: JobSpec, inv: Inventory, selection: HostSelection | None = None, nnodes: int | None = None,
-                 guard: Guard | None = None) -> list[NodeSpec]:
+                 guard: SelectionGuard | None = None) -> list[NodeSpec]:
     """The nodes a job runs on, in inventory order (`select_with_spares`, less the spares)."""
     return select_with_spares(job, inv, selection, nnodes, guard)[0]
 
 
-def select_with_spares(job: JobSpec, inv: Inventory, selection: HostSelection | None = None,
-                       nnodes: int | None = None, guard: Guard | None = None) -> tuple[list[NodeSpec], list[NodeSpec]]:
+def select_with_spares(job: JobSpec, inv: Inventory, selection: HostSelection | None = None, nnodes: int | None = None,
+                       guard: SelectionGuard | None = None) -> tuple[list[NodeSpec], list[NodeSpec]]:
     """The nodes a job runs on and its spares, each in inventory order.
 
     Args:

@@ -1,9 +1,9 @@
 """Telemetry on the controller: the latest figures per host and GPU, alerts, the live view, `top`.
 
 Samples come from the hosts' samplers (schema in orchestrator/remote/sampler.py) through
-the launcher, which also appends them to telemetry.jsonl. An `Aggregator` keeps the latest
+the attempt (run/attempt.py), which also appends them to telemetry.jsonl. An `Aggregator` keeps the latest
 sample per host and GPU and the job's latest metrics record, and turns what it sees into
-alerts, each fired once per episode of its condition. A `Monitor` is what the launcher
+alerts, each fired once per episode of its condition. A `Monitor` is what an attempt
 holds: it feeds the aggregator, checks every second for hosts whose samples stopped, hands
 alerts to a callback and, on a terminal, keeps a live table under the scrolling log lines.
 `top` renders the same table from a job directory's files.

@@ -52,7 +52,7 @@ class Alert:
 
 
 @dataclass
-class Episode:
+class AlertEpisode:
     """One alert condition on one host or GPU: fires once while it lasts."""
 
     since: float | None = None
@@ -105,7 +105,7 @@ class Aggregator:
         self.started = clock()
         self.metrics: dict[str, Any] | None = None
         self.alerts: list[Alert] = []
-        self.episodes: dict[tuple[str, int | None, str], Episode] = {}
+        self.episodes: dict[tuple[str, int | None, str], AlertEpisode] = {}
         self.counters: dict[tuple[str, int, str], int] = {}
         self.lock = threading.Lock()
 
@@ -161,8 +161,8 @@ class Aggregator:
             hosts = [HostState(s.node, s.host, dict(s.gpus), s.seen) for s in self.hosts.values()]
             return hosts, self.metrics
 
-    def _episode(self, node: str, gpu: int | None, rule: str) -> Episode:
-        return self.episodes.setdefault((node, gpu, rule), Episode())
+    def _episode(self, node: str, gpu: int | None, rule: str) -> AlertEpisode:
+        return self.episodes.setdefault((node, gpu, rule), AlertEpisode())
 
     def _gpu_alerts(self, state: HostState, sample: dict[str, Any], now: float) -> list[Alert]:
         node, gpu, rules = state.node, int(sample["gpu"]), self.rules

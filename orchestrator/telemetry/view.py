@@ -243,7 +243,7 @@ class ConsoleWriter(io.TextIOBase):
 
 
 class Monitor:
-    """What the launcher holds: feeds the aggregator, reports alerts, shows the live view.
+    """What an attempt (run/attempt.py) holds: feeds the aggregator, reports alerts, shows the live view.
 
     Args:
         nodes: the job's hosts.
