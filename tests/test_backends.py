@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import click
 import pytest
 
 from orchestrator import backends
-from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Stopped
+from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Stopped, Submitted
 from orchestrator.backends.options import Option, OptionType, from_command_line
 from orchestrator.backends.run import HostEvents, RunView
 from orchestrator.backends.slurm import SlurmBackend
@@ -28,7 +29,7 @@ from orchestrator.logs import LogSink
 from orchestrator.plan import LaunchPlan, build_plan
 from orchestrator.remote.stream import STDERR, STDOUT, Batch, encode
 from orchestrator.remote.workerfail import from_process_failure
-from orchestrator.run import launch
+from orchestrator.run import launch, recorded
 from orchestrator.run.hostrun import HostRun
 from orchestrator.run.recorded import for_record, refresh_lost
 from orchestrator.spec import job_from_text
@@ -163,10 +164,9 @@ class ScriptedBackend(Backend):
     def stage(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
         self.calls.append("stage")
 
-    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan:
+    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> Submitted:
         self.calls.append("submit")
-        ctx.save_record(plan, backend_ref="scripted-7")
-        return plan
+        return Submitted("scripted-7")
 
     def start(self, run: RunView) -> list[Failure]:
         self.calls.append("start")
@@ -201,7 +201,7 @@ class ScriptedBackend(Backend):
     def release(self) -> None:
         self.calls.append("release")
 
-    def stop_job(self, record: JobRecord) -> Stopped:
+    def stop_job(self, record: JobRecord, current: Callable[[], JobRecord]) -> Stopped:
         return Stopped(0)
 
 
@@ -418,26 +418,26 @@ def test_the_base_backend_refuses_operations_it_does_not_have(tmp_path: Path):
     store = Store(tmp_path)
     rec = record(store, "s-9", "slurm", None, backend_ref="9")
     with pytest.raises(UsageError, match="cannot run commands beside its ranks"):
-        SlurmBackend(store).run_near(rec, "node0", ["py-spy", "dump"])
+        SlurmBackend(store.job_dir).run_near(rec, "node0", ["py-spy", "dump"])
 
 
 def test_slurm_reaches_a_jobs_nodes_through_its_allocation_only_while_it_runs(tmp_path: Path):
     store = Store(tmp_path)
     rec = record(store, "s-8", "slurm", None)
     with pytest.raises(UsageError, match="has no Slurm job id yet"):
-        SlurmBackend(store).run_remote_near(rec, ["node0"], "stack", ["stack"])
+        SlurmBackend(store.job_dir).run_remote_near(rec, ["node0"], "stack", ["stack"])
     store.end("s-8", JobState.FAILED, 1, "failed")
     ended = replace(store.get("s-8"), backend_ref="8")
     with pytest.raises(UsageError, match=r"is not running in Slurm \(failed\)"):
-        SlurmBackend(store).run_remote_near(ended, ["node0"], "stack", ["stack"])
+        SlurmBackend(store.job_dir).run_remote_near(ended, ["node0"], "stack", ["stack"])
 
 
 def test_stop_job_waits_for_nothing_on_a_finished_job(tmp_path: Path, capsys):
     store = Store(tmp_path)
-    rec = record(store, "done-1", "ssh", None)
+    record(store, "done-1", "ssh", None)
     store.end("done-1", JobState.SUCCEEDED, 0, "ok")
     began = time.monotonic()
-    stopped = for_record(store, rec).stop_job(store.get("done-1"))
+    stopped = recorded.stop(store, store.get("done-1"))
     assert time.monotonic() - began < 2
     assert stopped == Stopped(0, ("job done-1 already ended (succeeded)",)) and capsys.readouterr().out == ""
 
@@ -461,7 +461,7 @@ def test_stop_on_hosts_returns_the_unreachable_host_as_data_and_prints_nothing(t
                     backend="ssh", state=JobState.LOST)
     store.save(rec)
 
-    stopped = for_record(store, rec).stop_job(rec)
+    stopped = recorded.stop(store, rec)
 
     assert (stopped.code, stopped.messages) == (3, ("job gone-1 stopped on 0 of 1 host(s)",))
     assert len(stopped.errors) == 1 and "n0" in stopped.errors[0] and stopped.gpus_freed == ()
