@@ -11,13 +11,13 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 import pytest
 
 from orchestrator import backends
-from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Stopped, Submitted
+from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Learnt, Settled, Stopped, Submitted
 from orchestrator.backends.options import Option, OptionType, from_command_line
 from orchestrator.backends.run import HostEvents, RunView
 from orchestrator.backends.slurm import SlurmBackend
@@ -251,6 +251,53 @@ def test_a_checkpoint_dir_a_node_refuses_ends_the_job_as_a_one_line_usage_error_
     assert str(refused.value) == f"h1: {REFUSAL}" and refused.value.exit_code == ExitCode.USAGE
     assert scripted[0].calls == ["prepare", "stage", "submit", "start", "stop h0", "finish", "release"]
     assert (Store().get("s-9").state, Store().get("s-9").exit_code) == (JobState.FAILED, 2)
+
+
+class QueuedBackend(ScriptedBackend):
+    """A scheduler's backend in miniature: the job exists without hosts, waits (its reason learnt),
+    then runs on the plan's hosts; with `fail: queue` it ends while pending instead."""
+
+    NAME = "queued"
+    seen: ClassVar[list[str]] = []  # the record as `place` saw it
+
+    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> Submitted:
+        self.calls.append("submit")
+        return Submitted("q-7", placed=False)
+
+    def place(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan | Settled:
+        self.seen.append(f"hosts {Store().get(ctx.job_id).hosts}")
+        ctx.learn(Learnt(pending="pending in the queue: Priority"))
+        self.seen.append(Store().get(ctx.job_id).detail)
+        if self.options.get("fail") == "queue":
+            return Settled(JobState.LOST, f"job {ctx.job_id} lost: the queue forgot it", 1)
+        return plan
+
+
+@pytest.fixture
+def queued(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(backends.REGISTRY, "queued", f"{__name__}:QueuedBackend")
+    monkeypatch.setattr(QueuedBackend, "seen", [])
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
+
+
+def test_the_run_loop_records_what_a_queued_backend_returns_and_learns(queued, tmp_path: Path):
+    code = launch.launch(LaunchRequest(job_file(tmp_path), backend="queued", job_id="q-1", live=False, quiet=True,
+                                       skip_preflight=True))
+
+    record = Store().get("q-1")
+    assert QueuedBackend.seen == ["hosts []", "pending in the queue: Priority"]
+    assert code == 0 and (record.state, record.backend_ref, record.hosts) == (JobState.SUCCEEDED, "q-7", ["h0", "h1"])
+    assert "--nodes" not in record.command  # recorded while Slurm-like placement was pending, as before
+
+
+def test_a_job_that_ends_while_queued_is_recorded_with_the_end_its_backend_returns(queued, tmp_path: Path):
+    request = LaunchRequest(job_file(tmp_path, "queued: {fail: queue}\n"), backend="queued", job_id="q-2",
+                            live=False, quiet=True, skip_preflight=True)
+    assert launch.launch(request) == 1
+
+    record = Store().get("q-2")
+    assert (record.state, record.exit_code, record.detail) == (JobState.LOST, 1, "job q-2 lost: the queue forgot it")
+    assert (record.backend_ref, record.hosts) == ("q-7", [])
 
 
 def test_a_failed_host_is_the_root_cause_and_the_host_distrun_stopped_says_so(scripted, tmp_path: Path):

@@ -5,7 +5,7 @@ writing one (tests/toy_backend.py is a whole one in one file).
 invoke's `Runner` is the model: the run loop (`orchestrator.run.attempt`) is written once; a backend
 fills in hooks. A backend object serves one command: one launch, or operations on recorded jobs.
 
-A launch calls, in this order (`launch.launch` and `runloop.Launcher`):
+A launch calls, in this order (`run.launch.launch` and `run.attempt.Launcher`):
 
     prepare(ctx) -> plan                  reach hosts / render the scheduler's request; nothing starts
     replan(ctx, plan, hosts, spares)      the controller's next attempt (`restarts:`), then preflight,
