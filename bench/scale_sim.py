@@ -57,7 +57,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from orchestrator import backends, launch  # noqa: E402
-from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest  # noqa: E402
+from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Submitted  # noqa: E402
 from orchestrator.backends.run import EXIT_WAIT, RunView  # noqa: E402
 from orchestrator.diagnose.failures import Failure  # noqa: E402
 from orchestrator.plan import LaunchPlan, build_plan  # noqa: E402
@@ -272,15 +272,14 @@ class SimBackend(Backend):
 
     def prepare(self, ctx: LaunchContext) -> LaunchPlan:
         nodes = [NodeSpec(name=f"sim{i}", host="127.0.0.1", python=sys.executable, iface="lo")
-                 for i in range(ctx.request.nnodes or 8)]
+                 for i in range(ctx.asked.nnodes or 8)]
         return build_plan(ctx.job, nodes, {}, job_id=ctx.job_id, inventory_path="<sim>", master=nodes[0],
                           master_addr="127.0.0.1", master_port=29500, controller_cwd=os.getcwd(),
                           controller_env={}, backend=self.NAME)
 
-    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan:
-        ctx.store.job_dir(plan.job_id).write_plan(plan.to_dict())
-        ctx.save_record(plan)
-        return plan
+    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> Submitted:
+        ctx.files.write_plan(plan.to_dict())
+        return Submitted()
 
     def start(self, run: RunView) -> list[Failure]:
         self.helpers = [Helper() for _ in range(HELPERS)]
@@ -363,7 +362,7 @@ class SimBackend(Backend):
         for helper in self.helpers:
             helper.proc.wait(30)
 
-    def stop_job(self, record: JobRecord) -> int:
+    def stop_job(self, record: JobRecord, current: Any) -> int:
         return 0
 
 

@@ -8,15 +8,16 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import click
 import pytest
 
 from orchestrator import backends, registry
-from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Stopped
+from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Learnt, Settled, Stopped, Submitted
 from orchestrator.backends.options import Option, OptionType, from_command_line
 from orchestrator.backends.run import HostEvents, RunView
 from orchestrator.backends.slurm import SlurmBackend
@@ -28,7 +29,7 @@ from orchestrator.logs import LogSink
 from orchestrator.plan import LaunchPlan, build_plan
 from orchestrator.remote.stream import STDERR, STDOUT, Batch, encode
 from orchestrator.remote.workerfail import from_process_failure
-from orchestrator.run import launch
+from orchestrator.run import launch, recorded
 from orchestrator.run.hostrun import HostRun
 from orchestrator.run.recorded import for_record, refresh_lost
 from orchestrator.spec import job_from_text
@@ -163,10 +164,9 @@ class ScriptedBackend(Backend):
     def stage(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
         self.calls.append("stage")
 
-    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan:
+    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> Submitted:
         self.calls.append("submit")
-        ctx.save_record(plan, backend_ref="scripted-7")
-        return plan
+        return Submitted("scripted-7")
 
     def start(self, run: RunView) -> list[Failure]:
         self.calls.append("start")
@@ -201,7 +201,7 @@ class ScriptedBackend(Backend):
     def release(self) -> None:
         self.calls.append("release")
 
-    def stop_job(self, record: JobRecord) -> Stopped:
+    def stop_job(self, record: JobRecord, current: Callable[[], JobRecord]) -> Stopped:
         return Stopped(0)
 
 
@@ -251,6 +251,53 @@ def test_a_checkpoint_dir_a_node_refuses_ends_the_job_as_a_one_line_usage_error_
     assert str(refused.value) == f"h1: {REFUSAL}" and refused.value.exit_code == ExitCode.USAGE
     assert scripted[0].calls == ["prepare", "stage", "submit", "start", "stop h0", "finish", "release"]
     assert (Store().get("s-9").state, Store().get("s-9").exit_code) == (JobState.FAILED, 2)
+
+
+class QueuedBackend(ScriptedBackend):
+    """A scheduler's backend in miniature: the job exists without hosts, waits (its reason learnt),
+    then runs on the plan's hosts; with `fail: queue` it ends while pending instead."""
+
+    NAME = "queued"
+    seen: ClassVar[list[str]] = []  # the record as `place` saw it
+
+    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> Submitted:
+        self.calls.append("submit")
+        return Submitted("q-7", placed=False)
+
+    def place(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan | Settled:
+        self.seen.append(f"hosts {Store().get(ctx.job_id).hosts}")
+        ctx.learn(Learnt(pending="pending in the queue: Priority"))
+        self.seen.append(Store().get(ctx.job_id).detail)
+        if self.options.get("fail") == "queue":
+            return Settled(JobState.LOST, f"job {ctx.job_id} lost: the queue forgot it", 1)
+        return plan
+
+
+@pytest.fixture
+def queued(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setitem(backends.REGISTRY, "queued", f"{__name__}:QueuedBackend")
+    monkeypatch.setattr(QueuedBackend, "seen", [])
+    monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
+
+
+def test_the_run_loop_records_what_a_queued_backend_returns_and_learns(queued, tmp_path: Path):
+    code = launch.launch(LaunchRequest(job_file(tmp_path), backend="queued", job_id="q-1", live=False, quiet=True,
+                                       skip_preflight=True))
+
+    record = Store().get("q-1")
+    assert QueuedBackend.seen == ["hosts []", "pending in the queue: Priority"]
+    assert code == 0 and (record.state, record.backend_ref, record.hosts) == (JobState.SUCCEEDED, "q-7", ["h0", "h1"])
+    assert "--nodes" not in record.command  # recorded while Slurm-like placement was pending, as before
+
+
+def test_a_job_that_ends_while_queued_is_recorded_with_the_end_its_backend_returns(queued, tmp_path: Path):
+    request = LaunchRequest(job_file(tmp_path, "queued: {fail: queue}\n"), backend="queued", job_id="q-2",
+                            live=False, quiet=True, skip_preflight=True)
+    assert launch.launch(request) == 1
+
+    record = Store().get("q-2")
+    assert (record.state, record.exit_code, record.detail) == (JobState.LOST, 1, "job q-2 lost: the queue forgot it")
+    assert (record.backend_ref, record.hosts) == ("q-7", [])
 
 
 def test_a_failed_host_is_the_root_cause_and_the_host_distrun_stopped_says_so(scripted, tmp_path: Path):
@@ -418,26 +465,26 @@ def test_the_base_backend_refuses_operations_it_does_not_have(tmp_path: Path):
     store = Store(tmp_path)
     rec = record(store, "s-9", "slurm", None, backend_ref="9")
     with pytest.raises(UsageError, match="cannot run commands beside its ranks"):
-        SlurmBackend(store).run_near(rec, "node0", ["py-spy", "dump"])
+        SlurmBackend(store.job_dir).run_near(rec, "node0", ["py-spy", "dump"])
 
 
 def test_slurm_reaches_a_jobs_nodes_through_its_allocation_only_while_it_runs(tmp_path: Path):
     store = Store(tmp_path)
     rec = record(store, "s-8", "slurm", None)
     with pytest.raises(UsageError, match="has no Slurm job id yet"):
-        SlurmBackend(store).run_remote_near(rec, ["node0"], "stack", ["stack"])
+        SlurmBackend(store.job_dir).run_remote_near(rec, ["node0"], "stack", ["stack"])
     store.end("s-8", JobState.FAILED, 1, "failed")
     ended = replace(store.get("s-8"), backend_ref="8")
     with pytest.raises(UsageError, match=r"is not running in Slurm \(failed\)"):
-        SlurmBackend(store).run_remote_near(ended, ["node0"], "stack", ["stack"])
+        SlurmBackend(store.job_dir).run_remote_near(ended, ["node0"], "stack", ["stack"])
 
 
 def test_stop_job_waits_for_nothing_on_a_finished_job(tmp_path: Path, capsys):
     store = Store(tmp_path)
-    rec = record(store, "done-1", "ssh", None)
+    record(store, "done-1", "ssh", None)
     store.end("done-1", JobState.SUCCEEDED, 0, "ok")
     began = time.monotonic()
-    stopped = for_record(store, rec).stop_job(store.get("done-1"))
+    stopped = recorded.stop(store, store.get("done-1"))
     assert time.monotonic() - began < 2
     assert stopped == Stopped(0, ("job done-1 already ended (succeeded)",)) and capsys.readouterr().out == ""
 
@@ -461,7 +508,7 @@ def test_stop_on_hosts_returns_the_unreachable_host_as_data_and_prints_nothing(t
                     backend="ssh", state=JobState.LOST)
     store.save(rec)
 
-    stopped = for_record(store, rec).stop_job(rec)
+    stopped = recorded.stop(store, rec)
 
     assert (stopped.code, stopped.messages) == (3, ("job gone-1 stopped on 0 of 1 host(s)",))
     assert len(stopped.errors) == 1 and "n0" in stopped.errors[0] and stopped.gpus_freed == ()

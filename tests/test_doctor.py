@@ -584,7 +584,7 @@ def test_a_script_jobs_probe_looks_first_where_its_workers_do_the_scripts_own_di
 
 def launch_torch(node: NodeSpec, job_text: str) -> str | None:
     """The torch version that a launch's one probe round found on `node` (a one-node job)."""
-    backend = SshBackend(Store.__new__(Store))
+    backend = SshBackend(Store.__new__(Store).job_dir)
     try:
         backend.plan_on(job_from_text(job_text, "j.yaml"), Inventory("inv.yaml", (node,)), [node], "j")
         return backend.facts[node.name].torch

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import functools
 import graphlib
+import inspect
 import re
 from pathlib import Path
 
@@ -20,6 +21,9 @@ MAX_OWN_MODULES = 8
 MAX_LINES = 600
 # A row of the picture: the layer's name, then its packages (`name/`) and modules (`name.py`).
 ROW = re.compile(r"^\s*([a-z][a-z ]*?)\s{2,}((?:[\w]+(?:/|\.py)\s*)+)$")
+# Store methods whose names other objects share (dict.update, HostEvents.end): the Store itself is
+# kept out of the backends by name (`Store`, `store`), so these need no check of their own.
+SHARED_NAMES = {"update", "end", "get", "list", "ids", "delete"}
 
 
 @functools.cache
@@ -127,6 +131,37 @@ def test_the_backend_contract_imports_nothing_of_the_run_loop() -> None:
     run_loop = {"orchestrator.run.launch", "orchestrator.run.attempt", "orchestrator.run.hostrun",
                 "orchestrator.run.restarts"}
     assert not import_graph()["orchestrator.backends.base"] & run_loop
+
+
+def store_uses(path: Path) -> list[str]:
+    """Where a module reaches the job records' Store: an import of it (or of orchestrator.store as a
+    module), a name or attribute `Store` or `store`, or a call of a method only the Store has."""
+    from orchestrator.store import Store
+
+    only_store = {name for name, _ in inspect.getmembers(Store, inspect.isfunction)
+                  if not name.startswith("_")} - SHARED_NAMES
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        line = f"{path.name}:{getattr(node, 'lineno', 0)}"
+        if isinstance(node, ast.Import):
+            found += [f"{line} import {a.name}" for a in node.names if a.name == "orchestrator.store"]
+        elif isinstance(node, ast.ImportFrom):
+            names = {a.name for a in node.names}
+            if (node.module == "orchestrator" and "store" in names) or (
+                    node.module == "orchestrator.store" and "Store" in names):
+                found.append(f"{line} from {node.module} import {', '.join(sorted(names))}")
+        elif isinstance(node, ast.Name) and node.id in ("Store", "store"):
+            found.append(f"{line} {node.id}")
+        elif isinstance(node, ast.arg) and node.arg == "store":
+            found.append(f"{line} argument store")
+        elif isinstance(node, ast.Attribute) and (node.attr in ("Store", "store") or node.attr in only_store):
+            found.append(f"{line} .{node.attr}")
+    return found
+
+
+def test_no_backend_reaches_the_store_its_hooks_return_what_happened_and_the_run_loop_records_it() -> None:
+    found = [use for path in sorted((PACKAGE / "backends").rglob("*.py")) for use in store_uses(path)]
+    assert not found, "\n".join(found)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.base import LaunchContext, LaunchRequest
+from orchestrator.backends.base import LaunchRequest
 from orchestrator.cli.main import cli
 from orchestrator.cli.options import default_map
 from orchestrator.cli.timespec import parse_duration, parse_since
 from orchestrator.console import terminal
 from orchestrator.console.terminal import ColorMode, ProgressCounter
 from orchestrator.errors import SpecError, UsageError
+from orchestrator.run.recording import Launching
 from orchestrator.spec import resolve_inventory_path
 from orchestrator.spec.config import config_path, load_config
 from orchestrator.spec.model import JobSpec
@@ -161,8 +162,8 @@ def test_only_y_or_yes_is_a_yes() -> None:
 
 
 def test_a_launch_colours_its_lines_by_the_same_rule(colour_mode, monkeypatch, tmp_path: Path) -> None:
-    def context(stream: io.StringIO | None) -> LaunchContext:
-        return LaunchContext(LaunchRequest("x.yaml"), JobSpec(path="x.yaml", name="x"), "x-1", Store(tmp_path), stream)
+    def context(stream: io.StringIO | None) -> Launching:
+        return Launching.of(LaunchRequest("x.yaml"), JobSpec(path="x.yaml", name="x"), "x-1", Store(tmp_path), stream)
 
     monkeypatch.delenv("NO_COLOR", raising=False)
     assert context(Tty()).colour() and not context(io.StringIO()).colour() and not context(None).colour()

@@ -34,7 +34,7 @@ def batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> BatchJob:
                         "stop_grace: 1\ntelemetry: {enabled: false}\n")
     job = load_job(job_file)
     job_dir = JobDir(tmp_path / "job")
-    made, bundle = batch_job(job, LaunchRequest(job_file=str(job_file), backend="slurm"), job_dir, "n-1",
+    made, bundle = batch_job(job, LaunchRequest(job_file=str(job_file), backend="slurm").asked(), job_dir, "n-1",
                              SlurmOptions())
     write_files(job_dir, made, bundle, render_script(made))
     return made

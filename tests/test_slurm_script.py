@@ -164,7 +164,7 @@ def written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> JobDir:
     job = load_job(write(tmp_path, "job.yaml", job_text()))
     request = LaunchRequest(job_file=job.path, inventory=str(inv), backend="slurm")
     job_dir = JobDir(tmp_path / "home" / "jobs" / "train-1")
-    batch, bundle = batch_job(job, request, job_dir, "train-1", SlurmOptions())
+    batch, bundle = batch_job(job, request.asked(), job_dir, "train-1", SlurmOptions())
     write_files(job_dir, batch, bundle, render_script(batch))
     return job_dir
 
@@ -234,7 +234,7 @@ def test_arguments_that_name_node_variables_stay_literal_in_the_script_and_the_n
     request = LaunchRequest(job_file=job.path, inventory=str(write(tmp_path, "inventory.yaml", CPU_INVENTORY)),
                             backend="slurm")
     job_dir = JobDir(tmp_path / "home" / "jobs" / "train-1")
-    batch, bundle = batch_job(job, request, job_dir, "train-1", SlurmOptions())
+    batch, bundle = batch_job(job, request.asked(), job_dir, "train-1", SlurmOptions())
     script = render_script(batch)
     write_files(job_dir, batch, bundle, script)
 
@@ -251,9 +251,9 @@ def test_a_later_attempt_excludes_the_quarantined_nodes_and_has_files_of_its_own
     monkeypatch.setenv("WANDB_KEY", SECRET)
     inv = write(tmp_path, "inventory.yaml", CPU_INVENTORY)
     job = load_job(write(tmp_path, "job.yaml", job_text("restarts: {max: 1}\ncheckpoint_dir: /shared/ckpt\n")))
-    request = LaunchRequest(job_file=job.path, inventory=str(inv), backend="slurm")
+    asked = LaunchRequest(job_file=job.path, inventory=str(inv), backend="slurm").asked()
     job_dir = JobDir(tmp_path / "home" / "jobs" / "train-1")
-    batch, _ = batch_job(job, request, job_dir, "train-1", SlurmOptions(), attempt=2, nnodes=1, exclude=("cpu1",))
+    batch, _ = batch_job(job, asked, job_dir, "train-1", SlurmOptions(), attempt=2, nnodes=1, exclude=("cpu1",))
     script = render_script(batch)
 
     assert "#SBATCH --exclude=cpu1\n" in script and "#SBATCH --nodes=1\n" in script

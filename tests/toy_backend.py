@@ -2,11 +2,13 @@
 backends/run.py; backends/README.md is the guide): each host of the plan is a local subprocess
 that runs the plan's torchrun directly, without distrun's supervisor.
 
-What it shows: a backend plans (`prepare`), records (`submit`), starts its hosts and reports
-their lines, heartbeats and exits to `run.events` by node name (`start`), and ends them when the
-run loop says so (`stop`). The run loop does the rest: the first failure, the root cause, the
-summary and the record. It is a test double only: torchrun's own ranks' output goes to its
-stdout (no per-rank labels), and `distrun stop` of a recorded job has nothing to end.
+What it shows: a backend plans (`prepare`), makes the job exist (`submit`: its plan.json, into
+the job's own directory `ctx.files`), starts its hosts and reports their lines, heartbeats and
+exits to `run.events` by node name (`start`), and ends them when the run loop says so (`stop`).
+The run loop does the rest: the first failure, the root cause, the summary and the record (a
+backend never writes the record: its hooks return what happened). It is a test double only:
+torchrun's own ranks' output goes to its stdout (no per-rank labels), and `distrun stop` of a
+recorded job has nothing to end.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from orchestrator.backends.base import Backend, LaunchContext, Stopped
+from orchestrator.backends.base import Backend, LaunchContext, Stopped, Submitted
 from orchestrator.backends.run import EXIT_WAIT, RunView
 from orchestrator.diagnose.failures import Failure
 from orchestrator.plan import HostPlan, LaunchPlan, build_plan
@@ -60,15 +63,15 @@ class ToyBackend(Backend):
 
     def prepare(self, ctx: LaunchContext) -> LaunchPlan:
         nodes = [NodeSpec(name=f"toy{i}", host="127.0.0.1", python=sys.executable, iface="lo")
-                 for i in range(ctx.request.nnodes or 2)]
+                 for i in range(ctx.asked.nnodes or 2)]
         return build_plan(ctx.job, nodes, {}, job_id=ctx.job_id, inventory_path="<toy>", master=nodes[0],
                           master_addr="127.0.0.1", master_port=free_port(), controller_cwd=os.getcwd(),
-                          controller_env=dict(os.environ), extra_args=ctx.request.extra_args, backend=self.NAME)
+                          controller_env=dict(os.environ), extra_args=list(ctx.asked.extra_args),
+                          backend=self.NAME)
 
-    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan:
-        ctx.store.job_dir(plan.job_id).write_plan(plan.to_dict())
-        ctx.save_record(plan)
-        return plan
+    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> Submitted:
+        ctx.files.write_plan(plan.to_dict())
+        return Submitted()
 
     def start(self, run: RunView) -> list[Failure]:
         failed = []
@@ -132,5 +135,5 @@ class ToyBackend(Backend):
         for node in self.procs:
             self._signal(node, signal.SIGKILL)
 
-    def stop_job(self, record: JobRecord) -> Stopped:
+    def stop_job(self, record: JobRecord, current: Callable[[], JobRecord]) -> Stopped:
         return Stopped(0)  # its hosts lived and died with the controller

@@ -5,16 +5,18 @@ writing one (tests/toy_backend.py is a whole one in one file).
 invoke's `Runner` is the model: the run loop (`orchestrator.run.attempt`) is written once; a backend
 fills in hooks. A backend object serves one command: one launch, or operations on recorded jobs.
 
-A launch calls, in this order (`launch.launch` and `attempt.Attempt`):
+A launch calls, in this order (`run.launch.launch` and `run.attempt.Attempt`):
 
     prepare(ctx) -> plan                  reach hosts / render the scheduler's request; nothing starts
     replan(ctx, plan, hosts, spares)      the controller's next attempt (`restarts:`), then preflight,
-                                          stage and start again
+                                          stage and start again; the run loop records its hosts
     dry_run(plan) -> text                 with --dry-run: what would run; then release()
     preflight(ctx, plan)                  unless --skip-preflight: refuse hosts that would hang a job
     stage(ctx, plan)                      put what the job needs on its hosts (`sync: true`)
-    submit(ctx, plan) -> plan | None      make the job exist (record it, hand it to a scheduler and wait
-                                          for its hosts); None: it ended before it started
+    submit(ctx, plan) -> Submitted        make the job exist (hand it to a scheduler); the run loop
+                                          records it as pending
+    place(ctx, plan) -> plan | Settled    wait for the job's hosts (a scheduler's queue): the plan on
+                                          them, recorded then; or how it ended before it started
     start(run) -> [Failure]               start every host's supervisor, or follow what a scheduler
                                           started; each host's events go to run.events (by node name)
     failures(run) -> [Failure]            polled: every host's failure as seen now
@@ -23,9 +25,15 @@ A launch calls, in this order (`launch.launch` and `attempt.Attempt`):
     finish(run) -> [lines]                release what the job held; extra lines for its summary
     release()                             always, when the backend is left (it is a context manager)
 
+A backend never writes the job's record: its hooks return what happened (`Submitted`, a plan,
+`Settled`, `Ending`), what it learns while a hook waits or the job runs goes to `ctx.learn`
+(`Learnt`), a refusal after the job exists is `Refused`, and the layers above record each. It
+writes files only into its own job's directory (`ctx.files`).
+
 Per-job operations, for jobs recorded earlier (their controller may be gone):
 
-    stop_job(record) -> Stopped           `distrun stop`: its exit code and what to say
+    stop_job(record, current) -> Stopped  `distrun stop`: its exit code, what to say, and the end to
+                                          record when no controller will (`Stopped.settled`)
     job_alive(record) -> bool             whether the job still runs (its controller, or its scheduler)
     ended_as(record) -> Settled           how a job that no longer runs ended; `ps` records it (default: lost)
     recover(record) -> {node: lines}      `distrun logs --recover`
@@ -43,15 +51,14 @@ from __future__ import annotations
 import os
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, ClassVar, TextIO
+from typing import ClassVar, TextIO
 
 from orchestrator.backends import options as backend_options
 from orchestrator.backends.options import Option
 from orchestrator.backends.run import RunView
-from orchestrator.console import terminal
 from orchestrator.console.display import fold_hosts
 from orchestrator.diagnose.failures import Failure
 from orchestrator.errors import UsageError
@@ -59,7 +66,7 @@ from orchestrator.fanout.group import GroupResult
 from orchestrator.plan import LaunchPlan
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.select import HostSelection, SelectionGuard
-from orchestrator.store import JobRecord, JobState, Store, controller_alive, process_start
+from orchestrator.store import JobDir, JobRecord, JobState, controller_alive
 from orchestrator.transport.base import CommandResult
 
 
@@ -93,6 +100,11 @@ class LaunchRequest:
     guard: SelectionGuard | None = None  # the rule for an implicit selection of many hosts; None: none
     internal: bool = False  # a run distrun makes for itself: never `last`
 
+    def asked(self) -> Asked:
+        """What this request asks of the backend."""
+        return Asked(self.inventory, self.selection, self.nnodes, self.guard, tuple(self.extra_args), self.dry_run,
+                     self.probe)
+
     def reproduce(self, hosts: Sequence[str], inventory: str, spares: Sequence[str] = ()) -> list[str]:
         """The `distrun launch` arguments that start this job again on `hosts` (the report's
         "Launched as"): the job, the inventory, the hosts and spares as one range, and every flag
@@ -120,49 +132,98 @@ class LaunchRequest:
         return args + (["--", *self.extra_args] if self.extra_args else [])
 
 
+@dataclass(frozen=True)
+class Asked:
+    """What a launch asks of its backend (from its `LaunchRequest`): where the job may run, and the
+    job's arguments after `--`; the rest of the request is the run loop's.
+
+    Attributes:
+        inventory: -i, as given (None: $DISTRUN_INVENTORY, else the built-in one).
+        selection: --nodes, --exclude, --label, --all.
+        nnodes: --nnodes, when one number was given.
+        guard: The rule for an implicit selection of many hosts; None: none.
+        extra_args: The job's arguments after `--`.
+        dry_run: --dry-run: plan only.
+        probe: With dry_run, reach the hosts to fill in what only a probe knows.
+    """
+
+    inventory: str | None = None
+    selection: HostSelection = field(default_factory=HostSelection)
+    nnodes: int | None = None
+    guard: SelectionGuard | None = None
+    extra_args: tuple[str, ...] = ()
+    dry_run: bool = False
+    probe: bool = False
+
+
+@dataclass(frozen=True)
+class Learnt:
+    """What a backend learnt of its job while a hook waits or the job runs (`LaunchContext.learn`),
+    for the run loop to record; None leaves a field as it is.
+
+    Attributes:
+        backend_ref: The backend's own id for the job (a later attempt's Slurm job id).
+        pending: Why the job waits (the record's detail, shown by `ps`).
+        master_addr: The rendezvous address, once the hosts found it.
+        master_port: The rendezvous port, once the hosts found it.
+    """
+
+    backend_ref: str | None = None
+    pending: str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+
+
 @dataclass
 class LaunchContext:
-    """One launch as its hooks see it: what was asked, the job, where it is recorded.
+    """One launch as its hooks see it: the job, what was asked of the backend, its directory.
 
     `interrupted` is the signal (SIGINT, SIGTERM) that asked distrun to stop while the job was
     submitted or running; hooks that wait (a scheduler's queue) return when it is set.
+
+    Attributes:
+        job: The job.
+        job_id: Its id.
+        asked: What the launch asks of the backend.
+        files: The job's directory, where the backend may write files of its own (plan.json).
+        learn: Where the backend says what it learnt of the job (the run loop records it).
+        terminal: Where lines are shown; None: detached or quiet (lines go to the job's files only).
+        interrupted: The signal that asked distrun to stop, or None.
     """
 
-    request: LaunchRequest
     job: JobSpec
     job_id: str
-    store: Store
-    terminal: TextIO | None = None  # None: detached or quiet (lines go to the job's files only)
+    asked: Asked
+    files: JobDir
+    learn: Callable[[Learnt], None]
+    terminal: TextIO | None = None
     interrupted: int | None = None
 
     def interrupt(self, signum: int) -> None:
         self.interrupted = signum
 
-    def save_record(self, plan: LaunchPlan, backend_ref: str | None = None, **fields: Any) -> JobRecord:
-        """Record the job as pending (from its plan) and return the record.
 
-        Args:
-            plan: The job's plan.
-            backend_ref: The backend's own id for the job (Slurm's job id).
-            fields: Record fields to set otherwise than from the plan (e.g. hosts=[] before a
-                scheduler chose them).
-        """
-        values: dict[str, Any] = {
-            "hosts": [h.node for h in plan.hosts], "master_addr": plan.master_addr, "master_port": plan.master_port,
-            **fields,
-        }
-        if not self.request.internal:
-            values.setdefault("command", self.request.reproduce(values["hosts"], plan.inventory_path, plan.spares))
-        record = JobRecord(id=plan.job_id, name=plan.job_name, spec_path=plan.spec_path,
-                           inventory=plan.inventory_path, backend=plan.backend, state=JobState.PENDING,
-                           controller_pid=os.getpid(), controller_start=process_start(os.getpid()),
-                           backend_ref=backend_ref, internal=self.request.internal, **values)
-        self.store.save(record)
-        return record
+@dataclass(frozen=True)
+class Submitted:
+    """What `submit` made: the job exists, and the run loop records it as pending.
 
-    def colour(self) -> bool:
-        """Whether lines may be coloured: --color, the config file, NO_COLOR, else a terminal that is a tty."""
-        return self.terminal is not None and terminal.colour(self.terminal)
+    Attributes:
+        backend_ref: The backend's own id for the job (Slurm's job id); None: it has none.
+        placed: Whether the plan's hosts are the job's. False: a scheduler chooses them, the job
+            is recorded without hosts, and `place` returns the plan on the hosts it chose.
+    """
+
+    backend_ref: str | None = None
+    placed: bool = True
+
+
+class Refused(UsageError):
+    """The job, already recorded, can never run as asked (the scheduler refuses it; it is cancelled):
+    the run loop records `settled` as its end, and the launch ends with this one-line error."""
+
+    def __init__(self, settled: Settled) -> None:
+        super().__init__(settled.detail)
+        self.settled = settled
 
 
 @dataclass(frozen=True)
@@ -181,19 +242,22 @@ class Ending:
 
 @dataclass(frozen=True)
 class Stopped:
-    """What `stop_job` did, for `distrun stop` to print or render as JSON.
+    """What `stop_job` did, for `distrun stop` to record, print or render as JSON.
 
     Attributes:
         code: The exit code of `distrun stop` for this job.
         messages: What happened, a line each.
         errors: The hosts that could not be reached, rendered (`GroupError.render`).
         gpus_freed: `node: line` for each GPU's memory the stop freed (remote/gpu.py).
+        settled: The end to record when no controller records one (the record is still pending,
+            running or lost); None: nothing to record.
     """
 
     code: int
     messages: tuple[str, ...] = ()
     errors: tuple[str, ...] = ()
     gpus_freed: tuple[str, ...] = ()
+    settled: Settled | None = None
 
 
 @dataclass(frozen=True)
@@ -215,7 +279,8 @@ class Backend(ABC):
     """Where jobs run. Subclasses set NAME (their registry key) and fill in the hooks.
 
     Args:
-        store: Where jobs are recorded.
+        job_dirs: A recorded job's directory by its id (for the per-job operations; a launch's
+            hooks get theirs as `ctx.files`).
         options: This backend's options, resolved (`resolve_options`).
     """
 
@@ -223,8 +288,8 @@ class Backend(ABC):
     OPTIONS: ClassVar[tuple[Option, ...]] = ()
     DESCRIPTION: ClassVar[str] = ""
 
-    def __init__(self, store: Store, options: Mapping[str, object] | None = None) -> None:
-        self.store = store
+    def __init__(self, job_dirs: Callable[[str], JobDir], options: Mapping[str, object] | None = None) -> None:
+        self.job_dirs = job_dirs
         self.options: dict[str, object] = dict(options or {})
 
     @classmethod
@@ -289,14 +354,27 @@ class Backend(ABC):
         """
 
     @abstractmethod
-    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan | None:
-        """Make the job exist and record it (`ctx.save_record`). From here on SIGINT and SIGTERM
-        are caught: they set `ctx.interrupted`, and the job is stopped on every host.
+    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> Submitted:
+        """Make the job exist (hand it to a scheduler, or nothing more); the run loop records it
+        as pending. From here on SIGINT and SIGTERM are caught: they set `ctx.interrupted`, and
+        the job is stopped on every host.
 
         Returns:
-            The plan of the hosts the job runs on (a scheduler fills them in), or None when the
-            job ended before it started: its record then says how (`Store.end`).
+            The backend's id for the job, and whether the plan's hosts are the job's.
         """
+
+    def place(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan | Settled:
+        """Wait until the job has its hosts (a scheduler's queue; why it waits goes to `ctx.learn`).
+
+        Returns:
+            The plan on the job's hosts (recorded by the run loop; by default `plan`), or how the
+            job ended before it started (cancelled or lost while pending, or interrupted): the run
+            loop records that end and exits with its code.
+
+        Raises:
+            Refused: the job can never run as asked (its end is recorded).
+        """
+        return plan
 
     @abstractmethod
     def start(self, run: RunView) -> list[Failure]:
@@ -331,8 +409,13 @@ class Backend(ABC):
     # ---------------------------------------------------------------- recorded jobs
 
     @abstractmethod
-    def stop_job(self, record: JobRecord) -> Stopped:
-        """Stop a recorded job: through its controller when alive, else directly; what it did."""
+    def stop_job(self, record: JobRecord, current: Callable[[], JobRecord]) -> Stopped:
+        """Stop a recorded job: through its controller when alive, else directly; what it did.
+
+        Args:
+            record: The job, as recorded when `distrun stop` began.
+            current: Its record as it is now (a live controller records the end it makes).
+        """
 
     def job_alive(self, record: JobRecord) -> bool:
         """Whether an unfinished job still runs. By default a job lives with its controller

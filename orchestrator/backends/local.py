@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.ssh import SshBackend
 from orchestrator.errors import UsageError
 from orchestrator.spec import Inventory, default_inventory
@@ -14,13 +13,13 @@ class LocalBackend(SshBackend):
     NAME = "local"
     DESCRIPTION = "this machine only (the built-in inventory), whatever -i or $DISTRUN_INVENTORY say"
 
-    def inventory(self, request: LaunchRequest) -> Inventory:
-        """The built-in inventory; an inventory given with -i would be ignored, so it is refused.
+    def inventory(self, path: str | None) -> Inventory:
+        """The built-in inventory; an inventory given with -i (`path`) would be ignored, so it is refused.
 
         Raises:
             UsageError: -i was given.
         """
-        if request.inventory:
-            raise UsageError(f"--backend local runs on this machine only, so -i {request.inventory} would be "
+        if path:
+            raise UsageError(f"--backend local runs on this machine only, so -i {path} would be "
                              "ignored (drop -i, or use --backend ssh to run on that inventory's hosts)")
         return default_inventory()

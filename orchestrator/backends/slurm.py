@@ -25,7 +25,17 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import remote, telemetry
-from orchestrator.backends.base import Backend, Ending, LaunchContext, LaunchRequest, Settled, Stopped
+from orchestrator.backends.base import (
+    Asked,
+    Backend,
+    Ending,
+    LaunchContext,
+    Learnt,
+    Refused,
+    Settled,
+    Stopped,
+    Submitted,
+)
 from orchestrator.backends.options import Option, OptionType
 from orchestrator.backends.run import EXIT_WAIT, RunView
 from orchestrator.backends.slurm_commands import (
@@ -91,29 +101,29 @@ class NodeTemplate:
     inventory_path: str
 
 
-def node_template(job: JobSpec, request: LaunchRequest, options: SlurmOptions) -> NodeTemplate:
+def node_template(job: JobSpec, asked: Asked, options: SlurmOptions) -> NodeTemplate:
     """The inventory node (the master, else the first selected) whose settings every node gets.
 
     Raises:
         UsageError: --nodes, --exclude or --label was given (Slurm places the job), the inventory is
             wrong, or the guard refused a job on every node of a large inventory.
     """
-    chosen = request.selection
+    chosen = asked.selection
     if chosen.nodes or chosen.exclude or chosen.labels:
         flag = "--nodes" if chosen.nodes else ("--exclude" if chosen.exclude else "--label")
         raise UsageError(f"{flag}: Slurm chooses the nodes of a Slurm job (use --nnodes, or "
                          "slurm.extra: ['--nodelist=a,b'] in the job)")
-    inventory = resolve_inventory_path(request.inventory)
+    inventory = resolve_inventory_path(asked.inventory)
     selected = select_nodes(replace(job, nnodes=None), inventory)
-    if request.guard is not None and not (request.nnodes or job.nnodes):
-        request.guard.check(selected, inventory, chosen.all or bool(job.select.names or job.select.labels), "launch")
+    if asked.guard is not None and not (asked.nnodes or job.nnodes):
+        asked.guard.check(selected, inventory, chosen.all or bool(job.select.names or job.select.labels), "launch")
     node = inventory.master_of(selected)
     if options.gpus_per_node:
         node = replace(node, gpus=options.gpus_per_node)
     return NodeTemplate(node, len(selected), inventory.path)
 
 
-def slurm_plan(job: JobSpec, request: LaunchRequest, template: NodeTemplate, job_id: str, attempt: int = 1,
+def slurm_plan(job: JobSpec, asked: Asked, template: NodeTemplate, job_id: str, attempt: int = 1,
                nnodes: int | None = None) -> LaunchPlan:
     """The plan for every node: one torchrun argv whose per-node values each node fills in.
 
@@ -121,13 +131,14 @@ def slurm_plan(job: JobSpec, request: LaunchRequest, template: NodeTemplate, job
     `nnodes` (a later attempt's), else --nnodes, else the job's nnodes, else the inventory's
     selected nodes.
     """
-    nnodes = nnodes or request.nnodes or job.nnodes or template.selected
+    nnodes = nnodes or asked.nnodes or job.nnodes or template.selected
+    extra_args = list(asked.extra_args)
     nodes = [replace(template.node, name=f"rank{i}") for i in range(nnodes)]
     plan = build_plan(job, nodes, {}, job_id=job_id, inventory_path=template.inventory_path, master=nodes[0],
                       master_addr="$MASTER_ADDR", master_port=0, controller_cwd=os.getcwd(),
-                      controller_env=dict(os.environ), extra_args=request.extra_args, backend=SlurmBackend.NAME,
+                      controller_env=dict(os.environ), extra_args=extra_args, backend=SlurmBackend.NAME,
                       attempt=attempt)
-    hosts = [replace(h, argv=node_argv(h.argv, torchrun_options_end(job, h.argv, request.extra_args)))
+    hosts = [replace(h, argv=node_argv(h.argv, torchrun_options_end(job, h.argv, extra_args)))
              for h in plan.hosts]
     return replace(plan, hosts=hosts)
 
@@ -145,18 +156,19 @@ def allocated_plan(plan: LaunchPlan, names: list[str], addrs: dict[str, str]) ->
     return replace(plan, hosts=hosts, master_node=names[0], master_addr=names[0])
 
 
-def batch_job(job: JobSpec, request: LaunchRequest, job_dir: JobDir, job_id: str, options: SlurmOptions,
+def batch_job(job: JobSpec, asked: Asked, job_dir: JobDir, job_id: str, options: SlurmOptions,
               attempt: int = 1, nnodes: int | None = None, exclude: tuple[str, ...] = ()) -> tuple[BatchJob, bytes]:
     """The batch job and the supervisor bundle its nodes run; a later attempt's on `nnodes` nodes,
     none of `exclude`, with files of its own."""
-    template = node_template(job, request, options)
-    plan = slurm_plan(job, request, template, job_id, attempt, nnodes)
+    template = node_template(job, asked, options)
+    plan = slurm_plan(job, asked, template, job_id, attempt, nnodes)
     gpus = gpus_per_node(options, plan, template)
     modules = [*dict.fromkeys([*PROBE_MODULES, *SUPERVISOR_MODULES]), "slurm_node"]
     bundle = remote.bundle("slurm_node", modules, telemetry.shipped_modules(gpus or 0))
     batch = BatchJob(plan=plan, options=options, gpus_per_node=gpus,
                      port=job.rendezvous.port, bundle_size=len(bundle), files=SlurmFiles(job_dir.root, attempt),
-                     options_end=torchrun_options_end(job, plan.hosts[0].argv, request.extra_args), exclude=exclude)
+                     options_end=torchrun_options_end(job, plan.hosts[0].argv, list(asked.extra_args)),
+                     exclude=exclude)
     return batch, bundle
 
 
@@ -240,42 +252,49 @@ class SlurmBackend(Backend):
     def prepare(self, ctx: LaunchContext) -> LaunchPlan:
         """The sbatch script and the nodes' files, from the plan of nodes rank0.. (Slurm names them later)."""
         self.ctx = ctx
-        self.batch, self.bundle = batch_job(ctx.job, ctx.request, ctx.store.job_dir(ctx.job_id), ctx.job_id,
-                                            self.slurm_options)
+        self.batch, self.bundle = batch_job(ctx.job, ctx.asked, ctx.files, ctx.job_id, self.slurm_options)
         self.script = render_script(self.batch)
         return self.batch.plan
 
     def dry_run(self, plan: LaunchPlan) -> str:
         return self.script.removesuffix("\n")
 
-    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan | None:
-        """sbatch the script, record the job, and wait (showing why) until Slurm allocates its nodes.
-
-        Returns:
-            The plan on the allocated nodes, or None when the job ended first (cancelled or
-            interrupted while pending, or lost).
+    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> Submitted:
+        """sbatch the script: the job exists, as Slurm's job, with no nodes yet.
 
         Raises:
-            UsageError: Slurm refused the job, or can never run it as asked (then it is cancelled).
+            UsageError: Slurm refused the job.
         """
         _, batch = self.launching
         check_node_count(plan.nnodes, self.slurm_options.partition)
-        write_files(ctx.store.job_dir(ctx.job_id), batch, self.bundle, self.script)
+        write_files(ctx.files, batch, self.bundle, self.script)
         self.slurm_id = sbatch(str(batch.files.script))
-        ctx.save_record(plan, backend_ref=self.slurm_id, hosts=[], master_addr="")
+        return Submitted(self.slurm_id, placed=False)
+
+    def place(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan | Settled:
+        """Wait (showing why) until Slurm allocates the job's nodes.
+
+        Returns:
+            The plan on the allocated nodes, or how the job ended first (cancelled or interrupted
+            while pending, or lost).
+
+        Raises:
+            Refused: Slurm can never run the job as asked (it is cancelled).
+        """
         self.say(f"job {ctx.job_id} submitted as Slurm job {self.slurm_id}")
         job = self._await_allocation(ctx)
         if ctx.interrupted is not None:
             cancel(self.slurm_id)
             name = signal.Signals(ctx.interrupted).name
             code = ExitCode.INTERRUPTED if ctx.interrupted == signal.SIGINT else ExitCode.TERMINATED
-            self._end(JobState.STOPPED, int(code), f"job {ctx.job_id} stopped ({name}) while pending; "
-                      f"Slurm job {self.slurm_id} cancelled")
-            return None
-        if job is None or not job.allocated:
-            self._ended_unallocated(job)
-            return None
-        return self._allocated(job, plan)
+            ended = Settled(JobState.STOPPED, f"job {ctx.job_id} stopped ({name}) while pending; "
+                            f"Slurm job {self.slurm_id} cancelled", int(code))
+        elif job is None or not job.allocated:
+            ended = self._unallocated(job)
+        else:
+            return self._allocated(job, plan)
+        self.say(ended.detail)
+        return ended
 
     def replan(self, ctx: LaunchContext, previous: LaunchPlan, hosts: Sequence[str],
                spares: Sequence[str]) -> LaunchPlan:
@@ -289,13 +308,13 @@ class SlurmBackend(Backend):
         """
         left_out = [h.node for h in previous.hosts if h.node not in hosts]
         self.excluded = tuple(dict.fromkeys([*self.excluded, *left_out]))
-        self.batch, self.bundle = batch_job(ctx.job, ctx.request, ctx.store.job_dir(ctx.job_id), ctx.job_id,
-                                            self.slurm_options, previous.attempt + 1, len(hosts), self.excluded)
+        self.batch, self.bundle = batch_job(ctx.job, ctx.asked, ctx.files, ctx.job_id, self.slurm_options,
+                                            previous.attempt + 1, len(hosts), self.excluded)
         self.script = render_script(self.batch)
         self.done, self.followers, self.ended_at, self.latest, self.cancelled = threading.Event(), [], None, None, False
-        write_files(ctx.store.job_dir(ctx.job_id), self.batch, self.bundle, self.script)
+        write_files(ctx.files, self.batch, self.bundle, self.script)
         self.slurm_id = sbatch(str(self.batch.files.script))
-        self.store.update(ctx.job_id, backend_ref=self.slurm_id)
+        ctx.learn(Learnt(backend_ref=self.slurm_id))
         excluding = f", excluding {','.join(self.excluded)}" if self.excluded else ""
         self.say(f"attempt {previous.attempt + 1} submitted as Slurm job {self.slurm_id}{excluding}")
         job = self._await_allocation(ctx)
@@ -309,7 +328,7 @@ class SlurmBackend(Backend):
         """A line for the terminal (stderr when detached) and the job's lines (as a note of `slurm`)."""
         ctx, _ = self.launching
         show(f"[slurm] {text}", stream=ctx.terminal or sys.stderr, flush=True)
-        append_note(ctx.store.job_dir(ctx.job_id), "slurm", text)
+        append_note(ctx.files, "slurm", text)
 
     def _await_allocation(self, ctx: LaunchContext) -> SlurmJob | None:
         """Poll until Slurm allocates nodes, ends the job, or distrun is interrupted; show each new pending reason."""
@@ -326,49 +345,41 @@ class SlurmBackend(Backend):
         """Say why the job waits when that changed; give up on a reason that never resolves.
 
         Raises:
-            UsageError: the job can never run as asked (the job is cancelled).
+            Refused: the job can never run as asked (the job is cancelled).
         """
         if job.reason == shown:
             return shown
         if job.reason in HOPELESS:
             cancel(self.slurm_id)
-            detail = f"Slurm cannot run job {self.slurm_id} as asked ({job.reason}); cancelled"
-            self._end(JobState.FAILED, int(ExitCode.USAGE), detail, quiet=True)
-            raise UsageError(detail)
+            raise Refused(Settled(JobState.FAILED, f"Slurm cannot run job {self.slurm_id} as asked ({job.reason}); "
+                                  "cancelled", int(ExitCode.USAGE)))
         waiting = "waiting for the scheduler" if job.reason in ("None", "") else job.reason
         self.say(f"job {self.slurm_id} pending ({waiting})")
-        self.store.update(self.launching[0].job_id, detail=f"pending in Slurm: {waiting}")
+        self.launching[0].learn(Learnt(pending=f"pending in Slurm: {waiting}"))
         return job.reason
 
-    def _ended_unallocated(self, job: SlurmJob | None) -> None:
-        """The job ended before Slurm gave it nodes (cancelled while pending, or lost)."""
+    def _unallocated(self, job: SlurmJob | None) -> Settled:
+        """How the job ended before Slurm gave it nodes (cancelled while pending, or lost)."""
         job_id = self.launching[0].job_id
         if job is None:
-            self._end(JobState.LOST, int(ExitCode.FAILED),
-                      f"job {job_id} lost: Slurm forgot job {self.slurm_id} before it started")
-            return
+            return Settled(JobState.LOST, f"job {job_id} lost: Slurm forgot job {self.slurm_id} before it started",
+                           int(ExitCode.FAILED))
         state = job.distrun_state
         code = ExitCode.TERMINATED if state is JobState.STOPPED else ExitCode.FAILED
-        self._end(state, int(code), f"job {job_id} {state.value}: Slurm job {self.slurm_id} ended "
-                  f"{job.state} while pending ({job.reason})")
-
-    def _end(self, state: JobState, code: int, detail: str, quiet: bool = False) -> None:
-        self.store.end(self.launching[0].job_id, state, code, detail)
-        if not quiet:
-            self.say(detail)
+        return Settled(state, f"job {job_id} {state.value}: Slurm job {self.slurm_id} ended {job.state} while "
+                       f"pending ({job.reason})", int(code))
 
     def _allocated(self, job: SlurmJob, plan: LaunchPlan) -> LaunchPlan:
-        """The plan on the nodes Slurm allocated, recorded."""
-        job_id = self.launching[0].job_id
+        """The plan on the nodes Slurm allocated (plan.json in the job's directory; the run loop records the nodes)."""
+        ctx = self.launching[0]
         names = hostnames(job.nodelist)
         allocated = allocated_plan(plan, names, node_addresses(names))
-        if self.launching[0].job.restarts.max:
+        if ctx.job.restarts.max:
             # The partition's other nodes stand in for the spares: Slurm picks among them (less --exclude).
             _, partition = partition_nodes(self.slurm_options.partition)
             allocated = replace(allocated, spares=tuple(n for n in partition if n not in names and
                                                         n not in self.excluded))
-        self.store.job_dir(job_id).write_plan(allocated.to_dict())
-        self.store.update(job_id, hosts=names, master_addr=allocated.master_addr, detail="")
+        ctx.files.write_plan(allocated.to_dict())
         self.say(f"job {self.slurm_id} running on {', '.join(names)}")
         self.batch_host = job.batch_host or names[0]
         return allocated
@@ -403,7 +414,7 @@ class SlurmBackend(Backend):
             run.sink.line(self.batch_host, f"slurm: {line}")
             match = MASTER_LINE.match(line)
             if match:
-                self.store.update(run.plan.job_id, master_addr=match.group(1), master_port=int(match.group(2)))
+                self.launching[0].learn(Learnt(master_addr=match.group(1), master_port=int(match.group(2))))
 
     def _poll_loop(self, run: RunView) -> None:
         while not self.done.wait(POLL):
@@ -494,28 +505,23 @@ class SlurmBackend(Backend):
 
     # ---------------------------------------------------------------- recorded jobs
 
-    def stop_job(self, record: JobRecord) -> Stopped:
-        """scancel the job; its controller, when alive, records the end, else this does."""
+    def stop_job(self, record: JobRecord, current: Callable[[], JobRecord]) -> Stopped:
+        """scancel the job; its controller, when alive, records the end, else `distrun stop` does (`settled`)."""
         if record.state.finished:
             return Stopped(int(ExitCode.OK), (f"job {record.id} already ended ({record.state.value})",))
         if record.backend_ref is None:
             raise UsageError(f"job {record.id} has no Slurm job id yet (it is being submitted); try again")
         cancel(record.backend_ref)
-        SlurmFiles(self.store.job_dir(record.id).root).secrets.unlink(missing_ok=True)
+        SlurmFiles(self.job_dirs(record.id).root).secrets.unlink(missing_ok=True)
         deadline = time.monotonic() + STOP_WAIT
         alive = controller_alive(record)
-        while time.monotonic() < deadline and not self._stopped(record, alive):
+        # Complete once the live controller recorded the stop, or (no controller) once Slurm is done.
+        while time.monotonic() < deadline and not (current().state.finished if alive
+                                                   else not in_queue(record.backend_ref)):
             time.sleep(0.2)
-        if not alive:
-            self.store.settle_lost(record.id, JobState.STOPPED, ended=time.time(),
-                                   detail=f"Slurm job {record.backend_ref} cancelled by `distrun stop`")
-        return Stopped(int(ExitCode.OK), (f"job {record.id} stopped (Slurm job {record.backend_ref} cancelled)",))
-
-    def _stopped(self, record: JobRecord, controller: bool) -> bool:
-        """Whether the stop is complete: the controller recorded it, or (no controller) Slurm is done."""
-        if controller:
-            return self.store.get(record.id).state.finished
-        return not in_queue(record.backend_ref or "")
+        said = (f"job {record.id} stopped (Slurm job {record.backend_ref} cancelled)",)
+        cancelled = Settled(JobState.STOPPED, f"Slurm job {record.backend_ref} cancelled by `distrun stop`")
+        return Stopped(int(ExitCode.OK), said, settled=None if alive else cancelled)
 
     def job_alive(self, record: JobRecord) -> bool:
         """Slurm owns the job: it runs on without its controller until Slurm ends or forgets it.
@@ -562,7 +568,7 @@ class SlurmBackend(Backend):
         if record.state.finished:
             raise UsageError(f"job {record.id} is not running in Slurm ({record.state.value}); "
                              "its nodes cannot be reached through its allocation")
-        job_dir = self.store.job_dir(record.id)
+        job_dir = self.job_dirs(record.id)
         files = SlurmFiles(job_dir.root)
         payload = remote.bundle(main, modules)
         bundle = files.dir / f"{main}-{os.getpid()}.bundle"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from orchestrator import remote, telemetry
-from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Stopped
+from orchestrator.backends.base import Backend, LaunchContext, Settled, Stopped, Submitted
 from orchestrator.backends.run import EXIT_WAIT, RunView
 from orchestrator.console.terminal import ProgressCounter, show
 from orchestrator.diagnose.failures import Failure, FailureKind
@@ -86,9 +86,9 @@ class SshBackend(Backend):
         self.facts: dict[str, HostFacts] = {}
         self.channels: dict[str, SupervisorChannel] = {}  # a launch's supervisors, by node
 
-    def inventory(self, request: LaunchRequest) -> Inventory:
-        """-i, else $DISTRUN_INVENTORY, else the built-in one (this machine)."""
-        return resolve_inventory_path(request.inventory)
+    def inventory(self, path: str | None) -> Inventory:
+        """`path` (-i), else $DISTRUN_INVENTORY, else the built-in one (this machine)."""
+        return resolve_inventory_path(path)
 
     def release(self) -> None:
         self.group.close()
@@ -97,23 +97,23 @@ class SshBackend(Backend):
 
     def prepare(self, ctx: LaunchContext) -> LaunchPlan:
         """Select the hosts and plan on them: probing each host, except for a dry run without --probe."""
-        request = ctx.request
-        inventory = self.inventory(request)
-        nodes, spares = select_with_spares(ctx.job, inventory, request.selection, request.nnodes, request.guard)
+        asked = ctx.asked
+        inventory = self.inventory(asked.inventory)
+        nodes, spares = select_with_spares(ctx.job, inventory, asked.selection, asked.nnodes, asked.guard)
         # Spares serve the controller's restarts only; without them the hosts beyond nnodes stay out.
         kept = tuple(node.name for node in spares) if ctx.job.restarts.max else ()
-        if request.dry_run and not request.probe:
-            return replace(self.plan_offline(ctx.job, inventory, nodes, ctx.job_id, request.extra_args), spares=kept)
-        return replace(self.plan_on(ctx.job, inventory, nodes, ctx.job_id, request.extra_args), spares=kept)
+        if asked.dry_run and not asked.probe:
+            return replace(self.plan_offline(ctx.job, inventory, nodes, ctx.job_id, asked.extra_args), spares=kept)
+        return replace(self.plan_on(ctx.job, inventory, nodes, ctx.job_id, asked.extra_args), spares=kept)
 
     def replan(self, ctx: LaunchContext, previous: LaunchPlan, hosts: Sequence[str],
                spares: Sequence[str]) -> LaunchPlan:
         """Plan the next attempt on `hosts` (probing each again) with a fresh rendezvous port: with
         `port: auto`, the search starts past the previous attempt's port."""
-        inventory = self.inventory(ctx.request)
+        inventory = self.inventory(ctx.asked.inventory)
         nodes = [inventory.node(name) for name in hosts]
         port_from = None if ctx.job.rendezvous.port else previous.master_port + 1
-        plan = self.plan_on(ctx.job, inventory, nodes, ctx.job_id, ctx.request.extra_args, port_from=port_from,
+        plan = self.plan_on(ctx.job, inventory, nodes, ctx.job_id, ctx.asked.extra_args, port_from=port_from,
                             attempt=previous.attempt + 1)
         return replace(plan, spares=tuple(spares))
 
@@ -184,11 +184,10 @@ class SshBackend(Backend):
                 show(note(node, f"workdir synced ({count} file(s) sent)"))
         check_checkpoint_dir(plan, self.group)
 
-    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> LaunchPlan:
-        """Record the job (plan.json, facts.json, the record); the hosts start in `start`."""
-        ctx.store.job_dir(plan.job_id).write_plan(plan.to_dict(), {n: f.raw for n, f in self.facts.items()})
-        ctx.save_record(plan)
-        return plan
+    def submit(self, ctx: LaunchContext, plan: LaunchPlan) -> Submitted:
+        """Write plan.json and facts.json into the job's directory; the hosts start in `start`."""
+        ctx.files.write_plan(plan.to_dict(), {n: f.raw for n, f in self.facts.items()})
+        return Submitted()
 
     def start(self, run: RunView) -> list[Failure]:
         """Ship the supervisor to every host at once over its channel; a host that does not start fails."""
@@ -243,29 +242,30 @@ class SshBackend(Backend):
 
     # ---------------------------------------------------------------- recorded jobs
 
-    def stop_job(self, record: JobRecord) -> Stopped:
-        """Stop through the live controller; when it is gone, end the job's processes on its hosts."""
+    def stop_job(self, record: JobRecord, current: Callable[[], JobRecord]) -> Stopped:
+        """Stop through the live controller (which records the end); when it is gone, end the job's
+        processes on its hosts."""
         if record.state.finished and record.state is not JobState.LOST:
             return Stopped(int(ExitCode.OK), (f"job {record.id} already ended ({record.state.value})",))
         if signal_controller(record, signal.SIGTERM):
             deadline = time.monotonic() + STOP_WAIT
-            while time.monotonic() < deadline and not self.store.get(record.id).state.finished:
+            while time.monotonic() < deadline and not current().state.finished:
                 time.sleep(0.2)
-            ended = self.store.get(record.id)
+            ended = current()
             if ended.state.finished:
                 return Stopped(int(ExitCode.OK), (f"job {record.id} stopped",), gpus_freed=tuple(ended.gpus_freed))
         return self.stop_on_hosts(record)
 
     def stop_on_hosts(self, record: JobRecord) -> Stopped:
-        """End a job's processes on each of its hosts, found by the job id."""
+        """End a job's processes on each of its hosts, found by the job id; the job is to be recorded stopped."""
         results = on_record_hosts(record, lambda t: _cleanup(t, record.id))
         freed = tuple(f"{node}: {line}" for node, output in results.succeeded.items()
                       for line in json.loads(output.strip().splitlines()[-1]).get("gpus_freed", []))
-        self.store.settle_lost(record.id, JobState.STOPPED, ended=time.time())
         said = (f"job {record.id} stopped on {len(results.succeeded)} of {len(results)} host(s)",)
+        settled = Settled(JobState.STOPPED)
         if results.failed:
-            return Stopped(int(ExitCode.INFRA), said, (GroupError(results).render(),), freed)
-        return Stopped(int(ExitCode.OK), said, gpus_freed=freed)
+            return Stopped(int(ExitCode.INFRA), said, (GroupError(results).render(),), freed, settled)
+        return Stopped(int(ExitCode.OK), said, gpus_freed=freed, settled=settled)
 
     def recover(self, record: JobRecord) -> dict[str, int]:
         """Rebuild a job's lines, metrics and telemetry from the copies its hosts kept.
@@ -281,7 +281,7 @@ class SshBackend(Backend):
             GroupError: a host could not be reached or read (each one named).
         """
         copies = on_record_hosts(record, lambda t: fetch_copy(t, record.id)).check("cannot read its copies")
-        return rebuild(self.store.job_dir(record.id), copies)
+        return rebuild(self.job_dirs(record.id), copies)
 
     def remove_copies(self, records: Sequence[JobRecord]) -> dict[str, str]:
         """Remove each host's ~/.distrun/jobs/<id> of these jobs: every host of an inventory at once,

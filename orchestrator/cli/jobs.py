@@ -19,6 +19,7 @@ from orchestrator.console import terminal
 from orchestrator.console.display import fold_hosts
 from orchestrator.errors import ExitCode, UsageError
 from orchestrator.ft.state import group_lines, groups_view
+from orchestrator.run import recorded
 from orchestrator.run.recorded import for_record, refresh_lost
 from orchestrator.spec.select import HostSelection
 from orchestrator.store import JobRecord, JobState, Store
@@ -227,7 +228,7 @@ def _with_labels(rec: JobRecord, hosts: list[str], labels: tuple[str, ...]) -> l
 
 
 def _stop_one(store: Store, rec: JobRecord, as_json: bool) -> int:
-    stopped = for_record(store, rec).stop_job(rec)
+    stopped = recorded.stop(store, rec)
     for error in stopped.errors:
         terminal.show(error, err=True)
     if as_json:

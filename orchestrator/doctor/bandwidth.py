@@ -18,12 +18,13 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
-from orchestrator.backends.base import LaunchContext, LaunchRequest
+from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.ssh import SshBackend
 from orchestrator.errors import InfraError
 from orchestrator.fanout.group import GroupError
 from orchestrator.plan import LaunchPlan
 from orchestrator.run.launch import run_attempts
+from orchestrator.run.recording import Launching
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec, Select, Telemetry
 from orchestrator.store import Store, new_job_id
 from orchestrator.transport import Transport
@@ -131,15 +132,15 @@ def measure(base: JobSpec | None, inventory: Inventory, nodes: list[NodeSpec], b
     job = bench_job(base, backend)
     report = BandwidthReport(backend, len(nodes), job_id)
     store = store or Store()
-    with SshBackend(store) as ssh:
+    with SshBackend(store.job_dir) as ssh:
         plan = ssh.plan_on(job, inventory, nodes, job_id)
         shipped = ssh.group.run(_ship)
         try:
             if shipped.failed:
                 return replace(report, error=GroupError(shipped).render())
             plan = replace(plan, hosts=[replace(h, workdir=shipped.succeeded[h.node]) for h in plan.hosts])
-            return _run(ssh, LaunchContext(LaunchRequest(job.path, live=False, internal=True), job, job_id,
-                                         store), plan, report)
+            launching = Launching.of(LaunchRequest(job.path, live=False, internal=True), job, job_id, store, None)
+            return _run(ssh, launching, plan, report)
         finally:
             # Best effort: the measurement is what was asked for; a host that is gone keeps the directory.
             ssh.group.run(lambda t: t.run(["rm", "-rf", "--", shipped.succeeded[t.name]], timeout=30),
@@ -172,10 +173,10 @@ def _ship(transport: Transport) -> str:
     return directory
 
 
-def _run(ssh: SshBackend, ctx: LaunchContext, plan: LaunchPlan, report: BandwidthReport) -> BandwidthReport:
+def _run(ssh: SshBackend, launching: Launching, plan: LaunchPlan, report: BandwidthReport) -> BandwidthReport:
     captured = io.StringIO()
-    ctx.terminal = captured
-    finished = run_attempts(ssh, ctx, plan)
+    launching.ctx.terminal = captured
+    finished = run_attempts(ssh, launching, plan)
     # Rank 0 prints only after every size was timed: with its line, the measurement is whole,
     # whatever became of the job's teardown.
     ranks, results = parse_results(finished.final_metrics)

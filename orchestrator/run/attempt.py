@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from orchestrator import telemetry
-from orchestrator.backends.base import Backend, LaunchContext
+from orchestrator.backends.base import Backend
 from orchestrator.backends.run import Channel
 from orchestrator.console.terminal import show
 from orchestrator.diagnose.at_exit import neighbours_finished, when_failed
@@ -33,6 +33,7 @@ from orchestrator.logs.sink import job_wide
 from orchestrator.plan import LaunchPlan
 from orchestrator.remote.redact import Masker
 from orchestrator.run.hostrun import HostRun
+from orchestrator.run.recording import Launching
 from orchestrator.run.restarts import AttemptHistory, Verdict
 from orchestrator.store import JobDir, JobRecord, JobState
 
@@ -65,21 +66,21 @@ def masked_attempts(history: AttemptHistory, mask: Masker) -> list[dict[str, Any
 class Attempt:
     """Follows a submitted job to its end through its backend's hooks, and records how it ended."""
 
-    def __init__(self, backend: Backend, ctx: LaunchContext, plan: LaunchPlan,
+    def __init__(self, backend: Backend, launching: Launching, plan: LaunchPlan,
                  history: AttemptHistory | None = None) -> None:
         self.backend = backend
-        self.ctx = ctx
+        self.ctx = ctx = launching.ctx
         self.plan = plan
-        self.store = ctx.store
-        self.record: JobRecord = ctx.store.get(plan.job_id)
-        self.dir: JobDir = ctx.store.job_dir(plan.job_id)
+        self.store = launching.store
+        self.record: JobRecord = self.store.get(plan.job_id)
+        self.dir: JobDir = ctx.files
         self.dir.create()
         self.monitor = telemetry.Monitor([h.node for h in plan.hosts], plan.telemetry_interval,
                                          self._on_alerts, self._running, title=plan.job_id,
                                          world_size=plan.world_size)
-        terminal = self.monitor.terminal(ctx.terminal, ctx.request.live)
-        screen = None if terminal is None else Screen(terminal, ctx.colour(), ctx.request.collapse, plan.job_id,
-                                                      job_dir=self.dir.root)
+        terminal = self.monitor.terminal(ctx.terminal, launching.request.live)
+        screen = None if terminal is None else Screen(terminal, launching.colour(), launching.request.collapse,
+                                                      plan.job_id, job_dir=self.dir.root)
         # The controller's attempts (DISTRUN_ATTEMPT 1, 2, ...) share the job's files; each line keeps its attempt.
         self.sink = LogSink(self.dir, screen, on_metrics=self._on_metrics, secrets=plan.secrets.values(),
                             attempt=plan.attempt)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator import backends, registry
-from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, terminal_for
+from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Refused, Settled, terminal_for
 from orchestrator.console.display import fold_hosts
 from orchestrator.console.interrupts import on_signals
 from orchestrator.console.terminal import show
@@ -31,6 +31,7 @@ from orchestrator.ft import replicas
 from orchestrator.plan import LaunchPlan
 from orchestrator.remote.redact import Masker
 from orchestrator.run.attempt import POLL, Attempt, masked_attempts
+from orchestrator.run.recording import Launching
 from orchestrator.run.restarts import AttemptHistory, Verdict
 from orchestrator.run.spare_pool import SparePool
 from orchestrator.spec.model import JobSpec
@@ -55,8 +56,10 @@ def launch(request: LaunchRequest) -> int:
         return replicas.launch(request, job)
     cls = backends.get(request.backend or job.backend or registry.DEFAULT)
     options = cls.resolve_options(job, request.options)
-    ctx = LaunchContext(request, job, request.job_id or new_job_id(job.name), Store(), terminal_for(request))
-    with cls(ctx.store, options) as backend:
+    store = Store()
+    launching = Launching.of(request, job, request.job_id or new_job_id(job.name), store, terminal_for(request))
+    ctx = launching.ctx
+    with cls(store.job_dir, options) as backend:
         plan = backend.prepare(ctx)
         if request.dry_run:
             show(dry_run_text(job, request, backend.dry_run(plan)))
@@ -64,7 +67,7 @@ def launch(request: LaunchRequest) -> int:
         if not request.skip_preflight:
             backend.preflight(ctx, plan)
         backend.stage(ctx, plan)
-        return run_attempts(backend, ctx, plan).code
+        return run_attempts(backend, launching, plan).code
 
 
 def dry_run_text(job: JobSpec, request: LaunchRequest, plan_text: str) -> str:
@@ -86,40 +89,49 @@ class Finished:
     final_metrics: dict[str, Any] | None = None
 
 
-def run_attempts(backend: Backend, ctx: LaunchContext, plan: LaunchPlan) -> Finished:
+def run_attempts(backend: Backend, launching: Launching, plan: LaunchPlan) -> Finished:
     """Submit a prepared job and follow it to its end, attempt after attempt when the job's
     `restarts` allow; SIGINT/SIGTERM stop it on every host.
 
     Returns:
         The exit code and the job's final metrics.
     """
+    ctx = launching.ctx
     with on_signals(ctx.interrupt):
-        _announce(ctx)
-        started = backend.submit(ctx, plan)
-        if started is None:
-            return Finished(ctx.store.get(ctx.job_id).exit_code or 0)
+        _announce(launching)
+        submitted = backend.submit(ctx, plan)
+        launching.submitted(plan, submitted)
+        try:
+            started = backend.place(ctx, plan)
+        except Refused as exc:
+            launching.ended(exc.settled)
+            raise
+        if isinstance(started, Settled):
+            return Finished(launching.ended(started))
+        if not submitted.placed:
+            launching.placed(started)
         history = AttemptHistory(ctx.job.restarts, ctx.job.min_nnodes or len(started.hosts), started.spares,
                                 pool=SparePool.from_env(ctx.job_id))
         while True:
-            attempt = _open_attempt(backend, ctx, started, history)
+            attempt = _open_attempt(backend, launching, started, history)
             code = attempt.run()
             if attempt.verdict is None or attempt.verdict.hosts is None:
                 return Finished(code, attempt.final_metrics)
-            following = _next_attempt(backend, ctx, started, history, attempt.verdict)
+            following = _next_attempt(backend, launching, started, history, attempt.verdict)
             if isinstance(following, int):
                 return Finished(following)
             started = following
 
 
-def _announce(ctx: LaunchContext) -> None:
+def _announce(launching: Launching) -> None:
     """The first line a launch shows: the job's id and where its files are, as a scheduler's
     `Submitted job ID` (a pipe or a log file otherwise heard of the id only at the end)."""
+    ctx = launching.ctx
     if ctx.terminal is not None:
-        show(f"Submitted job {ctx.job_id} (its files: {ctx.store.job_dir(ctx.job_id).root})", stream=ctx.terminal,
-             flush=True)
+        show(f"Submitted job {ctx.job_id} (its files: {ctx.files.root})", stream=ctx.terminal, flush=True)
 
 
-def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, history: AttemptHistory,
+def _next_attempt(backend: Backend, launching: Launching, plan: LaunchPlan, history: AttemptHistory,
                   verdict: Verdict) -> LaunchPlan | int:
     """After the backoff, plan the next attempt on the verdict's hosts, preflight and stage it.
 
@@ -127,6 +139,7 @@ def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, histor
         The next attempt's plan, or the exit code when the job ended here instead (interrupted,
         or the next attempt could not be planned: recorded as the job's end).
     """
+    ctx = launching.ctx
     deadline = time.monotonic() + history.policy.backoff
     while ctx.interrupted is None and time.monotonic() < deadline:
         time.sleep(POLL)
@@ -134,28 +147,28 @@ def _next_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, histor
     failed: DistrunError | None = None
     if ctx.interrupted is None:
         try:
-            following = _plan_next(backend, ctx, plan, history, verdict.hosts or (), verdict.spares)
+            following = _plan_next(backend, launching, plan, history, verdict.hosts or (), verdict.spares)
         except DistrunError as exc:
             failed = exc
     if ctx.interrupted is not None:
         name = signal.Signals(ctx.interrupted).name
         code = ExitCode.INTERRUPTED if ctx.interrupted == signal.SIGINT else ExitCode.TERMINATED
-        return _end_between(ctx, history, plan, JobState.STOPPED, int(code),
+        return _end_between(launching, history, plan, JobState.STOPPED, int(code),
                             f"job {ctx.job_id} stopped ({name}) before attempt {history.number + 1}")
     if failed is not None or following is None:
-        return _end_between(ctx, history, plan, JobState.FAILED, int(failed.exit_code if failed else ExitCode.FAILED),
+        code = int(failed.exit_code if failed else ExitCode.FAILED)
+        return _end_between(launching, history, plan, JobState.FAILED, code,
                             f"job {ctx.job_id} FAILED: attempt {history.number + 1} could not start: {failed}")
-    ctx.store.job_dir(ctx.job_id).write_plan(following.to_dict())
+    ctx.files.write_plan(following.to_dict())
     hosts = [h.node for h in following.hosts]
-    command = {} if ctx.request.internal else {
-        "command": ctx.request.reproduce(hosts, following.inventory_path, following.spares)}
-    ctx.store.update(ctx.job_id, hosts=hosts, master_addr=following.master_addr,
-                     master_port=following.master_port, **command)
+    # The detail goes: a scheduler's pending reason of this attempt (`Learnt.pending`) is over.
+    launching.store.update(ctx.job_id, hosts=hosts, master_addr=following.master_addr,
+                           master_port=following.master_port, detail="", **launching.command(following, hosts))
     return following
 
 
-def _plan_next(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, history: AttemptHistory, hosts: Sequence[str],
-               spares: Sequence[str]) -> LaunchPlan:
+def _plan_next(backend: Backend, launching: Launching, plan: LaunchPlan, history: AttemptHistory,
+               hosts: Sequence[str], spares: Sequence[str]) -> LaunchPlan:
     """Plan, preflight and stage the next attempt on `hosts`; a host that cannot be reached or
     probed is set aside, and the next spare (else fewer hosts, as `nnodes: MIN:MAX` allows)
     tried in its place.
@@ -163,11 +176,12 @@ def _plan_next(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, history: 
     Raises:
         DistrunError: the attempt cannot start (no host left to try, or another error).
     """
+    ctx = launching.ctx
     while True:
         history.spares = tuple(spares)
         try:
-            following = backend.replan(ctx, plan, hosts, spares)
-            if not ctx.request.skip_preflight:
+            following = _replan(backend, launching, plan, hosts, spares)
+            if not launching.request.skip_preflight:
                 backend.preflight(ctx, following)
             backend.stage(ctx, following)
             return following
@@ -182,25 +196,35 @@ def _plan_next(backend: Backend, ctx: LaunchContext, plan: LaunchPlan, history: 
                        f"{fold_hosts(hosts)}")
 
 
+def _replan(backend: Backend, launching: Launching, plan: LaunchPlan, hosts: Sequence[str],
+            spares: Sequence[str]) -> LaunchPlan:
+    """The backend's plan of the next attempt; a refusal's end is recorded before it goes on."""
+    try:
+        return backend.replan(launching.ctx, plan, hosts, spares)
+    except Refused as exc:
+        launching.ended(exc.settled)
+        raise
+
+
 def _tell(ctx: LaunchContext, text: str) -> None:
     show(text, stream=ctx.terminal or sys.stderr, flush=True)
 
 
-def _end_between(ctx: LaunchContext, history: AttemptHistory, plan: LaunchPlan, state: JobState, code: int,
+def _end_between(launching: Launching, history: AttemptHistory, plan: LaunchPlan, state: JobState, code: int,
                  detail: str) -> int:
     """Record and say the end of a job that ended between two attempts (secrets masked); its exit code."""
     mask = Masker(plan.secrets.values())
     text = mask.text("\n".join([detail, *history.lines()]))
     try:
-        ctx.store.end(ctx.job_id, state, code, text, attempts=masked_attempts(history, mask),
-                      quarantined=history.quarantined)
+        launching.store.end(launching.job_id, state, code, text, attempts=masked_attempts(history, mask),
+                            quarantined=history.quarantined)
     except DistrunError as exc:
         text += f"\ndistrun: warning: the job's end is not recorded: {exc}"
-    _tell(ctx, text)
+    _tell(launching.ctx, text)
     return code
 
 
-def _open_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan,
+def _open_attempt(backend: Backend, launching: Launching, plan: LaunchPlan,
                   history: AttemptHistory | None = None) -> Attempt:
     """The attempt of a recorded job, its files open; nothing has started on the hosts yet.
 
@@ -208,10 +232,11 @@ def _open_attempt(backend: Backend, ctx: LaunchContext, plan: LaunchPlan,
         InfraError: the job's files could not be opened (a full disk); the record says so.
     """
     try:
-        return Attempt(backend, ctx, plan, history)
+        return Attempt(backend, launching, plan, history)
     except OSError as exc:
-        error = InfraError(f"cannot write the job's files into {ctx.store.job_dir(plan.job_id).root}: "
+        error = InfraError(f"cannot write the job's files into {launching.ctx.files.root}: "
                            f"{exc.strerror or exc} (free space under DISTRUN_HOME, or point DISTRUN_HOME elsewhere)")
         with contextlib.suppress(DistrunError):
-            ctx.store.end(plan.job_id, JobState.FAILED, int(error.exit_code), f"job {plan.job_id} not started: {error}")
+            launching.store.end(plan.job_id, JobState.FAILED, int(error.exit_code),
+                                f"job {plan.job_id} not started: {error}")
         raise error from exc

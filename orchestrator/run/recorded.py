@@ -1,12 +1,14 @@
-"""Recorded jobs and their backends: the backend a record ran on (`for_record`), and the `ps`
-settlement of unfinished records whose job no longer runs (`refresh_lost`)."""
+"""Recorded jobs and their backends: the backend a record ran on (`for_record`), `distrun stop`
+of a recorded job with the end it records (`stop`), and the `ps` settlement of unfinished
+records whose job no longer runs (`refresh_lost`). The backends say what happened; this records it."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import fields
 
 from orchestrator import backends, registry
-from orchestrator.backends.base import Backend
+from orchestrator.backends.base import Backend, Stopped
 from orchestrator.errors import UsageError
 from orchestrator.store import JobRecord, JobState, Store
 
@@ -20,7 +22,25 @@ def for_record(store: Store, record: JobRecord) -> Backend:
     if record.backend not in registry.REGISTRY:
         raise UsageError(f"job {record.id} ran on backend {record.backend!r}, which this distrun does not have "
                          f"(it has {', '.join(registry.names())})")
-    return backends.get(record.backend)(store)
+    return backends.get(record.backend)(store.job_dir)
+
+
+def stop(store: Store, record: JobRecord) -> Stopped:
+    """Stop a recorded job through its backend (`stop_job`, which reads the record as it is now to
+    see a live controller record the end); the end the backend settled on is recorded when no
+    controller recorded one (the record is still pending, running or lost).
+
+    Raises:
+        UsageError: the record's backend is unknown, or cannot stop the job yet.
+    """
+    stopped = for_record(store, record).stop_job(record, lambda: store.get(record.id))
+    settled = stopped.settled
+    if settled is not None:
+        extra = {"detail": settled.detail} if settled.detail else {}
+        if settled.exit_code is not None:
+            extra["exit_code"] = settled.exit_code
+        store.settle_lost(record.id, settled.state, ended=time.time(), **extra)
+    return stopped
 
 
 def refresh_lost(store: Store, records: list[JobRecord]) -> None:
