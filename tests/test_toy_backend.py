@@ -3,6 +3,7 @@ two hosts, each a local torchrun, one gloo all-reduce across them."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,11 @@ from orchestrator.store import JobState, Store
 from tests.helpers import REPO, job_lines
 
 WORKER = REPO / "tests" / "cluster" / "jobs" / "worker.py"
+TOY = REPO / "tests" / "toy_backend.py"
+# What a backend is written against (ARCHITECTURE.md, "Extension points"): the contract, and the plain
+# data it passes on (the plan, the inventory's nodes, a failure, a record, the supervisor's framing).
+CONTRACT = {"orchestrator.backends.base", "orchestrator.backends.run", "orchestrator.plan", "orchestrator.spec.model",
+            "orchestrator.store", "orchestrator.diagnose.failures", "orchestrator.remote.stream"}
 
 
 @pytest.fixture
@@ -29,6 +35,17 @@ def run_toy(tmp_path: Path, job_id: str, *args: str) -> int:
                    "telemetry: {enabled: false}\n")
     return launch.launch(LaunchRequest(str(job), backend="toy", job_id=job_id, live=False, quiet=True,
                                        skip_preflight=True, extra_args=list(args)))
+
+
+def test_adding_the_toy_backend_takes_its_own_file_written_against_the_contract_and_one_registry_line(toy) -> None:
+    tree = ast.parse(TOY.read_text(encoding="utf-8"))
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and (node.module or "").startswith("orchestrator")}
+    imported |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+                 if alias.name.startswith("orchestrator")}
+
+    assert imported and imported <= CONTRACT, imported - CONTRACT
+    assert registry.names()[-1] == "toy", "one line in the registry makes it a backend like the others"
 
 
 def test_a_backend_written_against_the_contract_alone_runs_a_two_host_job_to_success(toy, tmp_path: Path) -> None:
