@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator.errors import UsageError
-from orchestrator.ft.groups import ReplicaGroup, group_job, split
-from orchestrator.ft.lighthouse import SYSTEM_PATH, lighthouse_job
-from orchestrator.ft.preflight import check_torchft
-from orchestrator.ft.timeline import quorum_of
 from orchestrator.remote import ftforward
 from orchestrator.remote.ftforward import UPSTREAMS, forward_lighthouse
+from orchestrator.run.ft.groups import ReplicaGroup, group_job, split
+from orchestrator.run.ft.lighthouse import SYSTEM_PATH, lighthouse_job
+from orchestrator.run.ft.preflight import check_torchft
+from orchestrator.run.ft.timeline import quorum_of
 from orchestrator.spec.job import job_from_text
 from orchestrator.spec.model import FaultTolerance, NodeSpec, TransportKind
 from orchestrator.spec.overrides import job_to_yaml

@@ -11,9 +11,9 @@ from pathlib import Path
 from rich.console import Console
 
 from orchestrator.diagnose.failures import Failure, FailureKind
-from orchestrator.ft.story import story
-from orchestrator.ft.timeline import Member, QuorumTail, Timeline, heal_source, quorum_of
-from orchestrator.ft.view import group_row, render
+from orchestrator.run.ft.story import story
+from orchestrator.run.ft.timeline import Member, QuorumTail, Timeline, heal_source, quorum_of
+from orchestrator.run.ft.view import group_row, render
 from orchestrator.run.restarts import AttemptHistory, AttemptRecord
 from orchestrator.run.spare_pool import SparePool
 from orchestrator.spec.model import Restarts

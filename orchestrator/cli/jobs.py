@@ -18,8 +18,8 @@ from orchestrator.cli.options import (
 from orchestrator.console import terminal
 from orchestrator.console.display import fold_hosts
 from orchestrator.errors import ExitCode, UsageError
-from orchestrator.ft.state import group_lines, groups_view
 from orchestrator.run import recorded
+from orchestrator.run.ft.state import group_lines, groups_view
 from orchestrator.run.recorded import for_record, refresh_lost
 from orchestrator.spec.select import HostSelection
 from orchestrator.store import JobRecord, JobState, Store

@@ -17,7 +17,6 @@ from orchestrator.cli.timespec import parse_since
 from orchestrator.console.display import fold_hosts
 from orchestrator.console.terminal import show
 from orchestrator.errors import ExitCode, UsageError
-from orchestrator.ft.state import group_job_id
 from orchestrator.logs.format import note, ranges
 from orchestrator.logs.query import (
     JobLog,
@@ -30,6 +29,7 @@ from orchestrator.logs.query import (
 )
 from orchestrator.remote.linestore import Located
 from orchestrator.remote.redact import escape_controls
+from orchestrator.run.ft.state import group_job_id
 from orchestrator.run.recorded import for_record, refresh_lost
 from orchestrator.store import JobDir, JobRecord, JobState, Store
 

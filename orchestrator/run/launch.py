@@ -27,10 +27,10 @@ from orchestrator.console.interrupts import on_signals
 from orchestrator.console.terminal import show
 from orchestrator.errors import DistrunError, ExitCode, InfraError
 from orchestrator.fanout.group import GroupError
-from orchestrator.ft import replicas
 from orchestrator.plan import LaunchPlan
 from orchestrator.remote.redact import Masker
 from orchestrator.run.attempt import POLL, Attempt, masked_attempts
+from orchestrator.run.ft import replicas
 from orchestrator.run.recording import Launching
 from orchestrator.run.restarts import AttemptHistory, Verdict
 from orchestrator.run.spare_pool import SparePool

@@ -1,5 +1,5 @@
 """Spares that several controllers share, each handed to one of them only: a fault-tolerant job's
-replica groups (ft/replicas.py) all may take the job's spares, and two groups that lose a host at
+replica groups (run/ft/replicas.py) all may take the job's spares, and two groups that lose a host at
 the same time must not both take the first.
 
 The pool is a JSON file of claims (spare -> the job that took it), read and written under an

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from orchestrator.console.display import fold_hosts
 from orchestrator.diagnose.failures import Failure, FailureKind
-from orchestrator.ft.timeline import Stint
+from orchestrator.run.ft.timeline import Stint
 from orchestrator.run.restarts import AttemptRecord
 
 

@@ -20,7 +20,7 @@ from rich.text import Text
 from orchestrator.console.display import fold_hosts
 from orchestrator.console.terminal import colour
 from orchestrator.errors import ExitCode
-from orchestrator.ft.timeline import Stint, Timeline
+from orchestrator.run.ft.timeline import Stint, Timeline
 from orchestrator.run.restarts import AttemptRecord
 from orchestrator.telemetry.view import ConsoleWriter
 

@@ -33,13 +33,13 @@ from rich.console import Group
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.console.terminal import show
 from orchestrator.errors import DistrunError, ExitCode, UsageError
-from orchestrator.ft import lighthouse
-from orchestrator.ft.groups import ReplicaGroup, group_job, split
-from orchestrator.ft.preflight import check_torchft
-from orchestrator.ft.state import GROUPS_FILE
-from orchestrator.ft.story import story
-from orchestrator.ft.timeline import QuorumTail, Timeline
-from orchestrator.ft.view import STOPPED, GroupRow, LiveGroups, group_row, render
+from orchestrator.run.ft import lighthouse
+from orchestrator.run.ft.groups import ReplicaGroup, group_job, split
+from orchestrator.run.ft.preflight import check_torchft
+from orchestrator.run.ft.state import GROUPS_FILE
+from orchestrator.run.ft.story import story
+from orchestrator.run.ft.timeline import QuorumTail, Timeline
+from orchestrator.run.ft.view import STOPPED, GroupRow, LiveGroups, group_row, render
 from orchestrator.run.restarts import AttemptRecord
 from orchestrator.run.spare_pool import POOL_ENV
 from orchestrator.spec import resolve_inventory_path, select_with_spares
