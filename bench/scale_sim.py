@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from orchestrator import backends, launch  # noqa: E402
+from orchestrator import registry  # noqa: E402
 from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Submitted  # noqa: E402
 from orchestrator.backends.run import EXIT_WAIT, RunView  # noqa: E402
 from orchestrator.diagnose.failures import Failure  # noqa: E402
@@ -64,6 +64,7 @@ from orchestrator.plan import LaunchPlan, build_plan  # noqa: E402
 from orchestrator.remote.linestore import read_index  # noqa: E402
 from orchestrator.remote.stream import EVENT, STDOUT, Batch, encode  # noqa: E402
 from orchestrator.remote.supervisor import StopCause  # noqa: E402
+from orchestrator.run import launch  # noqa: E402
 from orchestrator.spec.model import NodeSpec  # noqa: E402
 from orchestrator.store import JobRecord, Store  # noqa: E402
 from orchestrator.transport.base import unread_bytes  # noqa: E402
@@ -410,7 +411,7 @@ def measure(hosts: int, seconds: float, home: Path, threads: bool = False) -> di
     os.environ["DISTRUN_HOME"] = str(home)
     os.environ.setdefault("COLUMNS", "160")
     os.environ.setdefault("LINES", "50")
-    backends.REGISTRY["sim"] = f"{__name__}:SimBackend"
+    registry.REGISTRY["sim"] = f"{__name__}:SimBackend"
     job = home / "job.yaml"
     job.write_text(f"name: sim\nscript: {REPO / 'bench' / 'allreduce_job.py'}\nnproc_per_node: {RANKS}\n"
                    f"hang_timeout: 600\ntelemetry: {{interval: {TELEMETRY_EVERY}}}\n")
