@@ -187,7 +187,8 @@ class Bench:
         script, args = job_args(checkout, job, self.args.steps)
         if launcher == "distrun":
             inv = ["-i", str(self.inventory)] if self.inventory else []
-            return [PYTHON, "-m", "orchestrator", "launch", str(job_file(checkout, job)), *inv, "--no-live", "--",
+            return [PYTHON, "-m", "orchestrator", "launch", str(job_file(checkout, job)), *inv, "--no-live",
+                    "--metrics-lines", "--",
                     "--steps", str(self.args.steps)]
         flags = torchrun_flags(launcher, run_dir / "torchrun-logs")
         if self.cluster is None:

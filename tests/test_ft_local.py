@@ -56,14 +56,14 @@ def kill_group(script: Path, group: int) -> None:
 
 
 def launch(tmp_path: Path, job: Path, home: Path, when: str | Callable[[str], bool] | None = None,
-           act: Callable[[], None] | None = None) -> tuple[int, str]:
+           act: Callable[[], None] | None = None, *flags: str) -> tuple[int, str]:
     """`distrun launch JOB -i inv.yaml`; once its output shows `when` (or `when(output)` holds), `act()`;
     its exit code and output."""
     env = {**os.environ, "DISTRUN_HOME": str(home), "OMP_NUM_THREADS": "1", "XDG_CONFIG_HOME": str(home / "nc")}
     out = tmp_path / "out.txt"
     with open(out, "w") as sink:
         proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "launch", str(job), "-i",
-                                 str(tmp_path / "inv.yaml"), "--no-live"], cwd=REPO, env=env, stdout=sink,
+                                 str(tmp_path / "inv.yaml"), "--no-live", *flags], cwd=REPO, env=env, stdout=sink,
                                 stderr=subprocess.STDOUT)
     try:
         if when is not None:
@@ -265,7 +265,7 @@ def test_bundled_resnet_script_trains_as_ft_ddp_replica_groups_in_one_quorum(tmp
                                "--num-classes", "10", "--steps", "6", "--log-every", "2"],
                     script=REPO / "jobs" / "train_resnet50.py")
     job.write_text(job.read_text().replace("min_replicas: 1", "min_replicas: 2"))  # every step has both groups
-    code, out = launch(tmp_path, job, home)
+    code, out = launch(tmp_path, job, home, None, None, "--metrics-lines")
     assert code == 0, out[-4000:]
     logged = re.findall(r"^\[g(\d)\] \[\w+ r0\] train_resnet50: ft step (\d+) group \1 participants (\d)$", out, re.M)
     assert {(group, step) for group, step, _ in logged} >= {("0", "6"), ("1", "6")}, out[-4000:]

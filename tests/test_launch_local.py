@@ -37,10 +37,12 @@ def job_dir(home):
 
 
 def test_local_launch_succeeds_with_two_ranks_and_a_throughput_summary(finished_job):
-    _, result = finished_job
+    home, result = finished_job
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "[localhost r0]" in result.stdout and "[localhost r1]" in result.stdout
-    assert "succeeded" in result.stdout and "samples/s" in result.stdout
+    assert "[localhost r0]" in result.stdout and "succeeded" in result.stdout and "samples/s" in result.stdout
+    assert "DISTRUN_METRICS" not in result.stdout, "metrics lines are data for the summary, not for the screen"
+    logged = distrun("logs", "last", home=home).stdout
+    assert "[localhost r0] DISTRUN_METRICS" in logged and "[localhost r1] DISTRUN_METRICS" in logged
 
 
 def test_the_first_line_on_a_pipe_is_the_job_id_and_where_its_files_are(finished_job):

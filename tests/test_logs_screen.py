@@ -364,6 +364,23 @@ def test_a_known_harmless_warning_shows_once_and_its_repeats_are_counted(tmp_pat
     assert "[node0-2] distrun: 5 more \"The hostname of the client socket cannot be retrieved\"" in shown
 
 
+def test_metrics_and_checksum_lines_stay_off_the_screen_unless_asked_and_the_files_keep_them(tmp_path: Path) -> None:
+    batch = (b'epoch 0 loss 2.3\nDISTRUN_METRICS {"step": 2, "rank": 0}\nDISTRUN_CHECKSUM {"rank": 0}\n'
+             b'a line that names DISTRUN_METRICS inside\n')
+    shown = {}
+    for asked in (False, True):
+        terminal = io.StringIO()
+        sink = LogSink(JobDir(tmp_path / str(asked)), Screen(terminal, data_lines=asked))
+        host(sink, "node0").on_data(encode(Batch(0, "o", 4, batch)))
+        host(sink, "node0").on_data(encode(Batch(1, "o", 1, b'DISTRUN_METRICS {"step": 2, "rank": 1}\n')))
+        sink.close()
+        shown[asked] = terminal.getvalue().splitlines()
+
+    assert shown[False] == ["[node0 r0] epoch 0 loss 2.3", "[node0 r0] a line that names DISTRUN_METRICS inside"]
+    assert len(shown[True]) == 5
+    assert "DISTRUN_CHECKSUM" in (tmp_path / "False" / "ranks" / "0.out").read_text(), "the files keep every line"
+
+
 def test_torchruns_omp_num_threads_banner_shows_from_the_first_host_only(tmp_path: Path) -> None:
     terminal = io.StringIO()
     sink = LogSink(JobDir(tmp_path), Screen(terminal))

@@ -90,6 +90,7 @@ class LaunchRequest:
     backend: str | None = None
     live: bool = True
     collapse: bool = False  # fold identical lines of several ranks on screen
+    metrics_lines: bool = False  # show the ranks' DISTRUN_METRICS/DISTRUN_CHECKSUM lines on screen
     job_id: str | None = None
     quiet: bool = False
     extra_args: list[str] = field(default_factory=list)

@@ -55,6 +55,8 @@ DETACH_WAIT = 120.0
                    "`distrun backends` lists them), e.g. -o partition=gpu.")
 @click.option("--no-live", is_flag=True, help="No live status area; plain log lines.")
 @click.option("--collapse", is_flag=True, help="Fold identical lines of several ranks into one [node0-2 r0-5] line.")
+@click.option("--metrics-lines", is_flag=True, help="Show the ranks' DISTRUN_METRICS and DISTRUN_CHECKSUM lines "
+              "(the live view, the summary and the job's files have them anyway).")
 @click.option("--job-id", hidden=True)
 @click.option("--detached-child", is_flag=True, hidden=True)
 @color_option
@@ -64,7 +66,8 @@ def launch(ctx: click.Context, target: str, inventory: str | None, selection: Ho
            nnodes: int | tuple[int, int] | None,
            nproc_per_node: str | None, name: str | None, env: tuple[str, ...], dry_run: bool, probe: bool,
            detach: bool, as_json: bool, skip_preflight: bool, backend: str | None, options: tuple[str, ...],
-           no_live: bool, collapse: bool, job_id: str | None, detached_child: bool, extra: tuple[str, ...]) -> None:
+           no_live: bool, collapse: bool, metrics_lines: bool, job_id: str | None, detached_child: bool,
+           extra: tuple[str, ...]) -> None:
     """Start a job on the selected hosts: JOB.yaml, or SCRIPT.py with the job built from the flags.
 
     Arguments after `--` go to the training script. Without --nodes, --label, --nnodes or --all,
@@ -89,9 +92,9 @@ def launch(ctx: click.Context, target: str, inventory: str | None, selection: Ho
     request = LaunchRequest(
         job_file=target, inventory=inventory, selection=selection, nnodes=nnodes if isinstance(nnodes, int) else None,
         nnodes_range=nnodes if isinstance(nnodes, tuple) else None, dry_run=dry_run, probe=probe,
-        skip_preflight=skip_preflight, backend=backend, live=not no_live, collapse=collapse, job_id=job_id or None,
-        quiet=detached_child, extra_args=list(extra), options=list(options), name=name,
-        nproc_per_node=nproc_per_node, env=list(env),
+        skip_preflight=skip_preflight, backend=backend, live=not no_live, collapse=collapse,
+        metrics_lines=metrics_lines, job_id=job_id or None, quiet=detached_child, extra_args=list(extra),
+        options=list(options), name=name, nproc_per_node=nproc_per_node, env=list(env),
         guard=None if detached_child else context_guard(ctx),
     )
     if detach and not dry_run:

@@ -12,7 +12,9 @@ Noise (files keep everything):
   (SignalException, "Sending process ... closing signal") are folded into one counted line per
   host, `[node0] 52 lines of shutdown output (distrun logs ID --node node0)`; the first failed
   rank's traceback stays, whole (or the root cause's, shown when it is known);
-- known-harmless warnings that repeat (fold.py's `HARMLESS`) are shown once, then counted.
+- known-harmless warnings that repeat (fold.py's `HARMLESS`) are shown once, then counted;
+- a rank's `DISTRUN_METRICS` and `DISTRUN_CHECKSUM` lines are data for the live view, the summary
+  and the files, not for reading: kept off the screen unless asked (`launch --metrics-lines`).
 
 `Collapser` folds identical lines printed by several ranks within a moment into one
 `[node0-2 r0-5] text` line (`launch --collapse`, `logs --collapse`).
@@ -33,6 +35,7 @@ from orchestrator.logs.writer import QUEUE_BYTES, TerminalWriter
 
 SPILL = "screen.spill"  # in the job directory: what a pipe that fell behind has still to get
 COLLAPSE_WINDOW = 0.5  # seconds within which identical lines from several ranks are folded
+DATA_LINES = ("DISTRUN_METRICS ", "DISTRUN_CHECKSUM ")  # a rank's lines for distrun, not for a person
 
 
 @dataclass
@@ -107,6 +110,7 @@ class Screen:
         terminal: Where lines go.
         colour: One colour per host in the labels.
         collapse: Fold identical lines of several ranks (`launch --collapse`).
+        data_lines: Show the ranks' DISTRUN_METRICS and DISTRUN_CHECKSUM lines (`launch --metrics-lines`).
         job_id: The job, named in the hints of folded lines.
         clock: Seconds (time.time) for the collapse window.
         limit: Characters held in memory for a terminal that fell behind.
@@ -115,8 +119,9 @@ class Screen:
 
     def __init__(self, terminal: TextIO, colour: bool = False, collapse: bool = False, job_id: str = "",
                  clock: Callable[[], float] | None = None, limit: int = QUEUE_BYTES,
-                 job_dir: Path | None = None) -> None:
+                 job_dir: Path | None = None, data_lines: bool = False) -> None:
         self.colour = colour
+        self.data_lines = data_lines
         self.job_id = job_id
         self.clock = clock or time.time
         self.colours: dict[str, int] = {}
@@ -138,6 +143,11 @@ class Screen:
     def batch(self, node: str, rank: int | None, stream: str, data: bytes, nlines: int, partial: bool = False) -> None:
         """Show a batch of a host's `nlines` lines (each ending in a newline)."""
         text = shown(data)
+        if not self.data_lines and rank is not None and "DISTRUN_" in text:
+            text = "".join(line for line in text.splitlines(keepends=True) if not line.startswith(DATA_LINES))
+            if not text:
+                return
+            nlines = text.count("\n")
         with self.lock:
             if stream == "e" or rank is None:
                 text = self.fold.take(node, rank, stream, text)

@@ -80,7 +80,8 @@ class Attempt:
                                          world_size=plan.world_size)
         terminal = self.monitor.terminal(ctx.terminal, launching.request.live)
         screen = None if terminal is None else Screen(terminal, launching.colour(), launching.request.collapse,
-                                                      plan.job_id, job_dir=self.dir.root)
+                                                      plan.job_id, job_dir=self.dir.root,
+                                                      data_lines=launching.request.metrics_lines)
         # The controller's attempts (DISTRUN_ATTEMPT 1, 2, ...) share the job's files; each line keeps its attempt.
         self.sink = LogSink(self.dir, screen, on_metrics=self._on_metrics, secrets=plan.secrets.values(),
                             attempt=plan.attempt)

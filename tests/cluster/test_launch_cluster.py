@@ -90,7 +90,7 @@ def test_three_hosts_two_processes_each_agree_on_allreduce_and_trained_weights(c
         ],
         script=TRAIN,
     )
-    result = distrun("launch", str(job), "-i", str(inv), "--job-id", job_id, home=home)
+    result = distrun("launch", str(job), "-i", str(inv), "--job-id", job_id, "--metrics-lines", home=home)
     assert result.returncode == 0, result.stdout[-3000:]
     sums = [
         json.loads(line.split("DISTRUN_CHECKSUM ", 1)[1])

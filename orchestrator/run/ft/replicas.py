@@ -145,6 +145,7 @@ def group_argv(request: LaunchRequest, job_file: Path, group: ReplicaGroup, job_
         argv += ["--nodes", host]
     argv += ["--nnodes", str(len(group.hosts)), "--job-id", job_id + group.job_id_suffix, "--no-live"]
     argv += ["--skip-preflight"] if request.skip_preflight else []
+    argv += ["--metrics-lines"] if request.metrics_lines else []
     argv += ["--backend", request.backend] if request.backend else []
     for option in request.options:
         argv += ["-o", option]
