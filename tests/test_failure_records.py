@@ -227,6 +227,8 @@ def test_a_host_ended_itself_only_when_its_supervisor_stopped_without_the_contro
     failure = host.failure(60.0)
     if itself:
         assert (failure.kind, failure.reason) == (FailureKind.INFRA, "its supervisor ended the job: any words at all")
+        # A signal is someone's teardown (Slurm ends a step's other tasks): an echo; a lost controller is not.
+        assert is_collateral(failure) is (cause == "signal")
     else:
         assert failure.stopped and is_collateral(failure)
 

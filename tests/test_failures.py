@@ -59,6 +59,16 @@ def test_a_failure_seen_after_distrun_stopped_its_host_is_an_echo_whatever_its_l
     assert root_cause([stopped, exit_failure("node1", 2.0, rank=3)]).host == "node1"
 
 
+def test_a_supervisor_ended_by_a_signal_is_an_echo_and_the_rank_that_failed_elsewhere_is_blamed():
+    """Slurm ends a step's other tasks once one failed: that host's supervisor may report first."""
+    ended = Failure("node0", FailureKind.INFRA, reason="its supervisor ended the job: supervisor got signal 15",
+                    time=1.0, stopped=True)
+    assert is_collateral(ended) and not is_collateral(replace(ended, stopped=False))
+    assert root_cause([ended, exit_failure("node1", 1.4, rank=3)]).host == "node1"
+    assert root_cause([replace(ended, stopped=False), exit_failure("node1", 1.4, rank=3)]).host == "node0", (
+        "a heartbeat gone silent is no echo")
+
+
 def test_distruns_own_words_in_a_hosts_lines_do_not_make_its_failure_an_echo():
     """Whether distrun stopped a host is a field (`stopped`), not a phrase searched in its lines."""
     words = ("distrun: job processes ended (stopped by the controller); 0 needed SIGKILL",

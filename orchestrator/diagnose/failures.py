@@ -210,9 +210,12 @@ def signal_name(number: int) -> str:
 
 def is_collateral(failure: Failure) -> bool:
     """Whether a failure looks like the echo of another: its process was ended on purpose
-    (distrun had stopped the host, SIGTERM and the like), or its last lines say a peer went away.
-    Lost and infra failures are never collateral: nothing on the host itself said why."""
+    (distrun had stopped the host, SIGTERM and the like; a supervisor that a signal ended, as a
+    scheduler ends a step's other tasks once one failed), or its last lines say a peer went away.
+    Other lost and infra failures are never collateral: nothing on the host itself said why."""
     if failure.kind is FailureKind.SIGNAL and failure.signal in TEARDOWN_SIGNALS:
+        return True
+    if failure.kind is FailureKind.INFRA and failure.stopped:
         return True
     if failure.kind not in (FailureKind.EXIT, FailureKind.SIGNAL):
         return False

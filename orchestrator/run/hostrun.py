@@ -209,7 +209,7 @@ class HostRun:
         if self.ended_itself:
             return Failure(self.node, FailureKind.INFRA, reason=f"its supervisor ended the job: {self.exit_reason}",
                            address=self.plan.host, last_lines=self.last_lines(None),
-                           time=self.exit_time or time.time())
+                           time=self.exit_time or time.time(), stopped=self.stop_cause is StopCause.SIGNAL)
         if not self.exit_rc:
             return None
         first = first_failure(self.workers)
