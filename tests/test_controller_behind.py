@@ -26,6 +26,8 @@ from orchestrator.remote.stream import Batch
 from orchestrator.run.hostrun import HostRun
 from orchestrator.spec.model import NodeSpec
 from orchestrator.store import Store
+from orchestrator.telemetry import view
+from orchestrator.telemetry.alerts import Alert, AlertRules
 from orchestrator.transport.local import LocalProcess, LocalTransport
 
 LOST_AFTER = 1.0
@@ -104,3 +106,25 @@ def test_a_host_that_says_nothing_is_lost_within_its_timeout_though_the_controll
     assert time.monotonic() - silent_from >= LOST_AFTER - 0.2
     lost = host.failure(LOST_AFTER)
     assert lost is not None and lost.describe() == "host lost: nothing heard for 1 s (network cut or host down)"
+
+
+def test_a_host_whose_output_waits_unread_gets_no_telemetry_silence_alert_until_read_with_no_sample(
+        speaker: LocalProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(view, "TICK", 0.05)
+    host = host_on(speaker, tmp_path)  # it sends heartbeats and lines, never a telemetry sample
+    alerts: list[Alert] = []
+    monitor = view.Monitor(["node1"], 0.1, alerts.extend, lambda _node: True, title="behind-1",
+                           rules=AlertRules(silent_min_s=LOST_AFTER, silent_intervals=1),
+                           waiting=lambda _node: host.output_waiting())
+    monitor.aggregator.observe("node1", {"kind": "host"})
+    monitor.start()
+    try:
+        time.sleep(LATE)  # the controller behind: the host's output waits in the pipe
+        assert alerts == []
+        speaker.stream_bytes(host.on_data, lambda _line: None)  # read: no sample in it
+        deadline = time.monotonic() + LOST_AFTER + 5.0
+        while not alerts and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        monitor.stop()
+    assert [(a.node, a.rule) for a in alerts] == [("node1", "silent")]

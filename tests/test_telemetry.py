@@ -144,6 +144,20 @@ def test_host_whose_samples_stop_alerts_once_until_they_resume(clock: Clock) -> 
     assert [a.node for a in agg.check(["node0"])] == ["node0"]
 
 
+def test_host_whose_output_waits_unread_in_the_controller_is_not_silent_and_counts_from_then(
+        clock: Clock) -> None:
+    agg = aggregator(clock, ("node0",), interval=1.0)
+    agg.observe("node0", host())
+    for _ in range(30):  # 30 s behind: the controller has not read what node0 sent
+        clock.now += 1
+        assert agg.check(waiting=["node0"]) == []
+    clock.now += 5  # caught up, and nothing new since: 5 s of its own silence, not 35
+    assert agg.check() == []
+    clock.now += 1
+    (alert,) = agg.check()
+    assert alert.message == "no telemetry samples for 6 s since the last (expected every 1 s)"
+
+
 def test_silence_threshold_is_three_intervals_and_at_least_five_seconds() -> None:
     rules = AlertRules()
     assert rules.silent_after(0.25) == 5.0

@@ -77,7 +77,7 @@ class Attempt:
         self.dir.create()
         self.monitor = telemetry.Monitor([h.node for h in plan.hosts], plan.telemetry_interval,
                                          self._on_alerts, self._running, title=plan.job_id,
-                                         world_size=plan.world_size)
+                                         world_size=plan.world_size, waiting=self._waiting)
         terminal = self.monitor.terminal(ctx.terminal, launching.request.live)
         screen = None if terminal is None else Screen(terminal, launching.colour(), launching.request.collapse,
                                                       plan.job_id, job_dir=self.dir.root,
@@ -144,6 +144,10 @@ class Attempt:
     def _running(self, node: str) -> bool:
         host = self.by_node.get(node)
         return host is not None and not host.exited.is_set()
+
+    def _waiting(self, node: str) -> bool:
+        host = self.by_node.get(node)
+        return host is not None and host.output_waiting()
 
     def run(self) -> int:
         """Start every host, follow the job to its end, stop what is left; the exit code.

@@ -179,10 +179,14 @@ class HostRun:
         waits unread in this controller is a word from it: its silence counts from now on."""
         if self.silent_for(awake_since) <= lost_after:
             return False
-        if self.channel is None or not self.channel.behind():
+        if not self.output_waiting():
             return True
         self.behind_at = time.monotonic()
         return False
+
+    def output_waiting(self) -> bool:
+        """Whether output of the host reached this controller and waits unread (the controller is behind)."""
+        return self.channel is not None and self.channel.behind()
 
     def reporting(self, lost_after: float, awake_since: float = 0.0) -> bool:
         """Whether the host may still report its exit: not ended, its channel open, not silent."""

@@ -79,6 +79,7 @@ class HostState:
     host: dict[str, Any] | None = None
     gpus: dict[int, dict[str, Any]] = field(default_factory=dict)
     seen: float | None = None
+    waited: float | None = None  # when its output last waited unread in the controller: a word from it
 
 
 def mem_pct(sample: dict[str, Any]) -> float | None:
@@ -137,17 +138,23 @@ class Aggregator:
         with self.lock:
             self.alerts += alerts
 
-    def check(self, nodes: Iterable[str] | None = None, at: float | None = None) -> list[Alert]:
-        """Alerts for hosts (all, or `nodes`) whose samples stopped arriving."""
+    def check(self, nodes: Iterable[str] | None = None, at: float | None = None,
+              waiting: Iterable[str] = ()) -> list[Alert]:
+        """Alerts for hosts (all, or `nodes`) whose samples stopped arriving. A host in `waiting` has
+        output that waits unread in the controller (as the heartbeat rule, run/hostrun.py): its
+        samples may be in it, so its silence counts from now on."""
         if self.interval is None:
             return []
         now = self.clock() if at is None else at
         limit = self.rules.silent_after(self.interval)
         fired = []
         with self.lock:
+            for node in waiting:
+                self.hosts.setdefault(node, HostState(node)).waited = now
             for node in self.hosts if nodes is None else nodes:
                 state = self.hosts.setdefault(node, HostState(node))
-                quiet = now - (state.seen if state.seen is not None else self.started + STARTUP_GRACE)
+                heard = state.seen if state.seen is not None else self.started + STARTUP_GRACE
+                quiet = now - max(heard, state.waited or heard)
                 if self._episode(node, None, "silent").update(quiet > limit, now, 0):
                     heard = "since the last" if state.seen is not None else "and none yet"
                     fired.append(Alert(node, "silent", f"no telemetry samples for {quiet:.0f} s {heard} "
@@ -158,7 +165,7 @@ class Aggregator:
     def snapshot(self) -> tuple[list[HostState], dict[str, Any] | None]:
         """Copies of the hosts' latest samples and the latest metrics record, for rendering."""
         with self.lock:
-            hosts = [HostState(s.node, s.host, dict(s.gpus), s.seen) for s in self.hosts.values()]
+            hosts = [HostState(s.node, s.host, dict(s.gpus), s.seen, s.waited) for s in self.hosts.values()]
             return hosts, self.metrics
 
     def _episode(self, node: str, gpu: int | None, rule: str) -> AlertEpisode:

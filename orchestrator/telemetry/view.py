@@ -251,6 +251,7 @@ class Monitor:
         on_alerts: called with the alerts that fired together (from the thread that saw them):
             one call for the hosts that went silent in one check, not one per host.
         active: whether a host still runs the job; only those can go silent.
+        waiting: whether output of a host waits unread in the controller (its silence is not its own).
         title: the live view's title (the job id).
         rules: alert thresholds (default: AlertRules()).
         world_size: the job's ranks, for the straggler detector (None: unknown).
@@ -258,12 +259,13 @@ class Monitor:
 
     def __init__(self, nodes: list[str], interval: float | None, on_alerts: Callable[[list[Alert]], None],
                  active: Callable[[str], bool], title: str, rules: AlertRules | None = None,
-                 world_size: int | None = None) -> None:
+                 world_size: int | None = None, waiting: Callable[[str], bool] = lambda _node: False) -> None:
         self.aggregator = Aggregator(nodes, interval, rules)
         self.stragglers = Detector(world_size)
         self.nodes = nodes
         self.on_alerts = on_alerts
         self.active = active
+        self.waiting = waiting
         self.title = title
         self.status = ""  # shown after the title (the watchdog's `stalled`)
         self.live: Live | None = None
@@ -321,7 +323,8 @@ class Monitor:
 
     def _tick(self) -> None:
         while not self.stopped.wait(TICK):
-            self._report(self.aggregator.check([n for n in self.nodes if self.active(n)]))
+            active = [n for n in self.nodes if self.active(n)]
+            self._report(self.aggregator.check(active, waiting=[n for n in active if self.waiting(n)]))
 
     def _report(self, alerts: list[Alert]) -> None:
         """Hand alerts on, unless the job's summary is already being written."""
