@@ -30,3 +30,14 @@ def test_examples_never_overwrites_a_file_and_says_so_in_one_line(tmp_path):
                              "(name a new or an empty directory: distrun examples DIR)\n")
     assert (tmp_path / "mine" / "compare" / "ddp.yaml").read_text() == "my own\n"
     assert sorted(p.name for p in (tmp_path / "mine").rglob("*")) == ["compare", "ddp.yaml"]
+
+
+def test_a_copied_example_job_runs_from_another_directory_its_script_read_beside_the_job_file(tmp_path):
+    home = tmp_path / "home"
+    assert distrun("examples", str(tmp_path / "proj" / "jobs"), home=home, cwd=tmp_path).returncode == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = distrun("launch", str(tmp_path / "proj" / "jobs" / "tiny.yaml"), "--backend", "local",
+                     "--nproc-per-node", "1", "--no-live", "--", "--steps", "2", home=home, cwd=elsewhere)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "succeeded" in result.stdout

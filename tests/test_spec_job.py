@@ -133,11 +133,29 @@ def test_unknown_key_with_nothing_close_lists_the_valid_keys() -> None:
     )
 
 
-def test_missing_script_points_at_the_script_line_and_the_current_directory(in_project: Path) -> None:
+def test_missing_script_points_at_the_script_line_the_job_files_directory_and_the_current_one(
+        in_project: Path) -> None:
     assert error(RESNET.replace("train_resnet50.py", "train_vit.py")) == (
-        f"jobs/x.yaml:2: script: file not found: jobs/train_vit.py (path is relative to the current directory "
-        f"{in_project}; run distrun from the directory the job expects, or give an absolute path)"
+        f"jobs/x.yaml:2: script: file not found: jobs/train_vit.py (a relative path is read from the job file's "
+        f"directory {in_project}/jobs, then from the current directory {in_project}; give it from the job "
+        f"file's directory, or an absolute path)"
     )
+
+
+def test_a_relative_script_is_read_from_the_job_files_directory_from_anywhere(
+        in_project: Path, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    (in_project / "jobs" / "near.yaml").write_text("name: t\nscript: train_resnet50.py\n")
+    assert load_job("jobs/near.yaml").script == "jobs/train_resnet50.py"  # from the project: as before
+    monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))
+    assert load_job(in_project / "jobs" / "near.yaml").script == f"{in_project}/jobs/train_resnet50.py"
+
+
+def test_a_script_beside_the_job_file_wins_over_one_of_the_same_path_in_the_current_directory(
+        in_project: Path) -> None:
+    (in_project / "jobs" / "jobs").mkdir()
+    (in_project / "jobs" / "jobs" / "train_resnet50.py").write_text("")
+    (in_project / "jobs" / "x.yaml").write_text(RESNET)
+    assert load_job("jobs/x.yaml").script == "jobs/jobs/train_resnet50.py"
 
 
 def test_missing_absolute_script_is_not_explained_as_relative() -> None:

@@ -99,8 +99,9 @@ def list_backends() -> None:
 @color_option
 def examples(directory: str) -> None:
     """Copy the example jobs that ship with distrun (jobs/ of its source) into DIRECTORY,
-    default ./jobs, where their job files name their script: `distrun launch jobs/tiny.yaml`
-    then runs from here. A file already there is never overwritten.
+    default ./jobs; their job files name their script relative to themselves, so
+    `distrun launch jobs/tiny.yaml` then runs from here or anywhere. A file already there is
+    never overwritten.
 
     \b
     Examples:

@@ -1,9 +1,13 @@
 """Load and validate a job file: what to run, on how many nodes, with which environment.
 
-A relative `script` is resolved against the current directory (`distrun launch
-jobs/resnet50.yaml` runs from the project root) and must exist there; the JobSpec keeps it
-as written. An `env` value that is exactly `${env:NAME}` is a secret: it goes to
-`JobSpec.secrets` and is read from the controller's environment at launch, never stored.
+A relative `script` is resolved against the job file's directory (`cd /tmp && distrun launch
+/proj/jobs/tiny.yaml` finds /proj/jobs/train_resnet50.py), or, where no such file is there, against
+the current directory (the rule of job files written before); it must exist. The JobSpec keeps
+the path the hosts run in the workdir: relative to the current directory where the script lies
+under it (`jobs/train_resnet50.py` from the project root), else absolute.
+
+An `env` value that is exactly `${env:NAME}` is a secret: it goes to `JobSpec.secrets` and is
+read from the controller's environment at launch, never stored.
 """
 
 from __future__ import annotations
@@ -103,7 +107,7 @@ def _job(root: Node | None, file: str) -> JobSpec:
 def _job_readers(src: Source) -> dict[str, Reader]:
     return {
         "name": lambda node, path: _name(src, node, path),
-        "script": lambda node, path: _script(src, node, path),
+        "script": lambda node, path: _script(src, node, path, Path(src.file).parent),
         "module": lambda node, path: _module(src, node, path),
         "args": src.strings,
         "nnodes": lambda node, path: _nnodes(src, node, path),
@@ -246,18 +250,30 @@ def _name(src: Source, node: Node, path: str) -> str:
     return name
 
 
-def _script(src: Source, node: Node, path: str) -> str:
+def _script(src: Source, node: Node, path: str, base: Path) -> str:
+    """`script`: a file, a relative path read from `base` (the job file's directory) first, then
+    from the current directory; as the hosts run it from the workdir (see the module's docstring)."""
     script = src.string(node, path)
-    problem = missing_file(script)
-    if problem is not None:
-        hint = (
-            "check the path"
-            if script.startswith(("/", "~"))
-            else f"path is relative to the current directory {Path.cwd()}; "
-            "run distrun from the directory the job expects, or give an absolute path"
-        )
-        raise src.error(node.line, path, f"{problem}: {shown(script)}", hint)
-    return script
+    near = script if script.startswith(("/", "~")) else os.path.join(base, script)
+    for candidate in dict.fromkeys((near, script)):
+        if missing_file(candidate) is None:
+            return script if candidate == script else from_here(candidate)
+    problem = missing_file(near)
+    if problem == "file not found" and near != script:
+        problem = missing_file(script)
+    if script.startswith(("/", "~")):
+        hint = "check the path"
+    else:
+        hint = (f"a relative path is read from the job file's directory {base.resolve()}, then from the "
+                f"current directory {Path.cwd()}; give it from the job file's directory, or an absolute path")
+    raise src.error(node.line, path, f"{problem}: {shown(script)}", hint)
+
+
+def from_here(path: str) -> str:
+    """`path` relative to the current directory where it lies under it, else absolute."""
+    absolute = os.path.abspath(path)
+    relative = os.path.relpath(absolute)
+    return absolute if relative == ".." or relative.startswith("../") else relative
 
 
 def missing_file(script: str) -> str | None:
