@@ -127,8 +127,6 @@ def test_a_near_miss_never_suggests_a_command_that_stops_or_removes(tmp_path: Pa
     (("--nodes", "2"), "--nodes takes host names (a range like 'node[0-1]'); for 2 hosts give --nnodes 2"),
     (("--rdzv-backend", "c10d"), "distrun runs torchrun's c10d rendezvous itself (its --backend is where the job runs"),
     (("--max-restarts", "3"), "`restarts: {max: N}` in the job file"),
-    (("--workdir", "/srv/x"), "the job file's `workdir:` key"),
-    (("--sync",), "the job file's `sync: true`"),
     (("-w", "node[0-1]"), "pdsh's host list; distrun's is --nodes RANGE"),
 ])
 def test_torchrun_and_slurm_habits_get_a_hint_naming_the_distrun_flag(tmp_path: Path, args: tuple[str, ...],
@@ -148,6 +146,17 @@ def test_pdsh_host_flags_get_distruns_spelling_on_every_command(tmp_path: Path, 
     result = distrun(command, *args, home=tmp_path)
 
     assert (result.returncode, result.stderr.count("\n")) == (2, 1) and hint in result.stderr
+
+
+def test_a_script_launch_takes_the_job_keys_workdir_and_sync_as_flags(tmp_path: Path) -> None:
+    result = distrun("launch", "jobs/train_resnet50.py", "--workdir", "/srv/x", "--sync", "--dry-run", home=tmp_path)
+
+    assert result.returncode == 0, result.stderr
+    assert ", workdir: /srv/x, sync: true}\n" in result.stdout
+    refused = distrun("launch", "jobs/train_resnet50.py", "--workdir", "srv/x", "--dry-run", home=tmp_path)
+    assert (refused.returncode, refused.stderr) == (2, "distrun: error: --workdir 'srv/x': must be an absolute path "
+                                                       "(the job runs in this directory on every host: write /path "
+                                                       "or ~/path)\n")
 
 
 def test_torchruns_underscore_spelling_of_nproc_per_node_is_accepted(tmp_path: Path) -> None:

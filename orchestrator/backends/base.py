@@ -75,7 +75,7 @@ class LaunchRequest:
     """Everything `distrun launch` was asked, before any file is read.
 
     `job_file` is a job file, or a training script (`train.py`) whose job is built from the
-    request's flags; `name`, `nproc_per_node` and `env` go over the job's own values either way
+    request's flags; `name`, `nproc_per_node`, `env`, `workdir` and `sync` go over the job's own values either way
     (`spec.overrides.job_for_launch` reads it).
     """
 
@@ -98,6 +98,8 @@ class LaunchRequest:
     name: str | None = None
     nproc_per_node: str | None = None  # a number or "auto", as given
     env: list[str] = field(default_factory=list)  # `--env KEY=VALUE` pairs, as given
+    workdir: str | None = None  # `--workdir PATH`: where the ranks start on each host
+    sync: bool = False  # `--sync`: copy the current directory to each host's workdir first
     guard: SelectionGuard | None = None  # the rule for an implicit selection of many hosts; None: none
     internal: bool = False  # a run distrun makes for itself: never `last`
 
@@ -130,6 +132,8 @@ class LaunchRequest:
                 args += [flag, value]
         args += ["--name", self.name] if self.name else []
         args += ["--nproc-per-node", self.nproc_per_node] if self.nproc_per_node else []
+        args += ["--workdir", self.workdir] if self.workdir else []
+        args += ["--sync"] if self.sync else []
         return args + (["--", *self.extra_args] if self.extra_args else [])
 
 

@@ -38,8 +38,6 @@ LAUNCH_FLAGS = {
     "--master_addr": PORT_HINT, "--rdzv-endpoint": PORT_HINT, "--rdzv_endpoint": PORT_HINT,
     "--rdzv-backend": RDZV_HINT, "--rdzv_backend": RDZV_HINT,
     "--max-restarts": RESTARTS_HINT, "--max_restarts": RESTARTS_HINT,
-    "--workdir": "where the script runs on the hosts is the job file's `workdir:` key",
-    "--sync": "copying the job's directory to the hosts is the job file's `sync: true`",
     **PDSH_FLAGS,
 }
 

@@ -43,6 +43,10 @@ DETACH_WAIT = 120.0
 @click.option("--name", metavar="NAME", help="The job's name, over the job's (job ids start with it).")
 @click.option("--env", multiple=True, metavar="KEY=VALUE", help="An environment variable for every process, over "
               "the job's (repeatable); KEY='${env:NAME}' is a secret read from this shell.")
+@click.option("--workdir", metavar="DIR", help="Where the ranks start on each host (an absolute path), over "
+              "the job's `workdir` (default: the path of the current directory).")
+@click.option("--sync", is_flag=True, help="Copy the current directory to each host's workdir first, as the "
+              "job's `sync: true` (only the files that differ travel).")
 @click.option("--dry-run", is_flag=True, help="Print every host's argv and environment without reaching the hosts "
               "(values only their probe gives show as <probe>); start nothing.")
 @click.option("--probe", is_flag=True, help="With --dry-run: reach and probe the hosts to fill in every value.")
@@ -64,7 +68,8 @@ DETACH_WAIT = 120.0
 @click.pass_context
 def launch(ctx: click.Context, target: str, inventory: str | None, selection: HostSelection,
            nnodes: int | tuple[int, int] | None,
-           nproc_per_node: str | None, name: str | None, env: tuple[str, ...], dry_run: bool, probe: bool,
+           nproc_per_node: str | None, name: str | None, env: tuple[str, ...], workdir: str | None, sync: bool,
+           dry_run: bool, probe: bool,
            detach: bool, as_json: bool, skip_preflight: bool, backend: str | None, options: tuple[str, ...],
            no_live: bool, collapse: bool, metrics_lines: bool, job_id: str | None, detached_child: bool,
            extra: tuple[str, ...]) -> None:
@@ -81,6 +86,7 @@ def launch(ctx: click.Context, target: str, inventory: str | None, selection: Ho
       distrun launch jobs/tiny.yaml -i lab.yaml --nodes 'node[0,2]' -- --steps 20
       distrun launch train.py -i lab.yaml --nnodes 2 --nproc-per-node 2 --env OMP_NUM_THREADS=1 -- --lr 0.1
       distrun launch train.py --nnodes 2 --dry-run > job.yaml     # the job file, ready to save
+      distrun launch train.py -i lab.yaml --nnodes 2 --sync --workdir /srv/project
       distrun launch jobs/tiny.yaml -i lab.yaml --detach --json
     """
     from orchestrator.run.launch import launch as launch_job
@@ -94,7 +100,7 @@ def launch(ctx: click.Context, target: str, inventory: str | None, selection: Ho
         nnodes_range=nnodes if isinstance(nnodes, tuple) else None, dry_run=dry_run, probe=probe,
         skip_preflight=skip_preflight, backend=backend, live=not no_live, collapse=collapse,
         metrics_lines=metrics_lines, job_id=job_id or None, quiet=detached_child, extra_args=list(extra),
-        options=list(options), name=name, nproc_per_node=nproc_per_node, env=list(env),
+        options=list(options), name=name, nproc_per_node=nproc_per_node, env=list(env), workdir=workdir, sync=sync,
         guard=None if detached_child else context_guard(ctx),
     )
     if detach and not dry_run:
@@ -111,7 +117,7 @@ def _detach(request: LaunchRequest, as_json: bool) -> int:
     removed.
     """
     job = job_for_launch(request.job_file, request.name, request.nproc_per_node, request.env,
-                         request.nnodes_range)
+                         request.nnodes_range, request.workdir, request.sync)
     _check_selection(request, job)
     job_id = request.job_id or new_job_id(job.name)
     store = Store()

@@ -51,7 +51,7 @@ def launch(request: LaunchRequest) -> int:
         DistrunError: bad input (2) or infrastructure (3); nothing of the job was started.
     """
     job = job_for_launch(request.job_file, request.name, request.nproc_per_node, request.env,
-                         request.nnodes_range)
+                         request.nnodes_range, request.workdir, request.sync)
     if job.fault_tolerance is not None:
         return replicas.launch(request, job)
     cls = backends.get(request.backend or job.backend or registry.DEFAULT)

@@ -295,12 +295,21 @@ def _module(src: Source, node: Node, path: str) -> str:
     return module
 
 
+WORKDIR_HINT = "the job runs in this directory on every host: write /path or ~/path"
+
+
 def _workdir(src: Source, node: Node, path: str) -> str:
     workdir = src.string(node, path)
-    if not (PurePosixPath(workdir).is_absolute() or workdir.startswith("~")):
-        hint = "the job runs in this directory on every host: write /path or ~/path"
-        raise src.error(node.line, path, f"must be an absolute path, got {workdir!r}", hint)
+    if check_workdir(workdir):
+        raise src.error(node.line, path, f"must be an absolute path, got {workdir!r}", WORKDIR_HINT)
     return workdir
+
+
+def check_workdir(workdir: str) -> str:
+    """Why `workdir` cannot be the hosts' workdir ("" when it can: an absolute path or ~/path)."""
+    if PurePosixPath(workdir).is_absolute() or workdir.startswith("~"):
+        return ""
+    return f"must be an absolute path ({WORKDIR_HINT})"
 
 
 def _env(src: Source, node: Node, path: str) -> tuple[dict[str, str], dict[str, str]]:

@@ -2,7 +2,8 @@
 
 `job_from_script` builds the job of a script launch (torchrun's and torchx's habit: no file to
 write first); `apply_overrides` puts `--name`, `--nproc-per-node` and `--env` over a job's own
-values; `job_to_yaml` writes a job back as a job file (`--dry-run` prints it, ready to save).
+values, `job_for_launch` also `--workdir` and `--sync` (the job keys `workdir` and `sync`);
+`job_to_yaml` writes a job back as a job file (`--dry-run` prints it, ready to save).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import yaml
 
 from orchestrator.errors import UsageError
 from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT
-from orchestrator.spec.job import JOB_NAME, SECRET_REF, load_job, missing_file
+from orchestrator.spec.job import JOB_NAME, SECRET_REF, check_workdir, load_job, missing_file
 from orchestrator.spec.model import JobSpec, Rendezvous, Restarts, Select, Telemetry
 from orchestrator.spec.yamlsrc import Map, Node, Scalar, Seq
 
@@ -47,9 +48,11 @@ def job_from_script(script: str) -> JobSpec:
 
 
 def job_for_launch(target: str, name: str | None = None, nproc_per_node: str | None = None,
-                   env: Sequence[str] = (), nnodes_range: tuple[int, int] | None = None) -> JobSpec:
+                   env: Sequence[str] = (), nnodes_range: tuple[int, int] | None = None,
+                   workdir: str | None = None, sync: bool = False) -> JobSpec:
     """The job `distrun launch TARGET` runs: the job file read, or the training script's job built,
-    with the command line's `--name`, `--nproc-per-node`, `--env` and `--nnodes MIN:MAX` over it.
+    with the command line's `--name`, `--nproc-per-node`, `--env`, `--nnodes MIN:MAX`, `--workdir`
+    and `--sync` over it.
 
     Raises:
         UsageError: the script or a flag's value is wrong.
@@ -58,6 +61,13 @@ def job_for_launch(target: str, name: str | None = None, nproc_per_node: str | N
     job = job_from_script(target) if is_script(target) else load_job(target)
     if nnodes_range is not None:
         job = replace(job, min_nnodes=nnodes_range[0], nnodes=nnodes_range[1])
+    if workdir is not None:
+        problem = check_workdir(workdir)
+        if problem:
+            raise UsageError(f"--workdir {workdir!r}: {problem}")
+        job = replace(job, workdir=workdir)
+    if sync:
+        job = replace(job, sync=True)
     return apply_overrides(job, name, nproc_per_node, env)
 
 
