@@ -97,3 +97,18 @@ def test_a_workdir_over_sync_max_size_is_refused_before_any_host_is_written(priv
     assert "raise sync_max_size in job.yaml" in result.stderr
     for host in range(private2.n):
         assert private2.host_run(host, ["test", "-e", "/srv/node/big"]).returncode == 1
+
+
+def test_a_script_launch_syncs_the_current_directory_with_sync_and_workdir_flags(
+        private2: Cluster, tmp_path: Path) -> None:
+    root = tmp_path / "scripted"
+    root.mkdir()
+    (root / "train.py").write_text(TRAIN)
+    inventory = private2.write_inventory(tmp_path / "inventory.yaml")
+
+    result = distrun("launch", "train.py", "-i", str(inventory), "--nproc-per-node", "1", "--sync",
+                     "--workdir", "/srv/node/scripted", home=tmp_path / "home", cwd=root)
+
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.count("CWD /srv/node/scripted") == 2
+    assert private2.host_run(1, ["cat", "/srv/node/scripted/train.py"]).stdout == TRAIN
