@@ -82,6 +82,18 @@ def test_report_gathers_output_and_summarises_failures() -> None:
                               f"distrun: fix: {REACH_HINT}\n")
 
 
+def test_prefix_prints_each_line_as_pdsh_does_host_colon_line_in_host_order_nothing_gathered() -> None:
+    results = [
+        ExecResult.finished(NodeSpec("node0", "a"), 0, "same\ntwo", ""),
+        ExecResult.finished(NodeSpec("node1", "b"), 0, "same\ntwo", ""),
+        ExecResult.finished(NodeSpec("node2", "c"), 1, "", "boom"),
+    ]
+    out, err = io.StringIO(), io.StringIO()
+    report(results, out, err, prefix=True)
+    assert out.getvalue() == "node0: same\nnode0: two\nnode1: same\nnode1: two\nnode2: boom\n"
+    assert err.getvalue() == "distrun: 1 of 3 hosts failed: node2 (exit code 1)\n"
+
+
 def test_hosts_that_failed_to_connect_alike_share_one_block() -> None:
     results = [ExecResult.failed(NodeSpec(f"node{i}", f"10.0.0.{i}"), ConnectError(
         f"node{i} (10.0.0.{i}:22): authentication failed as root with k", ConnectFailure.AUTH)) for i in range(3)]

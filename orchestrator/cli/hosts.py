@@ -23,12 +23,14 @@ from orchestrator.spec.select import HostSelection
 @host_selection()
 @click.option("--timeout", cls=NumberOption, type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="Stop the command after SECONDS.")
+@click.option("--prefix", is_flag=True, help="Each line as pdsh prints it, `node: line`, hosts in inventory "
+              "order, not gathered.")
 @json_option()
 @color_option
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def exec_command(ctx: click.Context, inventory: str | None, selection: HostSelection, timeout: float | None,
-                 as_json: bool, command: tuple[str, ...]) -> None:
+                 prefix: bool, as_json: bool, command: tuple[str, ...]) -> None:
     """Run COMMAND on the selected hosts at once; hosts with identical output are shown together.
 
     Every word of COMMAND arrives as one argument; for pipes or globs use `-- sh -c '...'`.
@@ -39,11 +41,12 @@ def exec_command(ctx: click.Context, inventory: str | None, selection: HostSelec
       distrun exec -i lab.yaml -- hostname
       distrun exec -i lab.yaml --nodes 'node[0-1]' -- nvidia-smi -L
       distrun exec -i lab.yaml --label h100 -x node3 --timeout 10 -- sh -c 'df -h /tmp'
+      distrun exec -i lab.yaml --prefix -- uptime | sort
     """
     from orchestrator.fanout.execute import ExecRequest, exec_on_hosts
 
     request = ExecRequest(argv=command, inventory=inventory, selection=selection,
-                          guard=context_guard(ctx), timeout=timeout, as_json=as_json)
+                          guard=context_guard(ctx), timeout=timeout, as_json=as_json, prefix=prefix)
     sys.exit(exec_on_hosts(request))
 
 

@@ -6,6 +6,9 @@ reached shows its error as its output. A last line on stderr names the hosts tha
 and why. Control characters a host printed (an escape sequence that would retitle or clear
 the terminal) are shown as text, `\x1b`; `--json` keeps the output exact, JSON-escaped.
 
+`--prefix` prints each line as pdsh does instead, `node0: line`, the hosts in inventory order,
+nothing gathered (for grep, sort and awk, and pdsh's dshbak).
+
 `--json` prints one list instead, in inventory order, one object per host:
 
     [{"node": "node0", "host": "10.0.0.10", "rc": 0, "stdout": "...", "stderr": "", "error": null}, ...]
@@ -61,6 +64,7 @@ class ExecRequest:
     guard: SelectionGuard | None = None
     timeout: float | None = None
     as_json: bool = False
+    prefix: bool = False  # pdsh's `node: line` lines instead of gathered blocks
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,7 @@ def exec_on_hosts(request: ExecRequest, out: TextIO = sys.stdout, err: TextIO = 
     if request.as_json:
         show(escape_json(json.dumps([r.to_json() for r in results], indent=2, ensure_ascii=False)), stream=out)
     else:
-        report(results, out, err)
+        report(results, out, err, request.prefix)
     return int(exit_code(results))
 
 
@@ -209,9 +213,12 @@ class _Running:
         raise SystemExit(int(ExitCode.TERMINATED))
 
 
-def report(results: Sequence[ExecResult], out: TextIO, err: TextIO) -> None:
-    """Print gathered blocks to `out` and, when some host failed, the summary line to `err`."""
-    show(render_blocks(gather({r.node: _shown(r) for r in results})), stream=out, end="", flush=True)
+def report(results: Sequence[ExecResult], out: TextIO, err: TextIO, prefix: bool = False) -> None:
+    """Print gathered blocks (with `prefix`, pdsh's `node: line` lines) to `out` and, when some
+    host failed, the summary line to `err`."""
+    shown = ("".join(f"{r.node}: {line}\n" for r in results for line in _shown(r).lines) if prefix
+             else render_blocks(gather({r.node: _shown(r) for r in results})))
+    show(shown, stream=out, end="", flush=True)
     summary = failure_summary({r.node: r.failure for r in results if r.failure}, len(results))
     if summary:
         show(f"distrun: {summary}", stream=err)
