@@ -242,3 +242,11 @@ def test_bandwidth_on_three_hosts_reports_plausible_numbers_and_imports_nothing_
         assert 0 < size["time_s"] < 60
         assert 0 < size["busbw_gbps"] < math.inf
         assert size["busbw_gbps"] == pytest.approx(size["algbw_gbps"] * 4 / 3)
+
+
+def test_bandwidth_runs_on_hosts_whose_sshd_offers_no_sftp(tmp_path, env):
+    with Cluster(2, sftp=False) as cluster:
+        result = doctor(cluster, tmp_path, env, "--bandwidth", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)["bandwidth"]
+    assert report["error"] is None and report["world_size"] == 2

@@ -149,8 +149,9 @@ def measure(base: JobSpec | None, inventory: Inventory, nodes: list[NodeSpec], b
 
 def _ship(transport: Transport) -> str:
     """Make a private directory on the host (`mktemp -d`: mode 0700, a name no other user could
-    have made first, one per host even where hosts share /tmp) and copy the script (and what it
-    imports) into it.
+    have made first, one per host even where hosts share /tmp) and write the script (and what it
+    imports) into it over the command's stdin, as every program of distrun reaches a host: no
+    SFTP, which a hardened sshd does not offer.
 
     Returns:
         The directory's absolute path.
@@ -165,8 +166,11 @@ def _ship(transport: Transport) -> str:
                          f"{made.stderr.strip() or directory or 'no output'}")
     try:
         for item in SHIPPED:
-            with resources.as_file(item) as path:
-                transport.put(path, f"{directory}/{item.name}")
+            target = f"{directory}/{item.name}"
+            wrote = transport.run(["sh", "-c", 'cat > "$1"', "sh", target], stdin=item.read_bytes(), timeout=30)
+            if wrote.returncode != 0:
+                raise InfraError(f"{transport.name}: cannot write {target}: "
+                                 f"{wrote.stderr.strip() or f'exit code {wrote.returncode}'}")
     except BaseException:
         transport.run(["rm", "-rf", "--", directory], timeout=30)
         raise

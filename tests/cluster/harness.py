@@ -136,14 +136,16 @@ class Cluster:
         n: number of hosts (node0..node<n-1>).
         private_dirs: give every host its own tmpfs on /srv/node.
         bastion: make hosts reachable only through a bastion host (ProxyJump).
+        sftp: offer the SFTP subsystem (a hardened sshd does not).
     """
 
-    def __init__(self, n: int = 3, *, private_dirs: bool = False, bastion: bool = False) -> None:
+    def __init__(self, n: int = 3, *, private_dirs: bool = False, bastion: bool = False, sftp: bool = True) -> None:
         if not 1 <= n <= MAX_HOSTS:
             raise ValueError(f"a test cluster has 1 to {MAX_HOSTS} hosts, not {n}")
         self.n = n
         self.private_dirs = private_dirs
         self.with_bastion = bastion
+        self.sftp = sftp
         self.prefix = ""
         self.subnet = ipaddress.IPv4Network("0.0.0.0/32")
         self.state_dir = Path()
@@ -351,7 +353,7 @@ class Cluster:
             f"{listen}PidFile {host.dir / 'sshd.pid'}\n"
             f"HostKey {host.dir / 'ssh_host_ed25519_key'}\n"
             f"AuthorizedKeysFile {self.client_key}.pub\n"
-            f"{SSHD_SETTINGS}"
+            f"{SSHD_SETTINGS if self.sftp else SSHD_SETTINGS.replace('Subsystem sftp internal-sftp', '')}"
         )
 
     def _ssh_config_text(self) -> str:
