@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import BinaryIO
 
 from orchestrator.transport import RemoteProcess, Transport
@@ -85,9 +84,6 @@ class HeldTransport(Transport):
         proc = self.inner.start(argv, env, cwd)
         threading.Thread(target=lambda: (proc._wait(None), self.exited.set()), daemon=True).start()
         return HeldProcess(proc, self.tell_after)
-
-    def put(self, local: Path, remote: str, mode: int | None = None) -> None:
-        self.inner.put(local, remote, mode)
 
     def peer_address(self) -> str:
         return self.inner.peer_address()

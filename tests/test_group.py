@@ -13,7 +13,6 @@ import textwrap
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -53,9 +52,6 @@ class FakeTransport(Transport):
     def start(self, argv: Sequence[str], env: Mapping[str, str] | None = None,
               cwd: str | None = None) -> RemoteProcess:
         raise InfraError(f"{self.name}: fake hosts run nothing")
-
-    def put(self, local: Path, remote: str, mode: int | None = None) -> None:
-        raise InfraError(f"{self.name}: fake hosts take no files")
 
     def peer_address(self) -> str:
         return "10.0.0.1"

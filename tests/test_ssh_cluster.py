@@ -171,35 +171,6 @@ def test_wait_returns_when_the_link_is_cut(cluster3: Cluster, tmp_path: Path, mo
     assert took < 15
 
 
-def test_put_copies_into_a_private_directory_creating_parents(make_cluster: MakeCluster, tmp_path: Path) -> None:
-    cluster = make_cluster(2, private_dirs=True)
-    source = tmp_path / "payload.bin"
-    source.write_bytes(b"\x00distrun\xff" * 1000)
-    first, second = (connected(node) for node in nodes(cluster, tmp_path))
-    try:
-        first.put(source, "/srv/node/job/a/b/payload.bin", mode=0o600)
-    finally:
-        first.close()
-        second.close()
-    copied = cluster.host_run(0, ["sh", "-c", "stat -c %a /srv/node/job/a/b/payload.bin; sha256sum < "
-                                  "/srv/node/job/a/b/payload.bin"]).stdout.split()
-    expected = subprocess.run(["sha256sum"], input=source.read_bytes(), capture_output=True).stdout.split()[0]
-    assert copied[:2] == ["600", expected.decode()]
-    assert cluster.host_run(1, ["test", "-e", "/srv/node/job"]).returncode != 0
-
-
-def test_put_expands_the_remote_home(cluster3: Cluster, tmp_path: Path) -> None:
-    source = tmp_path / "f.txt"
-    source.write_text("home\n")
-    transport = connected(nodes(cluster3, tmp_path)[0])
-    try:
-        transport.put(source, "~/.distrun-test-put/f.txt")
-        result = transport.run(["sh", "-c", "cat ~/.distrun-test-put/f.txt && rm -r ~/.distrun-test-put"])
-    finally:
-        transport.close()
-    assert result.stdout == "home"
-
-
 def test_unknown_host_key_is_refused_under_strict_with_its_fingerprint(cluster3: Cluster, tmp_path: Path) -> None:
     empty = tmp_path / "known_hosts"
     node = nodes(cluster3, tmp_path, known_hosts=str(empty))[0]

@@ -15,7 +15,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 from typing import BinaryIO
 
 from orchestrator.errors import InfraError
@@ -196,10 +195,6 @@ class Transport(ABC):
         self, argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | None = None
     ) -> RemoteProcess:
         """Start `argv` on the host with extra environment `env`; output is not read yet."""
-
-    @abstractmethod
-    def put(self, local: Path, remote: str, mode: int | None = None) -> None:
-        """Copy a local file to `remote` on the host, creating its directory."""
 
     @abstractmethod
     def peer_address(self) -> str:

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import BinaryIO, cast
 
 from orchestrator.errors import InfraError
@@ -72,13 +70,6 @@ class LocalTransport(Transport):
         except OSError as exc:
             raise InfraError(f"{self.name}: cannot start {argv[0]}: {exc.strerror}") from exc
         return LocalProcess(popen)
-
-    def put(self, local: Path, remote: str, mode: int | None = None) -> None:
-        target = Path(os.path.expanduser(remote))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(local, target)
-        if mode is not None:
-            target.chmod(mode)
 
     def peer_address(self) -> str:
         return "127.0.0.1"

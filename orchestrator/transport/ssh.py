@@ -13,7 +13,6 @@ import functools
 import ipaddress
 import logging
 import os
-import posixpath
 import re
 import shlex
 import socket
@@ -142,7 +141,6 @@ class SSHTransport(Transport):
         self._route: Route | None = None
         self._links: list[paramiko.Transport] = []
         self._peer = ""
-        self._sftp: paramiko.SFTPClient | None = None
         self._home: str | None = None
         self._closed = False
 
@@ -239,38 +237,6 @@ class SSHTransport(Transport):
             raise InfraError(f"{self.label}: cannot start {argv[0]}: {error_reason(exc)}") from exc
         return SSHProcess(channel)
 
-    def put(self, local: Path, remote: str, mode: int | None = None) -> None:
-        """Copy a file over SFTP on the same connection, creating its directory (`~` = home).
-
-        Raises:
-            InfraError: the file could not be written on the host.
-        """
-        try:
-            sftp = self._sftp_client()
-            path = self._remote_path(sftp, remote)
-            _makedirs(sftp, posixpath.dirname(path))
-            sftp.put(str(local), path)
-            if mode is not None:
-                sftp.chmod(path, mode)
-        except _SSH_ERRORS as exc:
-            raise InfraError(f"{self.label}: cannot copy {local} to {remote}: {error_reason(exc)}") from exc
-
-    def _sftp_client(self) -> paramiko.SFTPClient:
-        client = self._client()
-        with self._lock:
-            if self._sftp is None:
-                self._sftp = paramiko.SFTPClient.from_transport(client)
-                if self._sftp is None:
-                    raise InfraError(f"{self.label}: the server refused the sftp subsystem")
-            return self._sftp
-
-    def _remote_path(self, sftp: paramiko.SFTPClient, remote: str) -> str:
-        if remote != "~" and not remote.startswith("~/"):
-            return remote
-        if self._home is None:
-            self._home = sftp.normalize(".")
-        return self._home + remote[1:]
-
     def connected(self) -> bool:
         """Whether the connection (and each jump host's) is open: a closed or dropped one is not."""
         links = self._links
@@ -282,16 +248,12 @@ class SSHTransport(Transport):
         return self._peer
 
     def close(self) -> None:
-        """Close the SFTP session, the connection and its jump hosts'; final."""
+        """Close the connection and its jump hosts'; final."""
         self._closed = True
         with self._lock:
             self._close_links()
 
     def _close_links(self) -> None:
-        if self._sftp is not None:
-            with contextlib.suppress(*_SSH_ERRORS):
-                self._sftp.close()
-            self._sftp = None
         for link in reversed(self._links):
             link.close()
         self._links = []
@@ -409,20 +371,6 @@ def _key_file(path: str, label: str) -> paramiko.PKey:
 @functools.lru_cache(maxsize=32)
 def _load_key(path: str, _mtime_ns: int) -> paramiko.PKey:
     return paramiko.PKey.from_path(path)
-
-
-def _makedirs(sftp: paramiko.SFTPClient, directory: str) -> None:
-    """`mkdir -p` over SFTP."""
-    missing: list[str] = []
-    while directory not in ("", "/"):
-        try:
-            sftp.stat(directory)
-            break
-        except FileNotFoundError:
-            missing.append(directory)
-            directory = posixpath.dirname(directory)
-    for path in reversed(missing):
-        sftp.mkdir(path)
 
 
 def _peer_ip(route: Route, first: paramiko.Transport) -> str:
