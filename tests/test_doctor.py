@@ -518,6 +518,16 @@ def test_the_entry_check_says_why_it_did_not_look():
     assert import_options(ctx.nodes, job, "/w")["node0"].keys() == {"import_from"}
 
 
+def test_a_synced_job_whose_script_lies_outside_the_synced_directory_is_looked_for_on_the_hosts(tmp_path: Path):
+    outside = tmp_path / "train.py"
+    outside.write_text("print('hi')\n")
+    ctx = make()[1]
+    inside = job_from_text("name: j\nscript: tests/cluster/jobs/hang_worker.py\nsync: true\n", "job.yaml")
+    assert import_options(ctx.nodes, inside, "/w")["node0"].keys() == {"import_from"}
+    far = job_from_text(f"name: j\nscript: {outside}\nsync: true\n", str(tmp_path / "job.yaml"))
+    assert import_options(ctx.nodes, far, "/w")["node0"]["entry"] == {"script": str(outside), "cwd": "/w"}
+
+
 def test_preflight_refuses_when_the_rendezvous_port_was_taken_during_the_launch_round():
     with socket.socket() as holder:
         holder.bind(("0.0.0.0", 0))

@@ -455,6 +455,8 @@ def check_entry(probed: Mapping[str, HostFacts], ctx: Context) -> Check:
     kind = next(iter(entries.values())).kind
     hint = ("install it into the node's python or fix the job's `module:` (looked for as `python -m` would, "
             "in the job's workdir with its env)") if kind == "module" else (
+            "the script lies outside the current directory, which `sync: true` sends: run distrun from a "
+            "directory that holds it, or put it on those hosts at that path") if ctx.job and ctx.job.sync else (
             "put the script in the job's workdir on those hosts (or set `sync: true`), or fix the job's `script:`")
     return verdict("entry", problems, shown, Status.ERROR, hint)
 

@@ -234,7 +234,7 @@ def import_options(nodes: Sequence[NodeSpec], job: JobSpec | None, workdir: str)
     inventory's env with the job's over it (as the plan sets them; secrets stay out: they do not
     move an import). torchrun itself runs with safe paths and searches neither. A relative
     script is looked for in the workdir; a job with `sync: true` gets its workdir only after
-    the probe, so its entry is not looked for.
+    the probe, so its entry is not looked for unless the sync does not bring it (`brought_by_sync`).
 
     Args:
         nodes: The nodes probed.
@@ -246,10 +246,17 @@ def import_options(nodes: Sequence[NodeSpec], job: JobSpec | None, workdir: str)
     """
     job_env = job.env if job else {}
     first = posixpath.dirname(posixpath.join(workdir, job.script)) if job and job.script else workdir
-    entry = ({} if job is None or job.sync else
+    entry = ({} if job is None or brought_by_sync(job) else
              {"entry": {"module": job.module} if job.module else {"script": job.script, "cwd": workdir}})
     return {n.name: {"import_from": {"python": n.python, "cwd": first, "env": {**n.env, **job_env}}, **entry}
             for n in nodes}
+
+
+def brought_by_sync(job: JobSpec) -> bool:
+    """Whether `sync: true` brings the job's entry to the hosts: a module, or a script under the
+    current directory (the one synced, where the JobSpec keeps it relative); an absolute script
+    lies outside and must already be on the hosts at that path."""
+    return job.sync and not (job.script and posixpath.isabs(job.script))
 
 
 def probe_round(group: Group, master: NodeSpec, base: dict[str, Any], port: int | None,
