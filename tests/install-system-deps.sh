@@ -2,7 +2,7 @@
 # Installs the Debian packages the cluster and browser tests need when they are missing. Without root
 # it installs nothing and those tests are skipped with the reason.
 set -euo pipefail
-packages=(openssh-server openssh-client pdsh iproute2 iptables procps chromium slurm-wlm slurm-client munge)
+packages=(openssh-server openssh-client pdsh iproute2 iptables procps chromium slurm-wlm slurm-client munge prometheus)
 missing=()
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -102,6 +102,8 @@ class LaunchRequest:
     sync: bool = False  # `--sync`: copy the current directory to each host's workdir first
     guard: SelectionGuard | None = None  # the rule for an implicit selection of many hosts; None: none
     internal: bool = False  # a run distrun makes for itself: never `last`
+    metrics_port: int | None = None  # `--metrics-port`, over the job's `metrics_port`
+    metrics_addr: str = "127.0.0.1"  # where the endpoint listens (`--metrics-addr`)
 
     def asked(self) -> Asked:
         """What this request asks of the backend."""

@@ -1,4 +1,4 @@
-"""The commands on recorded jobs: `ps`, `logs`, `stop`, `stack`, `top` and `prune`."""
+"""The commands on recorded jobs: `ps`, `logs`, `stop`, `stack`, `top`, `metrics` and `prune`."""
 
 from __future__ import annotations
 
@@ -311,6 +311,34 @@ def top(job_ref: str, once: bool, as_json: bool) -> None:
     console = Console(force_terminal=True if mode is terminal.ColorMode.ALWAYS else None,
                       no_color=not terminal.colour(sys.stdout))
     show(store.job_dir(job_id), current, console, once=once)
+
+
+@click.command(short_help="Print every running job's figures for Prometheus.")
+@json_option()
+@color_option
+def metrics(as_json: bool) -> None:
+    """Print the current figures of every running job of this controller in Prometheus' text format
+    (for node_exporter's textfile collector, or a look), as a launch's --metrics-port serves them.
+    A job that ended prints nothing; no running job, nothing at all.
+
+    --json prints the same metric families as JSON: name, type, help and samples (name, labels, value).
+
+    \b
+    Examples:
+      distrun metrics
+      distrun metrics > textfile/distrun.prom.tmp && mv textfile/distrun.prom.tmp textfile/distrun.prom
+      distrun metrics --json
+    """
+    from orchestrator import metrics as figures
+
+    store = Store()
+    records = [rec for rec in store.list() if not rec.state.finished]
+    refresh_lost(store, records)
+    jobs = [figures.from_files(store.job_dir(rec.id), rec) for rec in records if not rec.state.finished]
+    if as_json:
+        terminal.show(json.dumps(figures.families_json(jobs), indent=2))
+    else:
+        terminal.show(figures.exposition(jobs), end="")
 
 
 

@@ -61,6 +61,11 @@ DETACH_WAIT = 120.0
 @click.option("--collapse", is_flag=True, help="Fold identical lines of several ranks into one [node0-2 r0-5] line.")
 @click.option("--metrics-lines", is_flag=True, help="Show the ranks' DISTRUN_METRICS and DISTRUN_CHECKSUM lines "
               "(the live view, the summary and the job's files have them anyway).")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), metavar="PORT",
+              help="Serve the job's figures for Prometheus at http://127.0.0.1:PORT/metrics while it runs "
+                   "(over the job's metrics_port).")
+@click.option("--metrics-addr", metavar="ADDR", default="127.0.0.1", show_default=True,
+              help="The address the metrics endpoint listens on (0.0.0.0: every interface).")
 @click.option("--job-id", hidden=True)
 @click.option("--detached-child", is_flag=True, hidden=True)
 @color_option
@@ -71,8 +76,8 @@ def launch(ctx: click.Context, target: str, inventory: str | None, selection: Ho
            nproc_per_node: str | None, name: str | None, env: tuple[str, ...], workdir: str | None, sync: bool,
            dry_run: bool, probe: bool,
            detach: bool, as_json: bool, skip_preflight: bool, backend: str | None, options: tuple[str, ...],
-           no_live: bool, collapse: bool, metrics_lines: bool, job_id: str | None, detached_child: bool,
-           extra: tuple[str, ...]) -> None:
+           no_live: bool, collapse: bool, metrics_lines: bool, metrics_port: int | None, metrics_addr: str,
+           job_id: str | None, detached_child: bool, extra: tuple[str, ...]) -> None:
     """Start a job on the selected hosts: JOB.yaml, or SCRIPT.py with the job built from the flags.
 
     Arguments after `--` go to the training script. Without --nodes, --label, --nnodes or --all,
@@ -88,6 +93,7 @@ def launch(ctx: click.Context, target: str, inventory: str | None, selection: Ho
       distrun launch train.py --nnodes 2 --dry-run > job.yaml     # the job file, ready to save
       distrun launch train.py -i lab.yaml --nnodes 2 --sync --workdir /srv/project
       distrun launch jobs/tiny.yaml -i lab.yaml --detach --json
+      distrun launch jobs/tiny.yaml -i lab.yaml --metrics-port 9400   # Prometheus scrapes 127.0.0.1:9400
     """
     from orchestrator.run.launch import launch as launch_job
 
@@ -101,7 +107,7 @@ def launch(ctx: click.Context, target: str, inventory: str | None, selection: Ho
         skip_preflight=skip_preflight, backend=backend, live=not no_live, collapse=collapse,
         metrics_lines=metrics_lines, job_id=job_id or None, quiet=detached_child, extra_args=list(extra),
         options=list(options), name=name, nproc_per_node=nproc_per_node, env=list(env), workdir=workdir, sync=sync,
-        guard=None if detached_child else context_guard(ctx),
+        guard=None if detached_child else context_guard(ctx), metrics_port=metrics_port, metrics_addr=metrics_addr,
     )
     if detach and not dry_run:
         sys.exit(_detach(request, as_json))

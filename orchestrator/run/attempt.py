@@ -101,6 +101,7 @@ class Attempt:
         self.final_metrics: dict[str, Any] | None = None
         self.watchdog = Watchdog(plan.hang_timeout, self._last_progress)
         self.progress = Progress.MOVING
+        self.state = JobState.PENDING  # as the record says while the attempt runs (running, stalled)
         self.diagnosis: Future[Failure] | None = None
         self.view = AttemptView(self)
 
@@ -189,6 +190,7 @@ class Attempt:
     def _run(self) -> int:
         failed = self.backend.start(self.view)
         self.heartbeat.start()
+        self.state = JobState.RUNNING
         try:
             self.store.update(self.plan.job_id, state=JobState.RUNNING)
         except DistrunError as exc:
@@ -254,11 +256,13 @@ class Attempt:
         silent = self.watchdog.silent_for()
         if progress is Progress.MOVING:
             self.monitor.status = ""
+            self.state = JobState.RUNNING
             self.store.update(self.plan.job_id, state=JobState.RUNNING)
             self.sink.note(self.plan.hosts[0].node, "job progressing again")
             return
         since = time.strftime("%H:%M:%S", time.localtime(time.time() - silent))
         self.monitor.status = f"{progress.value}: no progress since {since}"
+        self.state = JobState.STALLED
         self.store.update(self.plan.job_id, state=JobState.STALLED)
         what = "stalled" if progress is Progress.STALLED else "hung: dumping every rank's stack"
         self.sink.note(self.plan.hosts[0].node, f"job {what} (no progress from any rank for {silent:.0f} s, "

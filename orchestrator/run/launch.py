@@ -20,12 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from orchestrator import backends, registry
+from orchestrator import backends, metrics, registry
 from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Refused, Settled, terminal_for
 from orchestrator.console.display import fold_hosts
 from orchestrator.console.interrupts import on_signals
 from orchestrator.console.terminal import show
-from orchestrator.errors import DistrunError, ExitCode, InfraError
+from orchestrator.diagnose.failures import FailureKind
+from orchestrator.errors import DistrunError, ExitCode, InfraError, UsageError
 from orchestrator.fanout.group import GroupError
 from orchestrator.plan import LaunchPlan
 from orchestrator.remote.redact import Masker
@@ -37,6 +38,8 @@ from orchestrator.run.spare_pool import SparePool
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.overrides import is_script, job_for_launch, job_to_yaml
 from orchestrator.store import JobState, Store, new_job_id
+
+LOST_KINDS = (FailureKind.LOST, FailureKind.INFRA)  # an attempt's end that counts as a host lost
 
 # ---------------------------------------------------------------- the command
 
@@ -52,22 +55,58 @@ def launch(request: LaunchRequest) -> int:
     """
     job = job_for_launch(request.job_file, request.name, request.nproc_per_node, request.env,
                          request.nnodes_range, request.workdir, request.sync)
+    port = request.metrics_port or job.metrics_port
     if job.fault_tolerance is not None:
+        if port is not None:
+            raise UsageError("--metrics-port: not served for a fault-tolerant job (fault_tolerance:) yet; "
+                             "leave it out (its groups' figures are in `distrun top`)")
         return replicas.launch(request, job)
     cls = backends.get(request.backend or job.backend or registry.DEFAULT)
     options = cls.resolve_options(job, request.options)
     store = Store()
-    launching = Launching.of(request, job, request.job_id or new_job_id(job.name), store, terminal_for(request))
+    job_id = request.job_id or new_job_id(job.name)
+    figures = LiveFigures(job_id)
+    # Bound before anything starts: a port in use ends the launch here, in one line.
+    endpoint = None if port is None or request.dry_run else metrics.bind(request.metrics_addr, port, figures)
+    figures.url = endpoint.url if endpoint else None
+    launching = Launching.of(request, job, job_id, store, terminal_for(request))
     ctx = launching.ctx
-    with cls(store.job_dir, options) as backend:
-        plan = backend.prepare(ctx)
-        if request.dry_run:
-            show(dry_run_text(job, request, backend.dry_run(plan)))
-            return int(ExitCode.OK)
-        if not request.skip_preflight:
-            backend.preflight(ctx, plan)
-        backend.stage(ctx, plan)
-        return run_attempts(backend, launching, plan).code
+    try:
+        with cls(store.job_dir, options) as backend:
+            plan = backend.prepare(ctx)
+            if request.dry_run:
+                show(dry_run_text(job, request, backend.dry_run(plan)))
+                return int(ExitCode.OK)
+            if not request.skip_preflight:
+                backend.preflight(ctx, plan)
+            backend.stage(ctx, plan)
+            return run_attempts(backend, launching, plan, figures).code
+    finally:
+        if endpoint is not None:
+            endpoint.close()
+
+
+class LiveFigures:
+    """The figures of the job this controller runs, for its /metrics endpoint: taken at each scrape,
+    in the endpoint's thread, from what the attempt running keeps (the telemetry aggregator's
+    snapshot, its history and alerts); the run loop never waits for a scrape."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.attempt: Attempt | None = None
+        self.url: str | None = None
+
+    def __call__(self) -> list[metrics.JobFigures]:
+        attempt = self.attempt
+        if attempt is None:
+            return [metrics.JobFigures(self.job_id, JobState.PENDING.value, 1, ())]
+        aggregator = attempt.monitor.aggregator
+        hosts, throughput = aggregator.snapshot()
+        history = attempt.history
+        lost = sum(1 for a in list(history.attempts) if a.failure is not None and a.failure.kind in LOST_KINDS)
+        return [metrics.JobFigures(self.job_id, attempt.state.value, history.number, hosts, lost,
+                                   tuple(history.quarantined), tuple(attempt.record.alerts),
+                                   aggregator.rank_records(), throughput)]
 
 
 def dry_run_text(job: JobSpec, request: LaunchRequest, plan_text: str) -> str:
@@ -89,16 +128,20 @@ class Finished:
     final_metrics: dict[str, Any] | None = None
 
 
-def run_attempts(backend: Backend, launching: Launching, plan: LaunchPlan) -> Finished:
+def run_attempts(backend: Backend, launching: Launching, plan: LaunchPlan,
+                 figures: LiveFigures | None = None) -> Finished:
     """Submit a prepared job and follow it to its end, attempt after attempt when the job's
     `restarts` allow; SIGINT/SIGTERM stop it on every host.
+
+    Args:
+        figures: The job's /metrics endpoint's source, told each attempt as it opens (None: no endpoint).
 
     Returns:
         The exit code and the job's final metrics.
     """
     ctx = launching.ctx
     with on_signals(ctx.interrupt):
-        _announce(launching)
+        _announce(launching, figures.url if figures else None)
         submitted = backend.submit(ctx, plan)
         launching.submitted(plan, submitted)
         try:
@@ -114,6 +157,8 @@ def run_attempts(backend: Backend, launching: Launching, plan: LaunchPlan) -> Fi
                                 pool=SparePool.from_env(ctx.job_id))
         while True:
             attempt = _open_attempt(backend, launching, started, history)
+            if figures is not None:
+                figures.attempt = attempt
             code = attempt.run()
             if attempt.verdict is None or attempt.verdict.hosts is None:
                 return Finished(code, attempt.final_metrics)
@@ -123,12 +168,15 @@ def run_attempts(backend: Backend, launching: Launching, plan: LaunchPlan) -> Fi
             started = following
 
 
-def _announce(launching: Launching) -> None:
+def _announce(launching: Launching, metrics_url: str | None = None) -> None:
     """The first line a launch shows: the job's id and where its files are, as a scheduler's
-    `Submitted job ID` (a pipe or a log file otherwise heard of the id only at the end)."""
+    `Submitted job ID` (a pipe or a log file otherwise heard of the id only at the end); then
+    where its /metrics endpoint is, if it has one."""
     ctx = launching.ctx
     if ctx.terminal is not None:
         show(f"Submitted job {ctx.job_id} (its files: {ctx.files.root})", stream=ctx.terminal, flush=True)
+        if metrics_url:
+            show(f"Metrics of job {ctx.job_id} at {metrics_url} while it runs", stream=ctx.terminal, flush=True)
 
 
 def _next_attempt(backend: Backend, launching: Launching, plan: LaunchPlan, history: AttemptHistory,

@@ -133,6 +133,7 @@ def _job_readers(src: Source) -> dict[str, Reader]:
         "restarts": lambda node, path: _restarts(src, node, path),
         "checkpoint_dir": src.text,
         "spares": lambda node, path: src.integer(node, path, 0),
+        "metrics_port": lambda node, path: src.integer(node, path, 1, 65535),
         "fault_tolerance": lambda node, path: _section(src, node, path, FaultTolerance, {
             "min_replicas": lambda value, key: src.integer(value, key, 1),
             "hosts_per_group": lambda value, key: src.integer(value, key, 1),

@@ -159,5 +159,6 @@ class JobSpec:
     checkpoint_dir: str | None = None  # -> DISTRUN_CHECKPOINT_DIR on every rank, created on every host
     spares: int | None = None  # hosts kept aside for restarts (None: every host selected beyond nnodes)
     fault_tolerance: FaultTolerance | None = None  # None: one torchrun world, as without torchft
+    metrics_port: int | None = None  # the controller's Prometheus endpoint while the job runs (None: none)
     # Key path -> line in the file ("nnodes", "select.names[0]"), for errors found later.
     lines: dict[str, int] = field(default_factory=dict, compare=False, repr=False)

@@ -172,6 +172,7 @@ def job_to_dict(job: JobSpec) -> dict[str, Any]:
         "checkpoint_dir": job.checkpoint_dir,
         "spares": job.spares,
         "fault_tolerance": vars(job.fault_tolerance) if job.fault_tolerance else None,
+        "metrics_port": job.metrics_port,
     }
     for key, value in optional.items():
         default = getattr(_DEFAULTS, key, None)

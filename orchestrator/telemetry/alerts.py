@@ -105,6 +105,7 @@ class Aggregator:
         self.clock = clock
         self.started = clock()
         self.metrics: dict[str, Any] | None = None
+        self.ranks: dict[int, dict[str, Any]] = {}  # each rank's latest metrics record (step, step time)
         self.alerts: list[Alert] = []
         self.episodes: dict[tuple[str, int | None, str], AlertEpisode] = {}
         self.counters: dict[tuple[str, int, str], int] = {}
@@ -127,11 +128,14 @@ class Aggregator:
         return fired
 
     def observe_metrics(self, record: dict[str, Any]) -> None:
-        """Keep the job's latest metrics record (throughput) for display; other ranks' own are not it."""
-        if not job_wide(record):
-            return
+        """Keep each rank's latest metrics record, and the job's (throughput) for display: rank 0's,
+        or one without a rank; other ranks' own are not it."""
+        rank = record.get("rank")
         with self.lock:
-            self.metrics = record
+            if isinstance(rank, int) and not isinstance(rank, bool):
+                self.ranks[rank] = record
+            if job_wide(record):
+                self.metrics = record
 
     def add(self, alerts: list[Alert]) -> None:
         """Alerts raised elsewhere (stragglers, from metrics), kept with the aggregator's own."""
@@ -167,6 +171,11 @@ class Aggregator:
         with self.lock:
             hosts = [HostState(s.node, s.host, dict(s.gpus), s.seen, s.waited) for s in self.hosts.values()]
             return hosts, self.metrics
+
+    def rank_records(self) -> dict[int, dict[str, Any]]:
+        """A copy of each rank's latest metrics record, by rank."""
+        with self.lock:
+            return dict(self.ranks)
 
     def _episode(self, node: str, gpu: int | None, rule: str) -> AlertEpisode:
         return self.episodes.setdefault((node, gpu, rule), AlertEpisode())

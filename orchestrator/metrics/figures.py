@@ -1,0 +1,89 @@
+"""`JobFigures`: one job's figures at one moment, whether the live controller or a job directory's files
+(`distrun metrics`) give them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.store import JobDir, JobRecord
+from orchestrator.telemetry.alerts import HostState
+from orchestrator.telemetry.top import History
+
+# An alert as the record keeps it (`14:02:11 node1: gpu0 idle for 60 s (...)`) to its rule.
+ALERT_RULES = (
+    ("straggler", re.compile(r"^straggler: ")),
+    ("silent", re.compile(r"^no telemetry samples ")),
+    ("idle", re.compile(r"^gpu\d+ idle ")),
+    ("memory", re.compile(r"^gpu\d+ memory ")),
+    ("throttle", re.compile(r"^gpu\d+ clocks throttled ")),
+    ("ecc", re.compile(r"^gpu\d+: \d+ new uncorrectable ECC ")),
+    ("xid", re.compile(r"^gpu\d+: \d+ new XID ")),
+)
+ALERT_KINDS = (*(rule for rule, _ in ALERT_RULES), "other")
+RECORDED = re.compile(r"^\d\d:\d\d:\d\d (?P<node>\S+): (?P<message>.*)$", re.S)
+STRAGGLER_RANK = re.compile(r"^straggler: rank (\d+) ")
+
+
+@dataclass(frozen=True)
+class RecordedAlert:
+    """An alert of the job's record, read back: its host, rule and (a straggler's) rank."""
+
+    node: str
+    rule: str
+    rank: int | None = None
+
+
+def read_alert(line: str) -> RecordedAlert:
+    """An alert line of the job record (`Alert.record()`) to its host, rule and straggler rank."""
+    found = RECORDED.match(line)
+    node, message = (found["node"], found["message"]) if found else ("", line)
+    rule = next((name for name, pattern in ALERT_RULES if pattern.match(message)), "other")
+    rank = STRAGGLER_RANK.match(message) if rule == "straggler" else None
+    return RecordedAlert(node, rule, int(rank[1]) if rank else None)
+
+
+@dataclass(frozen=True)
+class JobFigures:
+    """One job's figures: the attempt's hosts' latest samples, every rank's latest metrics record,
+    and what the job's record says (state, attempts, quarantined hosts, alerts).
+
+    Attributes:
+        state: A `JobState` value.
+        attempt: The attempt running (1, 2, ...).
+        hosts_lost: Attempts that ended with a host lost.
+        ranks: Each rank's latest metrics record (`node`, `step`, `step_time_s`, `busy_s`, ...).
+        throughput: The job's latest job-wide metrics record (rank 0's), None before one.
+    """
+
+    job: str
+    state: str
+    attempt: int
+    hosts: Sequence[HostState]
+    hosts_lost: int = 0
+    quarantined: Sequence[str] = ()
+    alerts: Sequence[str] = ()
+    ranks: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    throughput: Mapping[str, Any] | None = None
+
+
+def hosts_lost(attempts: Sequence[Mapping[str, Any]]) -> int:
+    """How many of the record's attempts ended with a lost host (`restarts.AttemptRecord.to_dict()`)."""
+    return sum(1 for a in attempts if (a.get("failure") or {}).get("kind") in ("lost", "infra"))
+
+
+def from_files(job_dir: JobDir, record: JobRecord) -> JobFigures:
+    """A running job's figures from its job directory's telemetry and metrics files and its record,
+    as `distrun top --json` reads them."""
+    history = History(job_dir, record.hosts)
+    try:
+        history.poll()
+    finally:
+        history.close()
+    hosts, throughput = history.aggregator.snapshot()
+    ended = sum(1 for a in record.attempts if a.get("ended"))  # the running attempt is recorded when it ends
+    return JobFigures(job=record.id, state=record.state.value, attempt=ended + 1,
+                      hosts=hosts, hosts_lost=hosts_lost(record.attempts), quarantined=tuple(record.quarantined),
+                      alerts=tuple(record.alerts), ranks=history.aggregator.rank_records(), throughput=throughput)
