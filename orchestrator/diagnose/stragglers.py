@@ -1,4 +1,5 @@
-"""Stragglers: a rank whose own step time stays well above the other ranks'.
+"""Stragglers: a rank whose own step time stays well above the other ranks', or that enters the
+collectives last, by a margin, interval after interval (from the ranks' Flight Recorders, below).
 
 Every rank of the bundled training script prints its own metrics line each logging interval
 (jobs/README.md): `busy_s` is the rank's own work per step, without the time it waited for the
@@ -125,3 +126,123 @@ class Detector:
             if rank not in samples:
                 streak.slow = 0  # no evidence this interval: the run of slow ones starts again
         return named
+
+
+# ---------------------------------------------------------------- from the ranks' Flight Recorders
+
+LATE_MARGIN_S = 0.05  # a rank that enters a collective this much after the median rank is late
+WINDOW_S = 5.0  # the collectives of one interval span this much time (of their median entry)
+WINDOW_MAX = 500  # or this many collectives, whichever comes first
+FLIGHT_INTERVALS = 3  # consecutive late intervals before a rank is named
+
+
+@dataclass(frozen=True)
+class LateRank:
+    """A rank named as a straggler from the times it entered the collectives (its Flight Recorder)."""
+
+    node: str
+    rank: int
+    late_s: float  # the median, over `collectives`, of how long after the median rank it entered
+    op: str  # the op it entered most often late ("all_reduce")
+    collectives: int
+    intervals: int
+
+    def message(self, evidence: str = "") -> str:
+        """As an alert line of its host: `straggler: rank 4 on node2 enters each all_reduce 180 ms after ...`."""
+        said = (f"straggler: rank {self.rank} on {self.node} enters each {self.op} {self.late_s * 1000:.0f} ms after "
+                f"the others (median over {self.collectives} collectives, {self.intervals} intervals in a row)")
+        return f"{said}; {evidence}" if evidence else said
+
+
+@dataclass
+class LateStreak:
+    """One rank's run of late intervals: their lateness values and ops, and whether it was named."""
+
+    late: list[float] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+    intervals: int = 0
+    named: bool = False
+
+
+@dataclass
+class FlightDetector:
+    """Names stragglers from the `fr` events of the hosts (remote/frpoll.py), fed as they arrive.
+
+    A collective is judged once every rank reported entering it: each rank's lateness is its entry
+    time less the median rank's (hosts' clocks are assumed in step, as NTP keeps them, well within
+    the margin). In a collective the slow rank enters last and the others wait for it. The
+    collectives judged together span WINDOW_S; a rank whose median lateness in such an interval is
+    over `margin` is late in it, and is named after `intervals` late intervals in a row.
+
+    Args:
+        world_size: The job's ranks (a collective is judged when all of them entered it).
+    """
+
+    world_size: int
+    margin: float = LATE_MARGIN_S
+    intervals: int = FLIGHT_INTERVALS
+    entered: dict[int, dict[int, tuple[str, str, float]]] = field(default_factory=dict)  # seq -> rank -> entry
+    window: list[dict[int, tuple[str, str, float]]] = field(default_factory=list)
+    judged: int = 0  # the last collective judged
+    streaks: dict[int, LateStreak] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(self, node: str, event: dict[str, Any]) -> list[LateRank]:
+        """Take one host's `fr` event; returns the ranks it lets us name."""
+        with self.lock:
+            for rank, summary in _ranks(event):
+                for seq, op, entered_us in summary.get("c") or ():
+                    if isinstance(seq, int) and seq > self.judged and isinstance(entered_us, int | float):
+                        self.entered.setdefault(seq, {})[rank] = (node, str(op), entered_us / 1e6)
+            return self._judge_ready()
+
+    def _judge_ready(self) -> list[LateRank]:
+        named = []
+        for seq in sorted(self.entered):
+            if len(self.entered[seq]) < self.world_size:
+                break  # judged in order: a later one waits for this one
+            self.window.append(self.entered.pop(seq))
+            self.judged = seq
+            if _middle(self.window[-1]) - _middle(self.window[0]) >= WINDOW_S or len(self.window) >= WINDOW_MAX:
+                named += self._judge(self.window)
+                self.window = []
+        return named
+
+    def _judge(self, window: list[dict[int, tuple[str, str, float]]]) -> list[LateRank]:
+        """Count each rank's interval as late or not; the ranks whose run of late ones names them now."""
+        lateness: dict[int, list[float]] = {}
+        for entries in window:
+            middle = _middle(entries)
+            for rank, (_, _, t) in entries.items():
+                lateness.setdefault(rank, []).append(t - middle)
+        named = []
+        for rank, values in lateness.items():
+            streak = self.streaks.setdefault(rank, LateStreak())
+            if statistics.median(values) <= self.margin:
+                self.streaks[rank] = LateStreak()
+                continue
+            if streak.named:
+                continue  # named once for this run of late intervals
+            streak.late += values
+            streak.ops += [entries[rank][1] for entries in window]
+            streak.intervals += 1
+            if streak.intervals >= self.intervals:
+                streak.named = True
+                op = max(set(streak.ops), key=streak.ops.count)
+                named.append(LateRank(window[-1][rank][0], rank, statistics.median(streak.late), op,
+                                      len(streak.late), streak.intervals))
+        return named
+
+
+def _ranks(event: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """(rank, its summary) of an `fr` event, malformed ones left out."""
+    ranks = event.get("ranks")
+    if not isinstance(ranks, dict):
+        return []
+    return [(int(rank), summary) for rank, summary in ranks.items()
+            if str(rank).isdigit() and isinstance(summary, dict)]
+
+
+def _middle(entries: dict[int, tuple[str, str, float]]) -> float:
+    """When the median rank entered a collective."""
+    return statistics.median(t for _, _, t in entries.values())
