@@ -130,7 +130,8 @@ class Detector:
 
 # ---------------------------------------------------------------- from the ranks' Flight Recorders
 
-LATE_MARGIN_S = 0.05  # a rank that enters a collective this much after the median rank is late
+LATE_MARGIN_S = 0.05  # a rank that enters a collective this much after the median rank is late in it
+LATE_SHARE = 0.25  # a rank late in this share of an interval's collectives is late in the interval
 WINDOW_S = 5.0  # the collectives of one interval span this much time (of their median entry)
 WINDOW_MAX = 500  # or this many collectives, whichever comes first
 FLIGHT_INTERVALS = 3  # consecutive late intervals before a rank is named
@@ -142,24 +143,27 @@ class LateRank:
 
     node: str
     rank: int
-    late_s: float  # the median, over `collectives`, of how long after the median rank it entered
-    op: str  # the op it entered most often late ("all_reduce")
-    collectives: int
+    late_s: float  # the median, over the collectives it was late in, of how long after the median rank it entered
+    op: str  # the op it entered late most often ("all_reduce")
+    late: int  # collectives it entered late in its late intervals
+    collectives: int  # collectives of those intervals
     intervals: int
 
     def message(self, evidence: str = "") -> str:
-        """As an alert line of its host: `straggler: rank 4 on node2 enters each all_reduce 180 ms after ...`."""
-        said = (f"straggler: rank {self.rank} on {self.node} enters each {self.op} {self.late_s * 1000:.0f} ms after "
-                f"the others (median over {self.collectives} collectives, {self.intervals} intervals in a row)")
+        """As an alert line of its host: `straggler: rank 4 on node2 enters all_reduce 180 ms after ...`."""
+        said = (f"straggler: rank {self.rank} on {self.node} enters {self.op} {self.late_s * 1000:.0f} ms after "
+                f"the others (median over the {self.late} of {self.collectives} collectives it entered late, "
+                f"{self.intervals} intervals in a row)")
         return f"{said}; {evidence}" if evidence else said
 
 
 @dataclass
 class LateStreak:
-    """One rank's run of late intervals: their lateness values and ops, and whether it was named."""
+    """One rank's run of late intervals: how late it entered the collectives it was late in, and their ops."""
 
     late: list[float] = field(default_factory=list)
     ops: list[str] = field(default_factory=list)
+    collectives: int = 0
     intervals: int = 0
     named: bool = False
 
@@ -170,9 +174,12 @@ class FlightDetector:
 
     A collective is judged once every rank reported entering it: each rank's lateness is its entry
     time less the median rank's (hosts' clocks are assumed in step, as NTP keeps them, well within
-    the margin). In a collective the slow rank enters last and the others wait for it. The
-    collectives judged together span WINDOW_S; a rank whose median lateness in such an interval is
-    over `margin` is late in it, and is named after `intervals` late intervals in a row.
+    the margin). In a collective the slow rank enters last and the others wait for it. torch records
+    time_created_ns when the rank calls the collective; gloo leaves the started and completed times
+    0, so entry is what every backend has. The collectives judged together span WINDOW_S; a rank
+    that entered at least LATE_SHARE of them over `margin` late is late in that interval (a step's
+    later collectives follow its first at once: only the first may show the wait), and is named
+    after `intervals` late intervals in a row, once per run of them.
 
     Args:
         world_size: The job's ranks (a collective is judged when all of them entered it).
@@ -210,27 +217,30 @@ class FlightDetector:
 
     def _judge(self, window: list[dict[int, tuple[str, str, float]]]) -> list[LateRank]:
         """Count each rank's interval as late or not; the ranks whose run of late ones names them now."""
-        lateness: dict[int, list[float]] = {}
+        late: dict[int, list[tuple[float, str]]] = {}
         for entries in window:
             middle = _middle(entries)
-            for rank, (_, _, t) in entries.items():
-                lateness.setdefault(rank, []).append(t - middle)
+            for rank, (_, op, t) in entries.items():
+                if t - middle > self.margin:
+                    late.setdefault(rank, []).append((t - middle, op))
         named = []
-        for rank, values in lateness.items():
-            streak = self.streaks.setdefault(rank, LateStreak())
-            if statistics.median(values) <= self.margin:
+        for rank in window[-1]:
+            found = late.get(rank, [])
+            if len(found) < LATE_SHARE * len(window):
                 self.streaks[rank] = LateStreak()
                 continue
+            streak = self.streaks.setdefault(rank, LateStreak())
             if streak.named:
                 continue  # named once for this run of late intervals
-            streak.late += values
-            streak.ops += [entries[rank][1] for entries in window]
+            streak.late += [value for value, _ in found]
+            streak.ops += [op for _, op in found]
+            streak.collectives += len(window)
             streak.intervals += 1
             if streak.intervals >= self.intervals:
                 streak.named = True
                 op = max(set(streak.ops), key=streak.ops.count)
                 named.append(LateRank(window[-1][rank][0], rank, statistics.median(streak.late), op,
-                                      len(streak.late), streak.intervals))
+                                      len(streak.late), streak.collectives, streak.intervals))
         return named
 
 
