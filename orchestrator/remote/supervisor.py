@@ -4,7 +4,7 @@ Protocol (stdin, one JSON object per line): first `{"op": "config", ...}`, then 
 heartbeats and `{"op": "stop"}`. End of stdin means the controller is gone.
 
 Output (stdout, remote/stream.py): batches of whole lines framed by rank and stream, and events
-(`started`, `hb`, `tel`, `exit`, `note`). remote/relay.py carries the job's lines from
+(`started`, `hb`, `tel`, `fr` (remote/frpoll.py), `exit`, `note`). remote/relay.py carries the job's lines from
 torchrun's per-rank files to the host-side copy and stdout. Events go out ahead of queued
 batches, so heartbeats and telemetry never wait behind a flood, and nothing that decides the
 job's fate (the watchdog, a stop) waits on stdout. An `exit` after a stop carries
