@@ -155,3 +155,14 @@ def test_a_rank_that_does_not_answer_within_the_bound_is_skipped_not_waited_for(
 
 def test_a_host_where_no_rank_serves_sends_no_event(sock_dir):
     assert Poller(sock_dir, own_roots()).round() is None
+
+
+def test_a_rank_the_metrics_lines_named_is_not_named_again_from_the_flight_recorders():
+    fired: list[Any] = []
+    monitor = Monitor(["node0", "node1", "node2"], 1.0, fired.extend, lambda node: True, "job", world_size=3)
+    for step in range(1, 6):
+        for rank in range(3):
+            monitor.metrics(f"node{rank}", {"step": step, "rank": rank, "busy_s": 1.0 if rank == 2 else 0.1})
+    for node, event in events("late2"):
+        monitor.flight(node, event)
+    assert [(a.node, a.message.split(" takes ")[0]) for a in fired] == [("node2", "straggler: rank 2")]

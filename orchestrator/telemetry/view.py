@@ -277,6 +277,8 @@ class Monitor:
         self.late = FlightDetector(world_size) if world_size else None
         self.progress = FlightProgress()
         self.progress_lock = threading.Lock()
+        # The ranks each path named (metrics lines, Flight Recorders): a rank one named, the other does not name again.
+        self.named: dict[str, set[int]] = {"metrics": set(), "flight": set()}
         self.nodes = nodes
         self.on_alerts = on_alerts
         self.active = active
@@ -315,7 +317,8 @@ class Monitor:
         """A metrics record of any rank of `node`: rank 0's is the job's latest; every rank's
         own step time goes to the straggler detector, whose verdicts are alerts like the others."""
         self.aggregator.observe_metrics(record)
-        alerts = [Alert(s.node, "straggler", s.message()) for s in self.stragglers.observe(node, record)]
+        alerts = [Alert(s.node, "straggler", s.message()) for s in self.stragglers.observe(node, record)
+                  if self._first_to_name("metrics", s.rank)]
         if alerts and not self.stopped.is_set():
             self.aggregator.add(alerts)
             self._report(alerts)
@@ -327,11 +330,18 @@ class Monitor:
         with self.progress_lock:
             self.progress.observe(event, self.aggregator.clock())
         late = self.late.observe(node, event) if self.late is not None else []
-        alerts = [Alert(r.node, "straggler", r.message(host_evidence(self.aggregator.state(r.node)))) for r in late]
+        alerts = [Alert(r.node, "straggler", r.message(host_evidence(self.aggregator.state(r.node)))) for r in late
+                  if self._first_to_name("flight", r.rank)]
         if alerts and not self.stopped.is_set():
             self.aggregator.add(alerts)
             self._report(alerts)
         return self.progress_now()
+
+    def _first_to_name(self, path: str, rank: int) -> bool:
+        """Whether a straggler alert of `rank` from `path` is new: the other path has not named it."""
+        with self.progress_lock:
+            self.named[path].add(rank)
+            return not any(rank in ranks for other, ranks in self.named.items() if other != path)
 
     def progress_now(self) -> dict[str, Any]:
         """The job's progress from the ranks' Flight Recorders (`FlightProgress.to_dict`)."""
