@@ -28,7 +28,7 @@ MASK = "***"
 PROBE_MARK = "<probe>"  # in a dry run made without reaching the hosts: a value only their probe gives
 # What a probe fills in -> the torchrun option that carries it.
 PROBED_OPTIONS = {"master_addr": "--master-addr", "master_port": "--master-port", "nproc": "--nproc-per-node"}
-# Flight Recorder entries each rank keeps when a job has hang_timeout. torch from 2.7 reads
+# Flight Recorder entries each rank keeps (unless the job sets `flight_recorder: false`). torch from 2.7 reads
 # TORCH_FR_BUFFER_SIZE (and warns on every rank that the older name is deprecated when it is set);
 # older torch reads TORCH_NCCL_TRACE_BUFFER_SIZE only. A host whose torch is not known gets both.
 FLIGHT_RECORDER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
@@ -233,10 +233,10 @@ def flight_recorder_vars(torch_version: str | None) -> tuple[str, ...]:
 
 def with_flight_recorder(env: dict[str, str], job: JobSpec, job_id: str,
                          torch_version: str | None = None) -> dict[str, str]:
-    """With hang_timeout: Flight Recorder on in every rank unless the env sizes it (in the variable
-    the host's torch reads), and the directory (host-side job dir; the supervisor makes it) where
-    ranks that opt in serve it (jobs/README.md)."""
-    if job.hang_timeout is None:
+    """Unless the job sets `flight_recorder: false`: Flight Recorder on in every rank unless the env
+    sizes it (in the variable the host's torch reads), and the directory (host-side job dir; the
+    supervisor makes it) where ranks that serve torch's control plane serve it (jobs/README.md)."""
+    if not job.flight_recorder:
         return env
     added = {name: FLIGHT_RECORDER_ENTRIES for name in flight_recorder_vars(torch_version) if name not in env}
     return {**env, **added, "DISTRUN_WORKER_SOCKETS": f"~/.distrun/jobs/{job_id}/sock"}

@@ -67,6 +67,8 @@ class JobRecord:
             in order; [] for a job recorded before it started one.
         quarantined: Hosts a failure pointed at, left out of the job's later attempts.
         gpus_freed: `node: line` for each GPU's memory the job's end freed (remote/gpu.py).
+        progress: The job's progress from its ranks' Flight Recorders (diagnose/flight.py's
+            `FlightProgress.to_dict`: collectives per second, each rank's last completed); {} when none.
     """
 
     id: str
@@ -93,6 +95,7 @@ class JobRecord:
     attempts: list[dict[str, Any]] = field(default_factory=list)
     quarantined: list[str] = field(default_factory=list)
     gpus_freed: list[str] = field(default_factory=list)
+    progress: dict[str, Any] = field(default_factory=dict)
 
     @property
     def every_host(self) -> list[str]:
@@ -109,14 +112,14 @@ class JobRecord:
             "restarts": self.restarts, "backend_ref": self.backend_ref, "detail": self.detail,
             "alerts": self.alerts, "failures": self.failures, "internal": self.internal,
             "command": self.command, "attempts": self.attempts, "quarantined": self.quarantined,
-            "gpus_freed": self.gpus_freed,
+            "gpus_freed": self.gpus_freed, "progress": self.progress,
         }
 
 
 _COLUMNS = ("id", "name", "spec_path", "inventory", "hosts", "master_addr", "master_port", "backend",
             "state", "started", "ended", "exit_code", "controller_pid", "restarts", "backend_ref",
             "detail", "alerts", "failures", "controller_start",
-            "internal", "command", "attempts", "quarantined", "gpus_freed")
+            "internal", "command", "attempts", "quarantined", "gpus_freed", "progress")
 _JSON_COLUMNS = ("hosts", "alerts", "failures", "command", "attempts", "quarantined", "gpus_freed")
 AMBIGUOUS_SHOWN = 8
 
@@ -130,7 +133,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     restarts INTEGER DEFAULT 0, backend_ref TEXT, detail TEXT DEFAULT '', alerts TEXT DEFAULT '[]',
     failures TEXT DEFAULT '[]', controller_start TEXT, internal INTEGER DEFAULT 0,
     command TEXT DEFAULT '[]', attempts TEXT DEFAULT '[]', quarantined TEXT DEFAULT '[]',
-    gpus_freed TEXT DEFAULT '[]'
+    gpus_freed TEXT DEFAULT '[]', progress TEXT DEFAULT '{}'
 )
 """
 # Columns renamed since a release wrote them: old name -> new name.
@@ -138,7 +141,7 @@ _RENAMED = {"slurm_id": "backend_ref"}
 # Columns added since the first release: name -> its definition.
 _ADDED = {"failures": "TEXT DEFAULT '[]'", "controller_start": "TEXT", "internal": "INTEGER DEFAULT 0",
           "command": "TEXT DEFAULT '[]'", "attempts": "TEXT DEFAULT '[]'", "quarantined": "TEXT DEFAULT '[]'",
-          "gpus_freed": "TEXT DEFAULT '[]'"}
+          "gpus_freed": "TEXT DEFAULT '[]'", "progress": "TEXT DEFAULT '{}'"}
 
 
 ID_RANDOM_BYTES = 3
@@ -308,7 +311,8 @@ class Store:
                rec.master_port, rec.backend, rec.state.value, rec.started, rec.ended, rec.exit_code,
                rec.controller_pid, rec.restarts, rec.backend_ref, rec.detail, json.dumps(rec.alerts),
                json.dumps(rec.failures), rec.controller_start, int(rec.internal), json.dumps(rec.command),
-               json.dumps(rec.attempts), json.dumps(rec.quarantined), json.dumps(rec.gpus_freed))
+               json.dumps(rec.attempts), json.dumps(rec.quarantined), json.dumps(rec.gpus_freed),
+               json.dumps(rec.progress))
         marks = ",".join("?" * len(_COLUMNS))
         try:
             with self._connect() as db:
@@ -341,7 +345,7 @@ class Store:
         return self._set(job_id, (*UNFINISHED, JobState.LOST), {"state": state, **fields})
 
     def _set(self, job_id: str, only_from: tuple[JobState, ...] | None, fields: dict[str, Any]) -> bool:
-        values = [json.dumps(v) if isinstance(v, list) else (v.value if isinstance(v, Enum) else v)
+        values = [json.dumps(v) if isinstance(v, list | dict) else (v.value if isinstance(v, Enum) else v)
                   for v in fields.values()]
         sets = ",".join(f"{k}=?" for k in fields)
         where, args = "id=?", [job_id]
@@ -500,6 +504,7 @@ def _record(row: tuple[Any, ...]) -> JobRecord:
     data["restarts"] = data["restarts"] or 0
     data["detail"] = data["detail"] or ""
     data["internal"] = bool(data["internal"])
+    data["progress"] = json.loads(data["progress"] or "{}")
     return JobRecord(**data)
 
 

@@ -88,11 +88,15 @@ def test_job_env_overrides_inventory_env_and_iface_sets_socket_ifnames(tmp_path)
     assert "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE" not in env0  # lines come from per-rank files, not --tee
 
 
-def test_hang_timeout_turns_the_flight_recorder_on_unless_the_env_sizes_it_and_names_the_socket_dir(tmp_path):
-    env = plan_for(tmp_path, "hang_timeout: 60\nenv: {TORCH_NCCL_TRACE_BUFFER_SIZE: '50'}\n").hosts[1].env
+def test_every_job_has_the_flight_recorder_on_unless_the_env_sizes_it_and_names_the_socket_dir(tmp_path):
+    env = plan_for(tmp_path, "env: {TORCH_NCCL_TRACE_BUFFER_SIZE: '50'}\n").hosts[1].env
     assert (env["TORCH_FR_BUFFER_SIZE"], env["TORCH_NCCL_TRACE_BUFFER_SIZE"]) == ("2000", "50")
     assert env["DISTRUN_WORKER_SOCKETS"] == "~/.distrun/jobs/demo-1/sock"
-    plain = plan_for(tmp_path).hosts[1].env
+    assert plan_for(tmp_path, "hang_timeout: 60\n").hosts[1].env["DISTRUN_WORKER_SOCKETS"]
+
+
+def test_flight_recorder_false_leaves_the_ranks_environment_without_it(tmp_path):
+    plain = plan_for(tmp_path, "hang_timeout: 60\nflight_recorder: false\n").hosts[1].env
     assert not {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", "DISTRUN_WORKER_SOCKETS"} & set(plain)
 
 

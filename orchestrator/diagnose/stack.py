@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from orchestrator.store import JobRecord
 
 # What `stack` runs on a host, dependencies first: it finds the ranks as the supervisor does.
-STACK_MODULES = [*remote.SUPERVISOR_IMPORTS, "supervisor", "pyspy", "flightrec", "stack"]
+STACK_MODULES = [*remote.SUPERVISOR_IMPORTS, "supervisor", "pyspy", "stack"]
 # A dump of every rank of a host takes well under this; py-spy itself gives up on a rank after 20 s.
 GATHER_TIMEOUT = 40.0
 ADDRESS = re.compile(r"0x[0-9a-fA-F]+")

@@ -1,4 +1,5 @@
-"""Stragglers: a rank whose own step time stays well above the other ranks'.
+"""Stragglers: a rank whose own step time stays well above the other ranks', or that enters the
+collectives last, by a margin, interval after interval (from the ranks' Flight Recorders, below).
 
 Every rank of the bundled training script prints its own metrics line each logging interval
 (jobs/README.md): `busy_s` is the rank's own work per step, without the time it waited for the
@@ -125,3 +126,133 @@ class Detector:
             if rank not in samples:
                 streak.slow = 0  # no evidence this interval: the run of slow ones starts again
         return named
+
+
+# ---------------------------------------------------------------- from the ranks' Flight Recorders
+
+LATE_MARGIN_S = 0.05  # a rank that enters a collective this much after the median rank is late in it
+LATE_SHARE = 0.25  # a rank late in this share of an interval's collectives is late in the interval
+WINDOW_S = 5.0  # the collectives of one interval span this much time (of their median entry)
+WINDOW_MAX = 500  # or this many collectives, whichever comes first
+FLIGHT_INTERVALS = 3  # consecutive late intervals before a rank is named
+
+
+@dataclass(frozen=True)
+class LateRank:
+    """A rank named as a straggler from the times it entered the collectives (its Flight Recorder)."""
+
+    node: str
+    rank: int
+    late_s: float  # the median, over the collectives it was late in, of how long after the median rank it entered
+    op: str  # the op it entered late most often ("all_reduce")
+    late: int  # collectives it entered late in its late intervals
+    collectives: int  # collectives of those intervals
+    intervals: int
+
+    def message(self, evidence: str = "") -> str:
+        """As an alert line of its host: `straggler: rank 4 on node2 enters all_reduce 180 ms after ...`."""
+        said = (f"straggler: rank {self.rank} on {self.node} enters {self.op} {self.late_s * 1000:.0f} ms after "
+                f"the others (median over the {self.late} of {self.collectives} collectives it entered late, "
+                f"{self.intervals} intervals in a row)")
+        return f"{said}; {evidence}" if evidence else said
+
+
+@dataclass
+class LateStreak:
+    """One rank's run of late intervals: how late it entered the collectives it was late in, and their ops."""
+
+    late: list[float] = field(default_factory=list)
+    ops: list[str] = field(default_factory=list)
+    collectives: int = 0
+    intervals: int = 0
+    named: bool = False
+
+
+@dataclass
+class FlightDetector:
+    """Names stragglers from the `fr` events of the hosts (remote/frpoll.py), fed as they arrive.
+
+    A collective is judged once every rank reported entering it: each rank's lateness is its entry
+    time less the median rank's (hosts' clocks are assumed in step, as NTP keeps them, well within
+    the margin). In a collective the slow rank enters last and the others wait for it. torch records
+    time_created_ns when the rank calls the collective; gloo leaves the started and completed times
+    0, so entry is what every backend has. The collectives judged together span WINDOW_S; a rank
+    that entered at least LATE_SHARE of them over `margin` late is late in that interval (a step's
+    later collectives follow its first at once: only the first may show the wait), and is named
+    after `intervals` late intervals in a row, once per run of them.
+
+    Args:
+        world_size: The job's ranks (a collective is judged when all of them entered it).
+    """
+
+    world_size: int
+    margin: float = LATE_MARGIN_S
+    intervals: int = FLIGHT_INTERVALS
+    entered: dict[int, dict[int, tuple[str, str, float]]] = field(default_factory=dict)  # seq -> rank -> entry
+    window: list[dict[int, tuple[str, str, float]]] = field(default_factory=list)
+    judged: int = 0  # the last collective judged
+    streaks: dict[int, LateStreak] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def observe(self, node: str, event: dict[str, Any]) -> list[LateRank]:
+        """Take one host's `fr` event; returns the ranks it lets us name."""
+        with self.lock:
+            for rank, summary in _ranks(event):
+                for seq, op, entered_us in summary.get("c") or ():
+                    if isinstance(seq, int) and seq > self.judged and isinstance(entered_us, int | float):
+                        self.entered.setdefault(seq, {})[rank] = (node, str(op), entered_us / 1e6)
+            return self._judge_ready()
+
+    def _judge_ready(self) -> list[LateRank]:
+        named = []
+        for seq in sorted(self.entered):
+            if len(self.entered[seq]) < self.world_size:
+                break  # judged in order: a later one waits for this one
+            self.window.append(self.entered.pop(seq))
+            self.judged = seq
+            if _middle(self.window[-1]) - _middle(self.window[0]) >= WINDOW_S or len(self.window) >= WINDOW_MAX:
+                named += self._judge(self.window)
+                self.window = []
+        return named
+
+    def _judge(self, window: list[dict[int, tuple[str, str, float]]]) -> list[LateRank]:
+        """Count each rank's interval as late or not; the ranks whose run of late ones names them now."""
+        late: dict[int, list[tuple[float, str]]] = {}
+        for entries in window:
+            middle = _middle(entries)
+            for rank, (_, op, t) in entries.items():
+                if t - middle > self.margin:
+                    late.setdefault(rank, []).append((t - middle, op))
+        named = []
+        for rank in window[-1]:
+            found = late.get(rank, [])
+            if len(found) < LATE_SHARE * len(window):
+                self.streaks[rank] = LateStreak()
+                continue
+            streak = self.streaks.setdefault(rank, LateStreak())
+            if streak.named:
+                continue  # named once for this run of late intervals
+            streak.late += [value for value, _ in found]
+            streak.ops += [op for _, op in found]
+            streak.collectives += len(window)
+            streak.intervals += 1
+            if streak.intervals >= self.intervals:
+                streak.named = True
+                op = max(set(streak.ops), key=streak.ops.count)
+                named.append(LateRank(window[-1][rank][0], rank, statistics.median(streak.late), op,
+                                      len(streak.late), streak.collectives, streak.intervals))
+        return named
+
+
+def _ranks(event: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    """(rank, its summary) of an `fr` event, malformed ones left out."""
+    ranks = event.get("ranks")
+    if not isinstance(ranks, dict):
+        return []
+    return [(int(rank), summary) for rank, summary in ranks.items()
+            if str(rank).isdigit() and isinstance(summary, dict)]
+
+
+def _middle(entries: dict[int, tuple[str, str, float]]) -> float:
+    """When the median rank entered a collective."""
+    return statistics.median(t for _, _, t in entries.values())

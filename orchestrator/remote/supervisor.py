@@ -4,7 +4,7 @@ Protocol (stdin, one JSON object per line): first `{"op": "config", ...}`, then 
 heartbeats and `{"op": "stop"}`. End of stdin means the controller is gone.
 
 Output (stdout, remote/stream.py): batches of whole lines framed by rank and stream, and events
-(`started`, `hb`, `tel`, `exit`, `note`). remote/relay.py carries the job's lines from
+(`started`, `hb`, `tel`, `fr` (remote/frpoll.py), `exit`, `note`). remote/relay.py carries the job's lines from
 torchrun's per-rank files to the host-side copy and stdout. Events go out ahead of queued
 batches, so heartbeats and telemetry never wait behind a flood, and nothing that decides the
 job's fate (the watchdog, a stop) waits on stdout. An `exit` after a stop carries
@@ -42,6 +42,7 @@ from enum import Enum
 from typing import Any, BinaryIO
 
 from orchestrator.remote.config import SupervisorConfig
+from orchestrator.remote.frpoll import run as poll_flight_recorders
 from orchestrator.remote.ftforward import forward_lighthouse
 from orchestrator.remote.gpu import GpuHolders
 from orchestrator.remote.leader import Leader
@@ -300,6 +301,13 @@ class Supervisor:
             env["DISTRUN_WORKER_SOCKETS"] = made
             self.sockets = (wanted, made)
 
+    def start_flight_polls(self) -> None:
+        """Read the ranks' Flight Recorders every few seconds (remote/frpoll.py) where they serve them."""
+        if self.sockets is None:
+            return
+        threading.Thread(target=poll_flight_recorders, args=(self.sockets[1], own_roots(), self.out.event, self.done),
+                         daemon=True).start()
+
     def control(self, stdin: BinaryIO) -> None:
         """Read heartbeats and stop requests; end of stdin means the controller is gone."""
         for raw in iter(stdin.readline, b""):
@@ -361,6 +369,7 @@ class Supervisor:
                 threading.Thread(target=self.control, args=(stdin,), daemon=True).start()
             threading.Thread(target=self.watchdog, daemon=True).start()
             sampler = start_telemetry(self.cfg, self.out, self.done, self.dir)
+            self.start_flight_polls()
             self.relay.run(self.child)  # type: ignore[arg-type]  # set by start_child
             self.leader.wait()  # type: ignore[union-attr]  # set by start_child
         except Exception as exc:

@@ -9,6 +9,7 @@ root cause (failures.root_cause), as torch elastic's does. The backend sees the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import sys
@@ -25,6 +26,7 @@ from orchestrator.backends.run import Channel
 from orchestrator.console.terminal import show
 from orchestrator.diagnose.at_exit import neighbours_finished, when_failed
 from orchestrator.diagnose.failures import Failure, FailureKind, failed_summary, root_cause
+from orchestrator.diagnose.flight import progress_line
 from orchestrator.diagnose.watchdog import Progress, Watchdog, diagnose
 from orchestrator.errors import DistrunError, ExitCode, UsageError
 from orchestrator.logs import LogSink
@@ -43,6 +45,7 @@ POLL = 0.05
 # hosts' silence is then counted from when it woke, not blamed on them.
 FREEZE_GAP = 2.0
 SETTLE = 1.5  # after a first failure, how long to wait for its peers' failures before blaming one
+PROGRESS_EVERY = 5.0  # seconds between two records of the ranks' progress (`ps`, `top`)
 SCREEN_DRAIN = 5.0  # at the end, how long the terminal gets to show the lines still queued for it
 
 
@@ -61,6 +64,14 @@ def masked_attempts(history: AttemptHistory, mask: Masker) -> list[dict[str, Any
             record["failure"] = masked(attempt.failure, mask).to_dict()
     return records
 
+
+
+def progress_lines(progress: dict[str, Any], metrics: dict[str, Any] | None) -> list[str]:
+    """The summary's line of the ranks' progress from their Flight Recorders, for a job whose
+    metrics lines told none."""
+    if metrics or not progress.get("ranks"):
+        return []
+    return [f"  progress: {progress_line(progress)} ({progress.get('collectives', 0)} collectives completed)"]
 
 
 class Attempt:
@@ -98,6 +109,7 @@ class Attempt:
         self.heartbeat = threading.Thread(target=self._heartbeats, daemon=True)
         self.stopped_hosts = False
         self.last_metrics: dict[str, Any] | None = None
+        self.progress_saved = 0.0  # when the ranks' progress was last recorded (monotonic)
         self.final_metrics: dict[str, Any] | None = None
         self.watchdog = Watchdog(plan.hang_timeout, self._last_progress)
         self.progress = Progress.MOVING
@@ -121,6 +133,14 @@ class Attempt:
             self.final_metrics = record
 
     def _on_telemetry(self, node: str, event: dict[str, Any]) -> None:
+        """A host's telemetry sample, or its ranks' Flight Recorders (`fr`: progress and stragglers)."""
+        if event.get("ev") == "fr":
+            progress = self.monitor.flight(node, event)
+            if time.monotonic() - self.progress_saved >= PROGRESS_EVERY:
+                self.progress_saved = time.monotonic()
+                with contextlib.suppress(DistrunError):  # recorded with the next event, or at the end
+                    self.store.update(self.plan.job_id, progress=progress)
+            return
         sample = {k: v for k, v in event.items() if k != "ev"}
         sample.setdefault("node", node)
         with self.telemetry_lock:
@@ -300,14 +320,16 @@ class Attempt:
         # The summary quotes the job's last lines: a secret the job printed is masked here too.
         mask = Masker(self.plan.secrets.values())
         self.history.end(None, state=state.value)
-        detail = mask.text("\n".join([detail, *extra, *telemetry.summary_lines(self.record.alerts),
-                                      *self.sink.shortfalls(), *self.history.lines()]))
+        progress = self.monitor.progress_now()
+        detail = mask.text("\n".join([detail, *extra, *progress_lines(progress, self.last_metrics),
+                                      *telemetry.summary_lines(self.record.alerts), *self.sink.shortfalls(),
+                                      *self.history.lines()]))
         restarts = max((h.restarts for h in self.hosts), default=0)
         try:
             self.store.end(self.plan.job_id, state, code, detail, restarts=restarts,
                            failures=[masked(f, mask).to_dict() for f in failures or []],
                            attempts=masked_attempts(self.history, mask), quarantined=self.history.quarantined,
-                           gpus_freed=gpus_freed)
+                           gpus_freed=gpus_freed, progress=progress)
         except DistrunError as exc:
             # The hosts are stopped and the summary is known: say it, and why it is not recorded.
             detail += f"\ndistrun: warning: the job's end is not recorded: {exc}"

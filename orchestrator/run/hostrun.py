@@ -153,7 +153,7 @@ class HostRun:
                 self.wake.set()
         elif kind == "note":
             self.sink.note(self.node, str(event.get("msg")))
-        elif kind == "tel" and self.on_telemetry is not None:
+        elif kind in ("tel", "fr") and self.on_telemetry is not None:
             self.on_telemetry(self.node, event)
 
     def _read_ending(self, event: dict[str, Any]) -> None:

@@ -155,6 +155,7 @@ class JobSpec:
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
     stop_grace: float = DEFAULT_STOP_GRACE
     hang_timeout: float | None = None  # None: off (a silent but healthy phase must not be killed)
+    flight_recorder: bool = True  # the ranks' Flight Recorder on, and read every few seconds by the hosts
     restarts: Restarts = field(default_factory=Restarts)
     checkpoint_dir: str | None = None  # -> DISTRUN_CHECKPOINT_DIR on every rank, created on every host
     spares: int | None = None  # hosts kept aside for restarts (None: every host selected beyond nnodes)

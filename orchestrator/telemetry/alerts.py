@@ -166,6 +166,12 @@ class Aggregator:
             self.alerts += fired
         return fired
 
+    def state(self, node: str) -> HostState | None:
+        """A copy of one host's latest samples (None: a host not of the job)."""
+        with self.lock:
+            s = self.hosts.get(node)
+            return None if s is None else HostState(s.node, s.host, dict(s.gpus), s.seen)
+
     def snapshot(self) -> tuple[list[HostState], dict[str, Any] | None]:
         """Copies of the hosts' latest samples and the latest metrics record, for rendering."""
         with self.lock:
@@ -231,6 +237,24 @@ def _job_uses(state: HostState, gpu: int) -> bool:
     if not any(held.values()):
         return True
     return bool(held.get(gpu))
+
+
+def host_evidence(state: HostState | None) -> str:
+    """What the latest sample of a host says of it, for a straggler alert: `node2 now: load 5.1, cpu 98%,
+    job cpu 38%, memory 41%, gpu0 1410 MHz throttle hw_slowdown, XID 79`; "" without a sample."""
+    if state is None or state.host is None:
+        return ""
+    host = state.host
+    parts = [f"load {host['load1']:.1f}" if host.get("load1") is not None else "",
+             f"cpu {host['cpu_pct']:.0f}%" if host.get("cpu_pct") is not None else "",
+             f"job cpu {host['job_cpu_pct']:.0f}%" if host.get("job_cpu_pct") is not None else "",
+             f"memory {pct:.0f}%" if (pct := mem_pct(host)) is not None else ""]
+    for index, gpu in sorted(state.gpus.items()):
+        throttle = [r for r in gpu.get("throttle") or () if r != "gpu_idle"]
+        said = [f"{gpu['sm_clock_mhz']} MHz" if gpu.get("sm_clock_mhz") is not None else "",
+                f"throttle {','.join(throttle)}" if throttle else "", f"XID {gpu['xid']}" if gpu.get("xid") else ""]
+        parts.append(" ".join([f"gpu{index}", *filter(None, said)]) if any(said) else "")
+    return f"{state.node} now: {', '.join(filter(None, parts))}"
 
 
 def temp_text(value: float | None) -> str:

@@ -80,6 +80,8 @@ def top_sample(job_dir: JobDir, record: JobRecord) -> dict[str, Any]:
     Returns:
         {"job", "state", "time", "hosts": [{"node", "seen", "host": the host's latest sample or
         null, "gpus": [each GPU's latest sample]}], "metrics": the latest metrics record or null,
+        "progress": the ranks' progress from their Flight Recorders (collectives_per_s, collectives,
+        ranks: each rank's last completed) or null,
         "alerts": [...]}; samples carry the keys the samplers write (telemetry.jsonl).
     """
     history = History(job_dir, record.hosts)
@@ -90,7 +92,7 @@ def top_sample(job_dir: JobDir, record: JobRecord) -> dict[str, Any]:
         "job": record.id, "state": record.state.value, "time": time.time(),
         "hosts": [{"node": h.node, "seen": h.seen, "host": h.host, "gpus": [h.gpus[g] for g in sorted(h.gpus)]}
                   for h in hosts],
-        "metrics": metrics, "alerts": list(record.alerts),
+        "metrics": metrics, "progress": record.progress or None, "alerts": list(record.alerts),
     }
 
 
@@ -117,7 +119,8 @@ def _show(history: History, current: Callable[[], JobRecord], record: JobRecord,
     def frame() -> Table:
         running = not record.state.finished
         return render(history.aggregator, f"{record.id} · {record.state.value}", time.time() if running else None,
-                      record.alerts, max(console.height - TABLE_CHROME, 1) if console.is_terminal else None)
+                      record.alerts, max(console.height - TABLE_CHROME, 1) if console.is_terminal else None,
+                      record.progress)
 
     if once or record.state.finished or not console.is_terminal:
         console.print(frame())

@@ -18,8 +18,18 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.console.terminal import colour, safe_text
-from orchestrator.diagnose.stragglers import Detector
-from orchestrator.telemetry.alerts import Aggregator, Alert, AlertRules, HostState, mem_pct, power_text, temp_text
+from orchestrator.diagnose.flight import FlightProgress, progress_line
+from orchestrator.diagnose.stragglers import Detector, FlightDetector
+from orchestrator.telemetry.alerts import (
+    Aggregator,
+    Alert,
+    AlertRules,
+    HostState,
+    host_evidence,
+    mem_pct,
+    power_text,
+    temp_text,
+)
 
 TICK = 1.0  # seconds between checks for silent hosts
 TABLE_CHROME = 8  # lines of a rendered table that are not rows (title, header, rules, caption)
@@ -125,20 +135,21 @@ def _gpus_row(state: HostState, rules: AlertRules) -> list[Any]:
             f"{sum(power):.0f} W" if power else "-", info]
 
 
-def _caption(metrics: dict[str, Any] | None, alerts: list[str]) -> Text:
+def _caption(metrics: dict[str, Any] | None, alerts: list[str], progress: dict[str, Any] | None = None) -> Text:
     parts = []
-    if metrics:
-        rate = metrics.get("samples_per_s", metrics.get("mean_samples_per_s"))
-        if rate is not None:
-            step = f" at step {metrics['step']}" if metrics.get("step") is not None else ""
-            parts.append(Text(f"throughput {float(rate):.1f} samples/s{step}"))
+    rate = metrics.get("samples_per_s", metrics.get("mean_samples_per_s")) if metrics else None
+    if metrics and rate is not None:
+        step = f" at step {metrics['step']}" if metrics.get("step") is not None else ""
+        parts.append(Text(f"throughput {float(rate):.1f} samples/s{step}"))
+    elif progress and progress.get("ranks"):
+        parts.append(Text(f"progress {progress_line(progress)}"))
     if alerts:
         parts.append(Text(f"{len(alerts)} alert(s), latest: {alerts[-1]}", style="red"))
     return Text(" · ").join(parts) if parts else Text("no metrics yet")
 
 
 def render(aggregator: Aggregator, title: str, now: float | None, alerts: list[str],
-           max_rows: int | None = None) -> Table:
+           max_rows: int | None = None, progress: dict[str, Any] | None = None) -> Table:
     """The status table: a row per host (CPU, memory, load, network, the job's processes) and
     a row per GPU (utilisation, memory, temperature, power), or one row for all of a host's
     GPUs when a row each would pass `max_rows`; the latest throughput and alerts below. Hosts
@@ -149,10 +160,12 @@ def render(aggregator: Aggregator, title: str, now: float | None, alerts: list[s
         now: the aggregator's clock now, to show each host's last sample as an age; None shows
             the time of day of the last sample instead (a finished job).
         alerts: alerts as kept in the job record.
+        progress: the job's progress from the ranks' Flight Recorders (`FlightProgress.to_dict`),
+            shown when no metrics record tells the throughput.
     """
     hosts, metrics = aggregator.snapshot()
     rules = aggregator.rules
-    table = Table(title=title, caption=_caption(metrics, alerts), box=box.SIMPLE_HEAD, title_justify="left",
+    table = Table(title=title, caption=_caption(metrics, alerts, progress), box=box.SIMPLE_HEAD, title_justify="left",
                   caption_justify="left", pad_edge=False)
     for name in ("node", "dev", "util", "memory", "temp", "power"):
         table.add_column(name, justify="right" if name in ("util", "temp", "power") else "left", no_wrap=True)
@@ -262,6 +275,11 @@ class Monitor:
                  world_size: int | None = None, waiting: Callable[[str], bool] = lambda _node: False) -> None:
         self.aggregator = Aggregator(nodes, interval, rules)
         self.stragglers = Detector(world_size)
+        self.late = FlightDetector(world_size) if world_size else None
+        self.progress = FlightProgress()
+        self.progress_lock = threading.Lock()
+        # The ranks each path named (metrics lines, Flight Recorders): a rank one named, the other does not name again.
+        self.named: dict[str, set[int]] = {"metrics": set(), "flight": set()}
         self.nodes = nodes
         self.on_alerts = on_alerts
         self.active = active
@@ -291,7 +309,7 @@ class Monitor:
         status = f" · {self.status}" if self.status else ""
         return render(self.aggregator, f"{self.title} · {elapsed // 60}m{elapsed % 60:02d}s{status}", now,
                       [a.record() for a in self.aggregator.alerts],
-                      None if height is None else max(height - TABLE_CHROME, 1))
+                      None if height is None else max(height - TABLE_CHROME, 1), self.progress_now())
 
     def sample(self, node: str, sample: dict[str, Any]) -> None:
         if not self.stopped.is_set():
@@ -301,10 +319,36 @@ class Monitor:
         """A metrics record of any rank of `node`: rank 0's is the job's latest; every rank's
         own step time goes to the straggler detector, whose verdicts are alerts like the others."""
         self.aggregator.observe_metrics(record)
-        alerts = [Alert(s.node, "straggler", s.message()) for s in self.stragglers.observe(node, record)]
+        alerts = [Alert(s.node, "straggler", s.message()) for s in self.stragglers.observe(node, record)
+                  if self._first_to_name("metrics", s.rank)]
         if alerts and not self.stopped.is_set():
             self.aggregator.add(alerts)
             self._report(alerts)
+
+    def flight(self, node: str, event: dict[str, Any]) -> dict[str, Any]:
+        """An `fr` event of `node` (remote/frpoll.py): the job's progress, and stragglers named from
+        when each rank entered the collectives, with what telemetry says of their host now; the
+        progress as it stands (`FlightProgress.to_dict`)."""
+        with self.progress_lock:
+            self.progress.observe(event, self.aggregator.clock())
+        late = self.late.observe(node, event) if self.late is not None else []
+        alerts = [Alert(r.node, "straggler", r.message(host_evidence(self.aggregator.state(r.node)))) for r in late
+                  if self._first_to_name("flight", r.rank)]
+        if alerts and not self.stopped.is_set():
+            self.aggregator.add(alerts)
+            self._report(alerts)
+        return self.progress_now()
+
+    def _first_to_name(self, path: str, rank: int) -> bool:
+        """Whether a straggler alert of `rank` from `path` is new: the other path has not named it."""
+        with self.progress_lock:
+            self.named[path].add(rank)
+            return not any(rank in ranks for other, ranks in self.named.items() if other != path)
+
+    def progress_now(self) -> dict[str, Any]:
+        """The job's progress from the ranks' Flight Recorders (`FlightProgress.to_dict`)."""
+        with self.progress_lock:
+            return self.progress.to_dict()
 
     def start(self) -> None:
         self.ticker.start()
