@@ -248,7 +248,9 @@ def verdict(seen: ranks.Look, job_dir: JobDir, reason: str, addresses: dict[str,
     failure = replace(failure, flight=tuple(lags), stack=failure.stack + tuple(flight_findings(gathered.flight)
                                                                               + flight_notes))
     failure = with_flight_rank(failure, gathered.flight.nodes, addresses)
-    return failure if failure.host else replace(failure, stack=(*failure.stack, HOW_TO_FIND))
+    if failure.host or (gathered.ranks and not gathered.failed):
+        return failure  # named, or every rank's stack shows them all in one place: py-spy is there
+    return replace(failure, stack=(*failure.stack, HOW_TO_FIND))
 
 
 def with_flight_rank(failure: Failure, nodes: dict[int, str], addresses: dict[str, str]) -> Failure:
@@ -276,8 +278,9 @@ def stack_failure(gathered: stacks.Gathered, reason: str, addresses: dict[str, s
         return Failure("", FailureKind.HANG, reason=f"{reason}; unknown: {NO_EVIDENCE}", stack=tuple(lines))
     if len(groups) == 1:
         only = groups[0]
+        verb = "wait" if len(only.ranks) > 1 else "waits"
         return Failure("", FailureKind.HANG, reason=f"{reason}; every rank waits in the same place",
-                       stack=(f"{only.label()} wait in: {only.sample.where()}", *lines))
+                       stack=(f"{only.label()} {verb} in: {only.sample.where()}", *lines))
     odd, majority = groups[0], groups[-1]
     return Failure(odd.sample.node, FailureKind.HANG,
                    rank=odd.sample.rank if len(odd.ranks) == 1 else None,

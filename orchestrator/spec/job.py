@@ -177,8 +177,13 @@ def _nnodes(src: Source, node: Node, path: str) -> int | tuple[int, int]:
 
 def _stall_after(src: Source, node: Node, path: str) -> float | None:
     """`stall_after`: seconds without progress before distrun explains a stall, or `off` (None)."""
-    if isinstance(node, Scalar) and (node.value is False or node.value == "off") and node.text.strip("'\"") in STALL_OFF:
+    off = isinstance(node, Scalar) and (node.value is False or node.value == "off")
+    if off and node.text.strip("'\"") in STALL_OFF:
         return None
+    value = node.value if isinstance(node, Scalar) else None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise src.error(node.line, path, f"must be a number or off, got {describe(node)}",
+                        "seconds without progress from any rank, or off")
     return src.number(node, path, *STALL_AFTER_BOUNDS,
                       hint="seconds without progress from any rank before distrun dumps every rank's stack "
                            "(the job goes on), or off")
