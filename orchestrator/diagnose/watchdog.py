@@ -1,15 +1,20 @@
-"""The progress watchdog: a job whose ranks stop making progress is stalled, then hung.
+"""The progress watchdog: a job whose ranks stop making progress is stalled (explained, never
+stopped), and with `hang_timeout` hung.
 
 Progress is a line from any rank (DISTRUN_METRICS lines included; torchrun's own lines are not
-a rank's) reaching the controller; the watchdog is armed by the first one, so a slow start
-(imports, rendezvous) is never a hang. With
-`hang_timeout: T` a job that made none for T/3 seconds is shown `stalled` (live view, `ps`); after
-T seconds `diagnose` dumps every rank's stack into the job directory (stacks/), with the Flight
-Recorder dump of every rank that serves one (flight/, orchestrator/diagnose/flight.py), and returns the
-failure of kind `hang`: the rank whose stack differs from the majority's, that stack, where the
-others wait, and the ranks that have not entered the collective the others wait in. The run loop
-(run/attempt.py) calls `Watchdog.check` from its run loop and `diagnose` in a thread of its own, so the
-hosts keep being heartbeaten while their ranks are dumped.
+a rank's) reaching the controller, or a collective a rank's Flight Recorder shows entered; the
+watchdog is armed by the first line, so a slow start (imports, rendezvous) is never a stall.
+`stall_after: S` (default 300 s): after S seconds without progress `look_at_stall` looks at every
+rank (ranks.py: stacks, Flight Recorder); where a collective was entered lately the job still moves,
+else the stall is kept (`Stalls`): the job shows `stalled` (live view, `ps`) with the odd rank named,
+its stacks and dumps in the job directory, until it progresses again. With `hang_timeout: T` a job
+that made none for T/3 seconds is shown `stalled` too; after T seconds `diagnose` dumps every rank's
+stack into the job directory (stacks/), with the Flight Recorder dump of every rank that serves one
+(flight/, flight.py), and returns the failure of kind `hang`: the rank whose stack differs from the
+majority's, that stack, where the others wait, and the ranks that have not entered the collective
+the others wait in (`verdict`, which a stall's explanation shares). The run loop (run/attempt.py)
+calls `Watchdog.check` from its run loop, and `diagnose` and `look_at_stall` in threads of their
+own, so the hosts keep being heartbeaten while their ranks are dumped.
 """
 
 from __future__ import annotations
