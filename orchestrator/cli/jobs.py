@@ -258,6 +258,7 @@ def stack(job_ref: str, node: str | None, rank: int | None, native: bool, as_jso
       distrun stack last
       distrun stack last --rank 3 --native
     """
+    from orchestrator.diagnose import ranks
     from orchestrator.diagnose import stack as stacks
     store = Store()
     rec = store.get(job_ref)
@@ -266,12 +267,15 @@ def stack(job_ref: str, node: str | None, rank: int | None, native: bool, as_jso
         kept = store.job_dir(rec.id).stacks
         where = f"its hang's stacks are kept in {kept}" if kept.is_dir() else "it kept none: no hang was diagnosed"
         raise UsageError(f"job {rec.id} is {rec.state.value}: only a running job's ranks have stacks ({where})")
-    gathered = stacks.gather(for_record(store, rec), rec, [node] if node else None, native)
+    seen = ranks.look(for_record(store, rec), rec, [node] if node else None, native=native)
+    gathered = seen.gathered
     if rank is not None:
         gathered.ranks = [r for r in gathered.ranks if r.rank == rank]
+        seen.ranks = {r: now for r, now in seen.ranks.items() if r == rank}
         if not gathered.ranks and not gathered.failed:
             raise UsageError(f"--rank {rank}: no such rank of job {rec.id} is running")
-    terminal.show(json.dumps(stacks.to_json(gathered), indent=2) if as_json else stacks.render(gathered))
+    text = json.dumps({**stacks.to_json(gathered), "ranks": seen.to_json()}, indent=2) if as_json else None
+    terminal.show(text or stacks.render(gathered))
     sys.exit(int(ExitCode.INFRA) if gathered.failed else int(ExitCode.OK))
 
 

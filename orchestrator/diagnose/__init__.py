@@ -1,2 +1,4 @@
-"""What the ranks are doing and what went wrong: failures as data and their root cause, the progress
-watchdog, stacks, Flight Recorder dumps, stragglers and crashes at interpreter exit."""
+"""What the ranks are doing and what went wrong: failures as data and their root cause, what every
+rank is doing now (ranks.py: the one look that `distrun stack`, the hang watchdog and the stall
+detector take), the progress watchdog and its stalls, stacks, Flight Recorder dumps, stragglers and
+crashes at interpreter exit."""

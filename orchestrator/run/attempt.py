@@ -27,7 +27,7 @@ from orchestrator.console.terminal import show
 from orchestrator.diagnose.at_exit import neighbours_finished, when_failed
 from orchestrator.diagnose.failures import Failure, FailureKind, failed_summary, root_cause
 from orchestrator.diagnose.flight import progress_line
-from orchestrator.diagnose.watchdog import Progress, Watchdog, diagnose
+from orchestrator.diagnose.watchdog import Looked, Progress, Stall, Stalls, Watchdog, diagnose, look_at_stall
 from orchestrator.errors import DistrunError, ExitCode, UsageError
 from orchestrator.logs import LogSink
 from orchestrator.logs.screen import Screen
@@ -111,10 +111,12 @@ class Attempt:
         self.last_metrics: dict[str, Any] | None = None
         self.progress_saved = 0.0  # when the ranks' progress was last recorded (monotonic)
         self.final_metrics: dict[str, Any] | None = None
-        self.watchdog = Watchdog(plan.hang_timeout, self._last_progress)
+        self.stalls = Stalls(plan.stall_after)
+        self.watchdog = Watchdog(plan.hang_timeout, self._last_progress, self.stalls)
         self.progress = Progress.MOVING
         self.state = JobState.PENDING  # as the record says while the attempt runs (running, stalled)
         self.diagnosis: Future[Failure] | None = None
+        self.stall_look: Future[Looked] | None = None
         self.view = AttemptView(self)
 
     @property
@@ -251,13 +253,16 @@ class Attempt:
         return []
 
     def _last_progress(self) -> float | None:
-        return max((h.last_progress for h in self.hosts if h.last_progress is not None), default=None)
+        """When any rank last progressed: its last line, or a collective its Flight Recorder showed."""
+        lines = max((h.last_progress for h in self.hosts if h.last_progress is not None), default=None)
+        return None if lines is None else max(lines, self.stalls.flight_progress or lines)
 
     def _check_progress(self) -> Failure | None:
         """Follow the watchdog: mark the job stalled or moving again; once hung, have its ranks'
         stacks dumped (in a thread: the loop goes on heartbeating) and return the hang when known."""
         if self.diagnosis is not None:
             return self.diagnosis.result() if self.diagnosis.done() else None
+        self._follow_stalls()
         progress = self.watchdog.check()
         if progress is Progress.HUNG:
             self._say_progress(progress)
@@ -269,6 +274,35 @@ class Attempt:
         elif progress is not self.progress:
             self._say_progress(progress)
         return None
+
+    def _follow_stalls(self) -> None:
+        """stall_after: once no rank progressed for it, look at every rank (in a thread, never
+        stopping anything); say a stall the look confirms, and its end when the job moves again."""
+        last = self._last_progress()
+        self.stalls.progressed(last)  # the watchdog then finds the job moving again, and says so
+        if self.stall_look is not None:
+            if self.stall_look.done():
+                stall = self.stalls.found(self.stall_look.result())
+                self.stall_look = None
+                if stall is not None:
+                    self._say_stall(stall)
+            return
+        if last is not None and self.stalls.due(last):
+            self.stalls.looking(last)
+            lines = {rank: when for h in self.hosts for rank, when in h.rank_lines.items()}
+            pool = ThreadPoolExecutor(1, thread_name_prefix="stall-look")
+            self.stall_look = pool.submit(look_at_stall, self.backend, self.store.get(self.plan.job_id), self.dir,
+                                          self.plan.stall_after or 0, {h.node: h.host for h in self.plan.hosts},
+                                          Masker(self.plan.secrets.values()), lines)
+            pool.shutdown(wait=False)
+
+    def _say_stall(self, stall: Stall) -> None:
+        """A stall the look confirmed: live (its lines in the log, an alert) and kept in the record."""
+        node = stall.failure.host or self.plan.hosts[0].node
+        self._say_progress(Progress.STALLED)
+        for line in stall.lines()[1:]:
+            self.sink.note(node, line.strip())
+        self._on_alerts([telemetry.Alert(node, "stall", f"stall: {stall.verdict()}")])
 
     def _say_progress(self, progress: Progress) -> None:
         """A change of the watchdog's verdict: in the record (`ps`), the live view and the log."""
@@ -283,10 +317,12 @@ class Attempt:
         since = time.strftime("%H:%M:%S", time.localtime(time.time() - silent))
         self.monitor.status = f"{progress.value}: no progress since {since}"
         self.state = JobState.STALLED
+        if self.stalls.current is not None and progress is Progress.STALLED:
+            self.monitor.status += f"; {self.stalls.current.verdict().split('; ', 1)[-1]}"
         self.store.update(self.plan.job_id, state=JobState.STALLED)
         what = "stalled" if progress is Progress.STALLED else "hung: dumping every rank's stack"
-        self.sink.note(self.plan.hosts[0].node, f"job {what} (no progress from any rank for {silent:.0f} s, "
-                                                f"hang_timeout {self.plan.hang_timeout:g} s)")
+        limit = f", hang_timeout {self.plan.hang_timeout:g} s" if self.plan.hang_timeout is not None else ""
+        self.sink.note(self.plan.hosts[0].node, f"job {what} (no progress from any rank for {silent:.0f} s{limit})")
 
     def _settle(self, first: list[Failure]) -> list[Failure]:
         """Wait briefly for a failure's echoes on other hosts, so that the root cause is chosen
@@ -321,7 +357,7 @@ class Attempt:
         mask = Masker(self.plan.secrets.values())
         self.history.end(None, state=state.value)
         progress = self.monitor.progress_now()
-        detail = mask.text("\n".join([detail, *extra, *progress_lines(progress, self.last_metrics),
+        detail = mask.text("\n".join([detail, *extra, *self.stalls.lines(), *progress_lines(progress, self.last_metrics),
                                       *telemetry.summary_lines(self.record.alerts), *self.sink.shortfalls(),
                                       *self.history.lines()]))
         restarts = max((h.restarts for h in self.hosts), default=0)

@@ -46,6 +46,7 @@ class HostRun:
     last_seen: float = field(default_factory=time.monotonic)
     behind_at: float = 0.0  # when its output last waited unread in this controller (monotonic; 0: never)
     last_progress: float | None = None  # when a rank's line (not torchrun's own) last arrived; None: none yet
+    rank_lines: dict[int, float] = field(default_factory=dict)  # each rank's last line's arrival (time.time())
     exit_rc: int | None = None
     exit_error: str | None = None
     refused: bool = False  # its supervisor refused the job's settings (an unsafe checkpoint_dir) before it started
@@ -99,6 +100,7 @@ class HostRun:
     def on_batch(self, batch: Batch) -> None:
         if batch.rank is not None:
             self.last_progress = time.monotonic()  # a rank's lines, DISTRUN_METRICS lines included: the job moves
+            self.rank_lines[batch.rank] = time.time()
         self.sink.batch(self.node, batch)
 
     def on_line(self, line: bytes) -> None:

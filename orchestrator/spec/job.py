@@ -44,6 +44,8 @@ HEARTBEAT_TIMEOUT_BOUNDS = (3.0, 86400.0)
 STOP_GRACE_BOUNDS = (0.0, 3600.0)
 TELEMETRY_INTERVAL_BOUNDS = (0.25, 3600.0)
 HANG_TIMEOUT_BOUNDS = (1.0, 7 * 86400.0)
+STALL_AFTER_BOUNDS = HANG_TIMEOUT_BOUNDS
+STALL_OFF = ("off", "false")  # `stall_after: off` (YAML reads it as false) or `false`
 BACKOFF_BOUNDS = (0.0, 3600.0)
 NNODES_RANGE = re.compile(r"(\d+):(\d+)")
 SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
@@ -131,6 +133,7 @@ def _job_readers(src: Source) -> dict[str, Reader]:
         "hang_timeout": lambda node, path: src.number(
             node, path, *HANG_TIMEOUT_BOUNDS, hint="seconds without progress from any rank before the job is a hang"),
         "flight_recorder": src.boolean,
+        "stall_after": lambda node, path: _stall_after(src, node, path),
         "restarts": lambda node, path: _restarts(src, node, path),
         "checkpoint_dir": src.text,
         "spares": lambda node, path: src.integer(node, path, 0),
@@ -176,6 +179,20 @@ def _nnodes(src: Source, node: Node, path: str) -> int | tuple[int, int]:
         hint = "a number of hosts, or MIN:MAX with 1 <= MIN <= MAX (the job may go on with MIN hosts)"
         raise src.error(node.line, path, f"must be an integer >= 1 or MIN:MAX, got {shown(text)}", hint)
     return low, high
+
+
+def _stall_after(src: Source, node: Node, path: str) -> float | None:
+    """`stall_after`: seconds without progress before distrun explains a stall, or `off` (None)."""
+    off = isinstance(node, Scalar) and (node.value is False or node.value == "off")
+    if off and node.text.strip("'\"") in STALL_OFF:
+        return None
+    value = node.value if isinstance(node, Scalar) else None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise src.error(node.line, path, f"must be a number or off, got {describe(node)}",
+                        "seconds without progress from any rank, or off")
+    return src.number(node, path, *STALL_AFTER_BOUNDS,
+                      hint="seconds without progress from any rank before distrun dumps every rank's stack "
+                           "(the job goes on), or off")
 
 
 def _restarts(src: Source, node: Node, path: str) -> Restarts:

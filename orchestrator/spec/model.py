@@ -13,6 +13,7 @@ from orchestrator.spec.yamlsrc import Map
 # has the measurements behind them).
 DEFAULT_HEARTBEAT_TIMEOUT = 6.0
 DEFAULT_STOP_GRACE = 5.0
+DEFAULT_STALL_AFTER = 300.0  # no progress for this long: every rank's stack is taken, the job goes on
 # `sync_max_size`: more than a project's code and configuration, less than a dataset or a
 # checkpoint sent by mistake to every host.
 DEFAULT_SYNC_MAX_SIZE = 512 << 20
@@ -156,6 +157,7 @@ class JobSpec:
     stop_grace: float = DEFAULT_STOP_GRACE
     hang_timeout: float | None = None  # None: off (a silent but healthy phase must not be killed)
     flight_recorder: bool = True  # the ranks' Flight Recorder on, and read every few seconds by the hosts
+    stall_after: float | None = DEFAULT_STALL_AFTER  # None: off; a stall is explained, never killed
     restarts: Restarts = field(default_factory=Restarts)
     checkpoint_dir: str | None = None  # -> DISTRUN_CHECKPOINT_DIR on every rank, created on every host
     spares: int | None = None  # hosts kept aside for restarts (None: every host selected beyond nnodes)

@@ -169,6 +169,7 @@ def job_to_dict(job: JobSpec) -> dict[str, Any]:
         "stop_grace": job.stop_grace,
         "hang_timeout": job.hang_timeout,
         "flight_recorder": job.flight_recorder,
+        "stall_after": "off" if job.stall_after is None else job.stall_after,
         "restarts": _section(job.restarts, Restarts()),
         "checkpoint_dir": job.checkpoint_dir,
         "spares": job.spares,
