@@ -65,6 +65,15 @@ def test_collectives_entered_during_the_silence_are_progress_and_put_the_next_lo
     assert not stalls.stalled(100.0) and not stalls.due(115.0, 130.0) and stalls.due(115.0, 135.0)
 
 
+def test_collectives_every_rank_completed_as_the_hosts_read_them_are_progress_and_the_same_count_is_not():
+    stalls = Stalls(20.0)
+    stalls.completed(40, now=100.0)
+    stalls.completed(40, now=118.0)  # a rank stuck: the count stands still, the others wait
+    assert stalls.flight_progress == 100.0 and stalls.due(100.0, 120.0)
+    stalls.completed(41, now=119.0)
+    assert stalls.flight_progress == 119.0 and not stalls.due(119.0, 130.0)
+
+
 def test_without_hang_timeout_a_silent_job_is_never_hung_and_off_is_never_stalled():
     dog = Watchdog(None, lambda: 0.0, Stalls(None))
     assert dog.check(1e9) is Progress.MOVING and not dog.stalls.due(0.0, 1e9)

@@ -106,8 +106,16 @@ class Stalls:
     after: float | None
     flight_progress: float | None = None  # when a look last found a collective entered (time.monotonic())
     looked_for: float | None = None  # the last progress the latest look was taken for
+    collectives: int = 0  # the collectives every rank completed, as the hosts' `fr` events last said
     current: Stall | None = None
     past: list[Stall] = field(default_factory=list)
+
+    def completed(self, collectives: int, now: float | None = None) -> None:
+        """The collectives every rank completed (the slowest rank's count, from the hosts' periodic
+        Flight Recorder reads): one more than before is progress, printed or not."""
+        if collectives > self.collectives:
+            self.collectives = collectives
+            self.flight_progress = time.monotonic() if now is None else now
 
     def due(self, last: float | None, now: float | None = None) -> bool:
         """Whether to look at every rank now: no progress for `after` since `last`, not looked at yet."""

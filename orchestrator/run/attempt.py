@@ -138,6 +138,7 @@ class Attempt:
         """A host's telemetry sample, or its ranks' Flight Recorders (`fr`: progress and stragglers)."""
         if event.get("ev") == "fr":
             progress = self.monitor.flight(node, event)
+            self.stalls.completed(progress.get("collectives") or 0)
             if time.monotonic() - self.progress_saved >= PROGRESS_EVERY:
                 self.progress_saved = time.monotonic()
                 with contextlib.suppress(DistrunError):  # recorded with the next event, or at the end
@@ -357,7 +358,8 @@ class Attempt:
         mask = Masker(self.plan.secrets.values())
         self.history.end(None, state=state.value)
         progress = self.monitor.progress_now()
-        detail = mask.text("\n".join([detail, *extra, *self.stalls.lines(), *progress_lines(progress, self.last_metrics),
+        detail = mask.text("\n".join([detail, *extra, *self.stalls.lines(),
+                                      *progress_lines(progress, self.last_metrics),
                                       *telemetry.summary_lines(self.record.alerts), *self.sink.shortfalls(),
                                       *self.history.lines()]))
         restarts = max((h.restarts for h in self.hosts), default=0)
