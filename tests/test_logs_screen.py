@@ -436,3 +436,22 @@ def test_the_tcpstore_warning_and_its_cpp_stack_at_the_exit_barrier_fold_into_on
                      "files keep them", "[node1 err] next line"]
     assert "frame #17" in (tmp_path / "nodes" / "node1.err").read_text(), "the files keep every line"
 
+
+def test_the_root_causes_last_lines_count_as_shown_only_when_they_were_the_last_the_screen_showed(
+        tmp_path: Path) -> None:
+    sink = LogSink(JobDir(tmp_path / "a"), Screen(io.StringIO(), job_id="j-7"))
+    run = host(sink, "node1")
+    run.on_data(encode(Batch(3, "o", 2, b'step 19\nDISTRUN_METRICS {"step": 19, "rank": 3}\n')))
+    run.on_data(encode(Batch(3, "e", 8, traceback(3, "ValueError: planted"))))
+    assert sink.showed("node1", 3, sink.last_lines("node1", 3, 14)), "a data line kept off the screen does not count"
+
+    run.on_data(encode(Batch(2, "e", 8, traceback(2, "RuntimeError: [gloo] Connection closed by peer"))))
+    assert not sink.showed("node1", 2, sink.last_lines("node1", 2, 14)), "another rank's traceback was folded"
+    sink.failed_rank("node1", 2)
+    assert sink.showed("node1", 2, sink.last_lines("node1", 2, 14)), "once released, it is on the screen"
+
+    detached = LogSink(JobDir(tmp_path / "b"))
+    host(detached, "node1").on_data(encode(Batch(3, "e", 8, traceback(3, "ValueError: planted"))))
+    assert not detached.showed("node1", 3, detached.last_lines("node1", 3, 14)), "no screen: nothing was shown"
+    sink.close()
+    detached.close()
