@@ -267,9 +267,43 @@ def test_live_view_keeps_log_lines_above_the_table() -> None:
     mon.stop()
     out = screen.getvalue()
     assert "step 1" in out and "step 2" in out and "partial" not in out
-    assert out.rindex("step 2") < out.rindex("gpu0")  # the last frame stays under the log lines
+    assert out.rindex("step 2") < out.rindex("gpu0")  # the frame was drawn under the log lines
     assert "\x1b[36m[node0 r0]" in out
     assert re.search(r"gpu0\s+77%", out)
+
+
+def on_terminal(output: str) -> list[str]:
+    """The lines a terminal shows once it has run `output`: text, newlines, carriage returns and the
+    cursor-up and erase-line sequences rich's live display draws with (colours and the rest ignored)."""
+    screen, row, col = [""], 0, 0
+    for token in re.findall(r"\x1b\[[0-9;?]*[A-Za-z]|\r|\n|[^\x1b\r\n]+", output):
+        if token == "\n":
+            row, col = row + 1, 0
+            screen += [""] * (row + 1 - len(screen))
+        elif token == "\r":
+            col = 0
+        elif token.endswith("A") and token.startswith("\x1b["):
+            row = max(row - int(token[2:-1] or 1), 0)
+        elif token == "\x1b[2K":
+            screen[row] = ""
+        elif not token.startswith("\x1b"):
+            screen[row] = screen[row][:col].ljust(col) + token + screen[row][col + len(token):]
+            col += len(token)
+    return [line.rstrip() for line in screen if line.strip()]
+
+
+def test_the_live_table_is_cleared_when_the_job_ends_and_the_log_lines_stay() -> None:
+    screen = TTY()
+    mon = monitor([])
+    writer = mon.terminal(screen, live=True)
+    mon.start()
+    writer.write("[node0 r0] step 1\n")
+    writer.flush()
+    mon.live.refresh()
+    assert any("no metrics yet" in line for line in on_terminal(screen.getvalue())), "the table was drawn"
+    mon.stop()
+    screen.write("job job-1 FAILED\n")
+    assert on_terminal(screen.getvalue()) == ["[node0 r0] step 1", "job job-1 FAILED"]
 
 
 def test_a_process_that_exits_just_after_its_writer_printed_still_exits() -> None:

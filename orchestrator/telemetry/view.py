@@ -276,7 +276,8 @@ class Monitor:
         if not live or terminal is None or not terminal.isatty():
             return terminal
         console = Console(file=terminal, no_color=not colour(terminal))
-        self.live = Live(console=console, get_renderable=self.frame, refresh_per_second=2)
+        # Transient: the table goes when the job ends, so the summary follows the job's last lines.
+        self.live = Live(console=console, get_renderable=self.frame, refresh_per_second=2, transient=True)
         self.writer = ConsoleWriter(console)
         return self.writer
 
@@ -310,12 +311,12 @@ class Monitor:
             self.live.start()
 
     def stop(self) -> None:
-        """Stop checking and leave the last frame of the live view on screen; safe to call twice."""
+        """Stop checking and clear the live view from the screen (the log lines stay); safe to call twice."""
         if self.stopped.is_set():
             return
         self.stopped.set()
         if self.writer is not None:
-            self.writer.drain()  # the last lines go above the last frame
+            self.writer.drain()  # the last lines go above the table, which then goes
         if self.live is not None:
             self.live.stop()
 
