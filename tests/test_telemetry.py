@@ -452,6 +452,27 @@ def test_top_follows_a_running_job_until_it_ends(tmp_path: Path, monkeypatch: py
     assert re.search(r"gpu0\s+\S*99%", text)
 
 
+@pytest.mark.parametrize("width", [80, 120])
+def test_top_fits_the_terminals_width_one_line_a_row(tmp_path: Path, width: int) -> None:
+    job_dir, record = write_job(tmp_path, JobState.RUNNING)
+    out = io.StringIO()
+    top.top(job_dir, lambda: record, Console(file=out, width=width, height=40, force_terminal=True), once=True)
+    shown = [re.sub(r"\x1b\[[0-9;]*m", "", line).rstrip() for line in out.getvalue().splitlines()]
+    shown = [line for line in shown if line]
+    assert max(len(line) for line in shown) <= width
+    assert len(shown) == 6, shown  # title, header, rule, node0's row, gpu0's row, the caption
+    assert re.search(r"node0\s+cpu\s+12%\s+10\.0/64\.0 GB\s+0\.0 s ago · job: 3 pr", shown[3])
+    assert re.search(r"^\s+gpu0\s+42%", shown[4]) and shown[5].startswith("throughput 55.5 samples/s at step 8")
+
+
+def test_top_into_a_pipe_keeps_every_note_whole(tmp_path: Path) -> None:
+    job_dir, record = write_job(tmp_path, JobState.RUNNING)
+    out = io.StringIO()
+    top.top(job_dir, lambda: record, Console(file=out, width=80), once=True)
+    words = " ".join(out.getvalue().split())  # folded over lines where need be, but whole
+    assert "load 1.50 · net ↓2 KB/s ↑1 KB/s" in words and "gpu0 idle for 60 s (utilisation 0% < 5%)" in words
+
+
 def test_top_once_prints_one_frame_of_a_running_job(tmp_path: Path) -> None:
     job_dir, record = write_job(tmp_path, JobState.RUNNING)
     out = io.StringIO()

@@ -117,7 +117,8 @@ def _show(history: History, current: Callable[[], JobRecord], record: JobRecord,
     def frame() -> Table:
         running = not record.state.finished
         return render(history.aggregator, f"{record.id} · {record.state.value}", time.time() if running else None,
-                      record.alerts, max(console.height - TABLE_CHROME, 1) if console.is_terminal else None)
+                      record.alerts, max(console.height - TABLE_CHROME, 1) if console.is_terminal else None,
+                      fit=console.is_terminal)
 
     if once or record.state.finished or not console.is_terminal:
         console.print(frame())
