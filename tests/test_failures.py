@@ -182,3 +182,12 @@ def test_a_crash_at_exit_is_said_at_the_top_of_a_failed_summary_and_kept_as_when
     assert crash.to_dict()["when"] == "at exit" and Failure.from_dict(crash.to_dict()) == crash
     plain = failed_summary("j-1", replace(crash, when=""), {}).splitlines()
     assert plain[1] == "Root Cause (first observed failure):"
+
+
+def test_a_summary_under_lines_just_shown_on_the_screen_does_not_repeat_them() -> None:
+    failure = Failure("node1", FailureKind.EXIT, rank=3, exit_code=1,
+                      last_lines=("Traceback (most recent call last):", "ValueError: planted"))
+    said = failed_summary("j-1", failure, {"node0": "exit code 1"}, above=True).splitlines()
+    assert "    ValueError: planted" not in said
+    assert "  last 2 lines of rank 3: shown above (not repeated here)" in said
+    assert "    ValueError: planted" in failed_summary("j-1", failure, {}).splitlines(), "the record keeps them"

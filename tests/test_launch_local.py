@@ -113,11 +113,17 @@ def test_a_rank_that_raises_fails_the_job_with_exit_1_and_names_the_rank(tmp_pat
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Root Cause (first observed failure)" in result.stdout
     assert "rank: 1" in result.stdout
+    # Its traceback shows once on the screen: the summary refers to it; the record and summary.txt keep it.
+    raised = [line for line in result.stdout.splitlines() if "[localhost r1 err]" in line and "Error" in line][-1]
+    error = raised.split("]: ", 1)[-1]
+    assert result.stdout.count("Traceback (most recent call last)") == 1, result.stdout
+    assert f"  error: {error}" in result.stdout and "lines of rank 1: shown above (not repeated here)" in result.stdout
     rec = json.loads(distrun("ps", "--json", home=home).stdout)[0]
     assert rec["state"] == "failed" and rec["exit_code"] == 1
     root = rec["failures"][0]
     assert (root["host"], root["rank"], root["kind"], root["exit_code"]) == ("localhost", 1, "exit", 1)
     assert any("fail" in line.lower() for line in root["last_lines"])
+    assert any(error in line for line in root["last_lines"])
 
 
 def test_dry_run_prints_argv_and_masked_env_and_starts_nothing(tmp_path):

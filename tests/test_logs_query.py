@@ -20,10 +20,10 @@ from orchestrator.cli.logs import LogsRequest, show_logs
 from orchestrator.cli.timespec import parse_since
 from orchestrator.errors import UsageError
 from orchestrator.logs import recover as recover_module
-from orchestrator.logs.format import note, rank_prefixes
+from orchestrator.logs.format import note, rank_prefixes, stamp
 from orchestrator.logs.query import parse_ranks
 from orchestrator.logs.recover import FetchedCopy, rebuild
-from orchestrator.remote.linestore import INDEX, IndexEntry, LineStore
+from orchestrator.remote.linestore import INDEX, IndexEntry, LineStore, parse_entry
 from orchestrator.store import JobRecord, JobState, Store, process_start
 from tests.helpers import distrun
 
@@ -141,6 +141,14 @@ def test_bare_and_timestamps_change_only_the_prefix(home: Path) -> None:
     first = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(T0))
     assert logs(ranks=("0",), bare=True) == "step 1 loss 2.0\n"
     assert logs(ranks=("0",), timestamps=True) == f"{first}.000 [node0 r0] step 1 loss 2.0\n"
+
+
+def test_a_stamp_never_reads_before_the_millisecond_a_line_arrived_in() -> None:
+    """A rank's line printed at 12:00:00.123 and kept at once in the index was stamped .122 (the
+    fraction of a float cut, not counted): the stamp read before the time written in the line."""
+    for millis in range(1000):
+        arrived = parse_entry(IndexEntry(1764223200 + millis / 1000, 1, "node0", 0, "o", 1, 5).line()).time
+        assert stamp(arrived).endswith(f".{millis:03d}"), arrived
 
 
 def test_collapse_folds_identical_lines_of_several_ranks_into_one(home: Path) -> None:

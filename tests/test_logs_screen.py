@@ -412,3 +412,46 @@ def test_launch_collapse_folds_identical_lines_of_several_ranks_and_keeps_the_re
     shown = terminal.getvalue().splitlines()
     assert shown[0] == "[node0-2 r0-5] epoch 1 done"
     assert sorted(shown[1:]) == sorted(f"[node{r // 2} r{r}] rank {r} only" for r in range(6))
+
+
+def test_the_tcpstore_warning_and_its_cpp_stack_at_the_exit_barrier_fold_into_one_line(tmp_path: Path) -> None:
+    terminal = io.StringIO()
+    sink = LogSink(JobDir(tmp_path), Screen(terminal))
+    frames = "".join(f"frame #{i}: <unknown function> + 0x{i:x}7a1b (0x7f3e{i:04x} in /venv/lib/libtorch_cpu.so)\n"
+                     for i in range(18))
+    stack = ("[W1127 03:09:41.512345678 TCPStore.cpp:138] [c10d] recvValueWithTimeout failed on SocketImpl(fd=5, "
+             "addr=[node1]:51234, remote=[node0]:29500): Failed to recv, got 0 bytes. Connection was likely closed. "
+             "Did the remote server shutdown or crash?\n"
+             "Exception raised from recvBytes at /pytorch/torch/csrc/distributed/c10d/Utils.hpp:682 "
+             "(most recent call first):\n" + frames + "\n").encode()
+    run = host(sink, "node1")
+    run.on_data(encode(Batch(0, "o", 1, b"done\n")))
+    run.on_data(encode(Batch(None, "e", 10, stack[:stack.index(b"frame #8")])))  # the stack spans two batches
+    run.on_data(encode(Batch(None, "e", 11, stack[stack.index(b"frame #8"):] + b"next line\n")))
+    sink.close()
+
+    shown = terminal.getvalue().splitlines()
+    assert shown == ["[node1 r0] done", "[node1 err] distrun: c10d's TCPStore warning (recvValueWithTimeout: the "
+                     "store's host had ended, as at torchrun's exit barrier) and its C++ stack not shown; the job's "
+                     "files keep them", "[node1 err] next line"]
+    assert "frame #17" in (tmp_path / "nodes" / "node1.err").read_text(), "the files keep every line"
+
+
+def test_the_root_causes_last_lines_count_as_shown_only_when_they_were_the_last_the_screen_showed(
+        tmp_path: Path) -> None:
+    sink = LogSink(JobDir(tmp_path / "a"), Screen(io.StringIO(), job_id="j-7"))
+    run = host(sink, "node1")
+    run.on_data(encode(Batch(3, "o", 2, b'step 19\nDISTRUN_METRICS {"step": 19, "rank": 3}\n')))
+    run.on_data(encode(Batch(3, "e", 8, traceback(3, "ValueError: planted"))))
+    assert sink.showed("node1", 3, sink.last_lines("node1", 3, 14)), "a data line kept off the screen does not count"
+
+    run.on_data(encode(Batch(2, "e", 8, traceback(2, "RuntimeError: [gloo] Connection closed by peer"))))
+    assert not sink.showed("node1", 2, sink.last_lines("node1", 2, 14)), "another rank's traceback was folded"
+    sink.failed_rank("node1", 2)
+    assert sink.showed("node1", 2, sink.last_lines("node1", 2, 14)), "once released, it is on the screen"
+
+    detached = LogSink(JobDir(tmp_path / "b"))
+    host(detached, "node1").on_data(encode(Batch(3, "e", 8, traceback(3, "ValueError: planted"))))
+    assert not detached.showed("node1", 3, detached.last_lines("node1", 3, 14)), "no screen: nothing was shown"
+    sink.close()
+    detached.close()

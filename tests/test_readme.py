@@ -68,6 +68,7 @@ def run_examples(lines: list[str], tmp_path: Path) -> dict[str, str]:
                                 timeout=LINE_TIMEOUT, check=False)
         assert result.returncode == 0, f"{line}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         assert "Traceback" not in result.stderr, line
+        assert " --grep " not in line or result.stdout.strip(), f"{line}: no line matched"
     return env
 
 

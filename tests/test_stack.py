@@ -26,6 +26,7 @@ from orchestrator.diagnose.stack import (
     parse_host,
     rank_ranges,
     render,
+    stack_lines,
 )
 from orchestrator.diagnose.watchdog import Progress, Watchdog, diagnose
 from orchestrator.errors import InfraError, UsageError
@@ -82,6 +83,19 @@ def test_native_frames_are_not_taken_for_the_users_code():
         parse_frame({"name": "load_batch", "filename": "/work/train.py", "short_filename": "train.py", "line": 40}),
     )),))
     assert stack.where() == "clock_nanosleep ← load_batch (train.py:40)"
+
+
+def test_a_rank_still_importing_shows_its_importlib_frames_as_one_line():
+    bootstrap = [("_call_with_frames_removed", "<frozen importlib._bootstrap>", 241),
+                 ("exec_module", "<frozen importlib._bootstrap_external>", 940),
+                 ("_load_unlocked", "<frozen importlib._bootstrap>", 690)] * 18
+    stack = stack_of(0, ("<module>", "torch/nn/modules/conv.py", 12), *bootstrap,
+                     ("<module>", "torch/__init__.py", 2016),
+                     ("_find_and_load", "<frozen importlib._bootstrap>", 1176), ("<module>", "train.py", 3))
+    assert stack_lines(stack) == [
+        "  thread MainThread:", "    <module> (torch/nn/modules/conv.py:12)",
+        "    ... 54 importlib frames (<frozen importlib._bootstrap>, ...)", "    <module> (torch/__init__.py:2016)",
+        "    _find_and_load (<frozen importlib._bootstrap>:1176)", "    <module> (train.py:3)"]
 
 
 def test_stacks_that_differ_only_in_addresses_fold_into_one_group():

@@ -281,9 +281,43 @@ def test_live_view_keeps_log_lines_above_the_table() -> None:
     mon.stop()
     out = screen.getvalue()
     assert "step 1" in out and "step 2" in out and "partial" not in out
-    assert out.rindex("step 2") < out.rindex("gpu0")  # the last frame stays under the log lines
+    assert out.rindex("step 2") < out.rindex("gpu0")  # the frame was drawn under the log lines
     assert "\x1b[36m[node0 r0]" in out
     assert re.search(r"gpu0\s+77%", out)
+
+
+def on_terminal(output: str) -> list[str]:
+    """The lines a terminal shows once it has run `output`: text, newlines, carriage returns and the
+    cursor-up and erase-line sequences rich's live display draws with (colours and the rest ignored)."""
+    screen, row, col = [""], 0, 0
+    for token in re.findall(r"\x1b\[[0-9;?]*[A-Za-z]|\r|\n|[^\x1b\r\n]+", output):
+        if token == "\n":
+            row, col = row + 1, 0
+            screen += [""] * (row + 1 - len(screen))
+        elif token == "\r":
+            col = 0
+        elif token.endswith("A") and token.startswith("\x1b["):
+            row = max(row - int(token[2:-1] or 1), 0)
+        elif token == "\x1b[2K":
+            screen[row] = ""
+        elif not token.startswith("\x1b"):
+            screen[row] = screen[row][:col].ljust(col) + token + screen[row][col + len(token):]
+            col += len(token)
+    return [line.rstrip() for line in screen if line.strip()]
+
+
+def test_the_live_table_is_cleared_when_the_job_ends_and_the_log_lines_stay() -> None:
+    screen = TTY()
+    mon = monitor([])
+    writer = mon.terminal(screen, live=True)
+    mon.start()
+    writer.write("[node0 r0] step 1\n")
+    writer.flush()
+    mon.live.refresh()
+    assert any("no metrics yet" in line for line in on_terminal(screen.getvalue())), "the table was drawn"
+    mon.stop()
+    screen.write("job job-1 FAILED\n")
+    assert on_terminal(screen.getvalue()) == ["[node0 r0] step 1", "job job-1 FAILED"]
 
 
 def test_a_process_that_exits_just_after_its_writer_printed_still_exits() -> None:
@@ -430,6 +464,27 @@ def test_top_follows_a_running_job_until_it_ends(tmp_path: Path, monkeypatch: py
     text = out.getvalue()
     assert "job-1 · running" in text and "s ago" in text
     assert re.search(r"gpu0\s+\S*99%", text)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_top_fits_the_terminals_width_one_line_a_row(tmp_path: Path, width: int) -> None:
+    job_dir, record = write_job(tmp_path, JobState.RUNNING)
+    out = io.StringIO()
+    top.top(job_dir, lambda: record, Console(file=out, width=width, height=40, force_terminal=True), once=True)
+    shown = [re.sub(r"\x1b\[[0-9;]*m", "", line).rstrip() for line in out.getvalue().splitlines()]
+    shown = [line for line in shown if line]
+    assert max(len(line) for line in shown) <= width
+    assert len(shown) == 6, shown  # title, header, rule, node0's row, gpu0's row, the caption
+    assert re.search(r"node0\s+cpu\s+12%\s+10\.0/64\.0 GB\s+0\.0 s ago · job: 3 pr", shown[3])
+    assert re.search(r"^\s+gpu0\s+42%", shown[4]) and shown[5].startswith("throughput 55.5 samples/s at step 8")
+
+
+def test_top_into_a_pipe_keeps_every_note_whole(tmp_path: Path) -> None:
+    job_dir, record = write_job(tmp_path, JobState.RUNNING)
+    out = io.StringIO()
+    top.top(job_dir, lambda: record, Console(file=out, width=80), once=True)
+    words = " ".join(out.getvalue().split())  # folded over lines where need be, but whole
+    assert "load 1.50 · net ↓2 KB/s ↑1 KB/s" in words and "gpu0 idle for 60 s (utilisation 0% < 5%)" in words
 
 
 def test_top_once_prints_one_frame_of_a_running_job(tmp_path: Path) -> None:

@@ -137,8 +137,9 @@ class Failure:
             return "unknown"
         return f"{self.host} ({self.address})" if self.address and self.address != self.host else self.host
 
-    def render(self) -> str:
-        """The indented block a launch summary shows under its root-cause title."""
+    def render(self, above: bool = False) -> str:
+        """The indented block a launch summary shows under its root-cause title; `above`: the
+        last lines were the last this rank showed on the screen just above, so they are not repeated."""
         lines = [f"  host: {self.where() if self.host else 'unknown (distrun cannot tell which host is at fault)'}"]
         if self.rank is not None:
             lines.append(f"  rank: {self.rank}")
@@ -155,8 +156,11 @@ class Failure:
         lines += [f"  {line}" for line in self.stack]
         if self.last_lines:
             whose = f"rank {self.rank}" if self.rank is not None else self.host
-            lines.append(f"  last {len(self.last_lines)} lines of {whose}:")
-            lines += [f"    {line}" for line in self.last_lines]
+            if above:
+                lines.append(f"  last {len(self.last_lines)} lines of {whose}: shown above (not repeated here)")
+            else:
+                lines.append(f"  last {len(self.last_lines)} lines of {whose}:")
+                lines += [f"    {line}" for line in self.last_lines]
         elif self.kind is FailureKind.LOST:
             lines.append(f"  last lines of {self.host}: none arrived before it was lost")
         return "\n".join(lines)
@@ -272,13 +276,14 @@ def other_hosts_line(ends: Mapping[str, str]) -> str:
     return "Other hosts: " + ", ".join(f"{fold_hosts(hosts)}: {end}" for end, hosts in by_end.items())
 
 
-def failed_summary(job_id: str, root: Failure, others: Mapping[str, str]) -> str:
-    """The summary of a failed job: the root cause's block, then how every other host ended."""
+def failed_summary(job_id: str, root: Failure, others: Mapping[str, str], above: bool = False) -> str:
+    """The summary of a failed job: the root cause's block, then how every other host ended
+    (`above`: the root cause's last lines were just shown on the screen, see `Failure.render`)."""
     lines = [f"job {job_id} FAILED"]
     if root.when == AT_EXIT:
         lines.append(f"the work finished on every rank; rank {root.rank} crashed at interpreter exit "
                      f"({root.signal or root.describe()})")
-    lines += [ROOT_CAUSE_TITLE, root.render()]
+    lines += [ROOT_CAUSE_TITLE, root.render(above)]
     other = other_hosts_line(others)
     if other:
         lines.append(other)

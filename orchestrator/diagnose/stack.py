@@ -14,6 +14,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrator import remote
@@ -33,6 +34,7 @@ ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 # Frames of the interpreter, installed packages and native libraries (--native): the user's code is the rest.
 LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python3[.\d]*/|^<|\.so(\.[\d.]+)?$")
 MAIN_THREAD = "MainThread"
+IMPORTLIB = "<frozen importlib"  # the import machinery's frames, as py-spy names their file
 COLLECTIVE = re.compile(r"torch/distributed/")
 
 
@@ -294,8 +296,21 @@ def stack_lines(stack: RankStack) -> list[str]:
     lines: list[str] = []
     for thread in ordered:
         lines.append(f"  thread {thread.name}:")
-        lines += [f"    {frame.text()}" for frame in thread.frames]
+        lines += [f"    {text}" for text in frame_texts(thread.frames)]
     return lines
+
+
+def frame_texts(frames: Sequence[Frame]) -> list[str]:
+    """Each frame's text, a run of the import machinery's frames (`<frozen importlib._bootstrap>`:
+    a rank still importing, at start-up, shows dozens) folded into one line."""
+    texts: list[str] = []
+    for frozen, group in groupby(frames, key=lambda frame: frame.file.startswith(IMPORTLIB)):
+        run = list(group)
+        if frozen and len(run) > 1:
+            texts.append(f"... {len(run)} importlib frames ({run[0].file}, ...)")
+        else:
+            texts += [frame.text() for frame in run]
+    return texts
 
 
 def to_json(gathered: Gathered) -> dict[str, Any]:

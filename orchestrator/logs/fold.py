@@ -18,8 +18,10 @@ root causes, before distrun's own. `ShutdownFold` decides, line by line, what st
 Folded lines are counted per host, for one line each: `[node0] 52 lines of shutdown output
 (distrun logs ID --node node0)`.
 
-`HarmlessFold` keeps known-harmless warnings that repeat (`HARMLESS`) to their first, counted:
-the launch's screen and `logs -f` fold them alike.
+`HarmlessFold` keeps known-harmless warnings that repeat (`HARMLESS`) to their first, counted,
+and folds c10d's TCPStore `recvValueWithTimeout` warning with the C++ stack under it (what a
+host's torchrun prints when the store's host ended first, in the exit barrier of a job that
+succeeded) into one line saying what it was: the launch's screen and `logs -f` fold them alike.
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ HARMLESS = ("The hostname of the client socket cannot be retrieved",)
 OMP_BANNER = re.compile(r"torch/distributed/run\.py:\d+\] (?:\*{5,}|Setting OMP_NUM_THREADS environment variable.*)?"
                         r"\s*$")
 BANNER_WHAT = "lines of torchrun's OMP_NUM_THREADS banner"
+# c10d's warning when the TCPStore's host went away, with its C++ stack (`Exception raised from`, `frame #N:`).
+STORE_WARNING = "recvValueWithTimeout failed"
+CPP_STACK = re.compile(r"^(?:Exception raised from |frame #\d+: |\s*$)")
+STORE_FOLDED = ("distrun: c10d's TCPStore warning (recvValueWithTimeout: the store's host had ended, as at "
+                "torchrun's exit barrier) and its C++ stack not shown; the job's files keep them\n")
 
 
 @dataclass
@@ -60,13 +67,20 @@ class HarmlessFold:
     def __init__(self) -> None:
         self.folded: dict[str, Folded] = {}  # what was folded, as the closing line says it -> counts
         self.banner_host: str | None = None
+        self.in_stack: set[str] = set()  # hosts inside a folded TCPStore warning's C++ stack
 
     def take(self, node: str, text: str) -> str:
         """`text` (whole lines) without the repeats of known-harmless output."""
-        if not any(pattern in text for pattern in HARMLESS) and "torch/distributed/run.py:" not in text:
+        if (not any(pattern in text for pattern in HARMLESS) and "torch/distributed/run.py:" not in text
+                and STORE_WARNING not in text and node not in self.in_stack):
             return text
         kept = []
         for line in [ln + "\n" for ln in text[:-1].split("\n")]:
+            fresh = node not in self.in_stack
+            if self._store_stack(node, line):
+                if fresh:
+                    kept.append(STORE_FOLDED)
+                continue
             what = self._repeat(node, line)
             if what is None:
                 kept.append(line)
@@ -75,6 +89,16 @@ class HarmlessFold:
                 folded.count += 1
                 folded.nodes[node] = None
         return "".join(kept)
+
+    def _store_stack(self, node: str, line: str) -> bool:
+        """Whether `line` is c10d's TCPStore warning or a line of the C++ stack under it (folded)."""
+        if STORE_WARNING in line:
+            self.in_stack.add(node)
+            return True
+        if node in self.in_stack and CPP_STACK.match(line):
+            return True
+        self.in_stack.discard(node)
+        return False
 
     def _repeat(self, node: str, line: str) -> str | None:
         """What `line` repeats (the closing line's words for it), or None when it shows."""

@@ -58,9 +58,12 @@ def group_label(nodes: Iterable[str], ranks: Iterable[int | None], stream: str) 
 
 
 def stamp(t: float) -> str:
-    """An arrival time as `--timestamps` shows it: `2026-11-21T14:30:12.345` (local time)."""
-    whole = int(t)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(whole)) + f".{int((t - whole) * 1000):03d}"
+    """An arrival time as `--timestamps` shows it: `2026-11-21T14:30:12.345` (local time).
+
+    Counted in whole milliseconds first: `t - int(t)` of a time like 12.345 is 0.34499..., and
+    cutting that showed 12.344, a stamp before the time a rank printed in the line it stamps."""
+    whole, millis = divmod(round(t * 1000), 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(whole)) + f".{millis:03d}"
 
 
 def paint(text: str, code: int | None) -> str:

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
@@ -36,6 +37,7 @@ from orchestrator.logs.writer import QUEUE_BYTES, TerminalWriter
 SPILL = "screen.spill"  # in the job directory: what a pipe that fell behind has still to get
 COLLAPSE_WINDOW = 0.5  # seconds within which identical lines from several ranks are folded
 DATA_LINES = ("DISTRUN_METRICS ", "DISTRUN_CHECKSUM ")  # a rank's lines for distrun, not for a person
+SHOWN_BATCHES = 64  # per rank: the last batches shown, enough for a summary's last lines (a batch is a line or more)
 
 
 @dataclass
@@ -129,6 +131,7 @@ class Screen:
         self.collapser = Collapser() if collapse else None
         self.fold = ShutdownFold()
         self.harmless = HarmlessFold()
+        self.shown_tails: dict[tuple[str, int], deque[str]] = {}  # each rank's last batches as shown
         # A pipe or a file gets every line, late when it fell behind; a terminal skips ahead.
         interactive = getattr(terminal, "isatty", lambda: False)()
         spill = None if interactive or job_dir is None else job_dir / SPILL
@@ -158,6 +161,7 @@ class Screen:
                 if not kept:
                     return
                 text, nlines = kept, kept.count("\n")
+            self._remember(node, rank, text)
             if self.collapser is not None and not partial:
                 self._collapse(self.collapser, node, rank, stream, text)
                 return
@@ -181,7 +185,17 @@ class Screen:
         with self.lock:
             text = self.fold.release(node, rank)
             if text:
+                self._remember(node, rank, text)
                 self.writer.offer(prefixed(text, self._label(node, rank, "e", False) + " "), text.count("\n"))
+
+    def showed(self, node: str, rank: int | None, lines: Sequence[str]) -> bool:
+        """Whether `lines` (a rank's last lines as the files keep them) are the last this screen showed of
+        that rank, every one but its data lines, and the terminal missed none: a summary need not repeat them."""
+        wanted = "".join(shown(f"{line}\n".encode()) for line in lines if not line.startswith(DATA_LINES))
+        with self.lock:
+            if rank is None or not wanted or self.writer.missed:
+                return False
+            return "".join(self.shown_tails.get((node, rank), ())).endswith(wanted)
 
     def ended(self, node: str) -> None:
         """`node` reported its exit: one line for what was folded of its output, if anything."""
@@ -201,6 +215,13 @@ class Screen:
             for line in self.harmless.said(lambda nodes: group_label(nodes, [], "o")):
                 self.writer.offer(line, 1)
         self.writer.close(timeout)
+
+    def _remember(self, node: str, rank: int | None, text: str) -> None:
+        if rank is not None:
+            tail = self.shown_tails.get((node, rank))
+            if tail is None:
+                tail = self.shown_tails[(node, rank)] = deque(maxlen=SHOWN_BATCHES)
+            tail.append(text)
 
     def _skipped(self, count: int) -> str:
         return (f"[distrun] {count} line{'s' if count > 1 else ''} skipped here: the terminal fell behind "

@@ -124,6 +124,10 @@ class LogSink:
         with self.lock:
             return tuple(list(self.tails.get((node, rank), ()))[-count:])
 
+    def showed(self, node: str, rank: int | None, lines: tuple[str, ...]) -> bool:
+        """Whether a rank's `lines` were the last the screen showed of it (False when there is no screen)."""
+        return self.screen is not None and self.screen.showed(node, rank, lines)
+
     def own_lines(self, node: str, count: int) -> tuple[str, ...]:
         """The last `count` lines that came from a host itself (its ranks' and torchrun's), not distrun's notes."""
         with self.lock:

@@ -347,7 +347,9 @@ class Attempt:
         if live:
             self.backend.stop(self.view, [h.node for h in live])
 
-    def _finish(self, state: JobState, code: int, detail: str, failures: list[Failure] | None = None) -> int:
+    def _finish(self, state: JobState, code: int, detail: str, failures: list[Failure] | None = None,
+                said: str | None = None) -> int:
+        """Record the job's end with `detail` and say it (`said` in its place on the screen, when given)."""
         gpus_freed = [f"{h.node}: {line}" for h in self.hosts for line in h.gpus_freed]
         extra = [*self.backend.finish(self.view), *gpus_freed]
         self.sink.flush()
@@ -358,10 +360,10 @@ class Attempt:
         mask = Masker(self.plan.secrets.values())
         self.history.end(None, state=state.value)
         progress = self.monitor.progress_now()
-        detail = mask.text("\n".join([detail, *extra, *self.stalls.lines(),
-                                      *progress_lines(progress, self.last_metrics),
-                                      *telemetry.summary_lines(self.record.alerts), *self.sink.shortfalls(),
-                                      *self.history.lines()]))
+        tail = [*extra, *self.stalls.lines(), *progress_lines(progress, self.last_metrics),
+                *telemetry.summary_lines(self.record.alerts), *self.sink.shortfalls(), *self.history.lines()]
+        said = mask.text("\n".join([said or detail, *tail]))
+        detail = mask.text("\n".join([detail, *tail]))
         restarts = max((h.restarts for h in self.hosts), default=0)
         try:
             self.store.end(self.plan.job_id, state, code, detail, restarts=restarts,
@@ -370,8 +372,8 @@ class Attempt:
                            gpus_freed=gpus_freed, progress=progress)
         except DistrunError as exc:
             # The hosts are stopped and the summary is known: say it, and why it is not recorded.
-            detail += f"\ndistrun: warning: the job's end is not recorded: {exc}"
-        self._say(detail)
+            said += f"\ndistrun: warning: the job's end is not recorded: {exc}"
+        self._say(said)
         return code
 
     def _say(self, text: str) -> None:
@@ -418,13 +420,15 @@ class Attempt:
         ordered = [root, *(f for f in failures if f.host != root.host)]
         self.verdict = self.history.verdict(root)
         self.history.end(root, self.verdict.quarantined if self.verdict else None)
+        # The screen need not repeat the root cause's last lines when they are the last it showed of that rank.
+        above = self.sink.showed(root.host, root.rank, root.last_lines)
         if self.verdict is not None and self.verdict.hosts is not None:
             title = f"{self.plan.job_id} attempt {self.plan.attempt}"
-            return self._end_attempt(failed_summary(title, root, others), self.verdict)
-        summary = failed_summary(self.plan.job_id, root, others)
-        if self.verdict is not None:
-            summary += f"\n{self.verdict.why}"
-        return self._finish(JobState.FAILED, int(ExitCode.FAILED), summary, ordered)
+            return self._end_attempt(failed_summary(title, root, others, above), self.verdict)
+        why = f"\n{self.verdict.why}" if self.verdict is not None else ""
+        summary = failed_summary(self.plan.job_id, root, others) + why
+        said = failed_summary(self.plan.job_id, root, others, above) + why
+        return self._finish(JobState.FAILED, int(ExitCode.FAILED), summary, ordered, said=said)
 
     def _end_attempt(self, summary: str, verdict: Verdict) -> int:
         """This attempt failed and another follows: record the attempt, say why and what comes

@@ -120,7 +120,7 @@ def _show(history: History, current: Callable[[], JobRecord], record: JobRecord,
         running = not record.state.finished
         return render(history.aggregator, f"{record.id} · {record.state.value}", time.time() if running else None,
                       record.alerts, max(console.height - TABLE_CHROME, 1) if console.is_terminal else None,
-                      record.progress)
+                      record.progress, fit=console.is_terminal)
 
     if once or record.state.finished or not console.is_terminal:
         console.print(frame())

@@ -71,15 +71,16 @@ def _age(state: HostState, now: float | None) -> str:
 
 
 def _host_info(state: HostState, now: float | None) -> str:
+    """The host's notes, the most telling first (the sample's age, the job's processes), as a
+    narrow terminal cuts them at its edge."""
     host = state.host or {}
-    parts = []
+    parts = [_age(state, now)]
     if host:
-        parts.append(f"load {host.get('load1') or 0:.2f}")
-        parts.append(f"net ↓{_rate(host.get('net_rx_bps'))} ↑{_rate(host.get('net_tx_bps'))}")
         procs = host.get("job_procs") or 0
         parts.append(f"job: {procs} proc{'' if procs == 1 else 's'}, cpu {_pct(host.get('job_cpu_pct'))}, "
                      f"rss {(host.get('job_rss_mb') or 0) / 1024:.1f} GB")
-    parts.append(_age(state, now))
+        parts.append(f"load {host.get('load1') or 0:.2f}")
+        parts.append(f"net ↓{_rate(host.get('net_rx_bps'))} ↑{_rate(host.get('net_tx_bps'))}")
     return " · ".join(parts)
 
 
@@ -149,7 +150,7 @@ def _caption(metrics: dict[str, Any] | None, alerts: list[str], progress: dict[s
 
 
 def render(aggregator: Aggregator, title: str, now: float | None, alerts: list[str],
-           max_rows: int | None = None, progress: dict[str, Any] | None = None) -> Table:
+           max_rows: int | None = None, progress: dict[str, Any] | None = None, fit: bool = True) -> Table:
     """The status table: a row per host (CPU, memory, load, network, the job's processes) and
     a row per GPU (utilisation, memory, temperature, power), or one row for all of a host's
     GPUs when a row each would pass `max_rows`; the latest throughput and alerts below. Hosts
@@ -162,14 +163,20 @@ def render(aggregator: Aggregator, title: str, now: float | None, alerts: list[s
         alerts: alerts as kept in the job record.
         progress: the job's progress from the ranks' Flight Recorders (`FlightProgress.to_dict`),
             shown when no metrics record tells the throughput.
+        fit: a terminal's table: as wide as the terminal, the notes and the caption cut at its edge
+            so that each row stays one line; else (a pipe, a file) every note whole, folded if need be.
     """
     hosts, metrics = aggregator.snapshot()
     rules = aggregator.rules
-    table = Table(title=title, caption=_caption(metrics, alerts, progress), box=box.SIMPLE_HEAD, title_justify="left",
-                  caption_justify="left", pad_edge=False)
+    caption = _caption(metrics, alerts, progress)
+    if fit:
+        caption.no_wrap, caption.overflow = True, "ellipsis"
+    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, title_justify="left",
+                  caption_justify="left", pad_edge=False, expand=fit)
     for name in ("node", "dev", "util", "memory", "temp", "power"):
         table.add_column(name, justify="right" if name in ("util", "temp", "power") else "left", no_wrap=True)
-    table.add_column("", overflow="fold")  # the notes give way first on a narrow terminal
+    # The notes give way first: on a terminal they take what the other columns leave, cut at its edge.
+    table.add_column("", no_wrap=fit, overflow="ellipsis" if fit else "fold", ratio=1 if fit else None)
     shown = hosts if max_rows is None or len(hosts) <= max_rows else hosts[:max(max_rows - 1, 1)]
     per_gpu = max_rows is None or sum(1 + len(h.gpus) for h in shown) <= max_rows
     for state in shown:
@@ -296,7 +303,8 @@ class Monitor:
         if not live or terminal is None or not terminal.isatty():
             return terminal
         console = Console(file=terminal, no_color=not colour(terminal))
-        self.live = Live(console=console, get_renderable=self.frame, refresh_per_second=2)
+        # Transient: the table goes when the job ends, so the summary follows the job's last lines.
+        self.live = Live(console=console, get_renderable=self.frame, refresh_per_second=2, transient=True)
         self.writer = ConsoleWriter(console)
         return self.writer
 
@@ -356,12 +364,12 @@ class Monitor:
             self.live.start()
 
     def stop(self) -> None:
-        """Stop checking and leave the last frame of the live view on screen; safe to call twice."""
+        """Stop checking and clear the live view from the screen (the log lines stay); safe to call twice."""
         if self.stopped.is_set():
             return
         self.stopped.set()
         if self.writer is not None:
-            self.writer.drain()  # the last lines go above the last frame
+            self.writer.drain()  # the last lines go above the table, which then goes
         if self.live is not None:
             self.live.stop()
 
