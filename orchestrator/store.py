@@ -32,7 +32,7 @@ from orchestrator.remote.private import FILE_MODE, make_private_dirs, open_priva
 class JobState(str, Enum):
     PENDING = "pending"
     RUNNING = "running"
-    STALLED = "stalled"  # running, but no rank has progressed for a third of its hang_timeout
+    STALLED = "stalled"  # running, but no rank has progressed for stall_after (or a third of hang_timeout)
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     STOPPED = "stopped"

@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -86,8 +87,19 @@ def test_job_figures_say_state_attempt_restarts_lost_quarantined_and_alerts_by_k
     assert found[("distrun_host_quarantined", frozenset({job, ("host", "node9")}))] == 1
     kinds = {dict(k[1])["kind"]: v for k, v in found.items() if k[0] == "distrun_job_alerts_total"}
     assert kinds == {"idle": 1, "xid": 1, "straggler": 1, "silent": 1, "memory": 0, "throttle": 0, "ecc": 0,
-                     "other": 0}
+                     "stall": 0, "other": 0}
     assert found[("distrun_rank_straggler_named_total", frozenset({job, ("host", "node0"), ("rank", "3")}))] == 1
+
+
+def test_a_program_without_metrics_lines_gets_its_pace_and_rank_positions_from_the_flight_recorder() -> None:
+    quiet = replace(figures(), ranks={}, throughput=None,
+                    progress={"collectives_per_s": 22.6, "collectives": 1708, "ranks": {"4": 1708, "0": 1848}})
+    found = samples(exposition([quiet]))
+    job = ("job", "train-1")
+    assert found[("distrun_job_collectives_per_second", frozenset({job}))] == 22.6
+    assert found[("distrun_rank_collectives_total", frozenset({job, ("rank", "4")}))] == 1708
+    assert found[("distrun_rank_collectives_total", frozenset({job, ("rank", "0")}))] == 1848
+    assert not [k for k in found if k[0] == "distrun_job_samples_per_second"]
 
 
 def test_an_alert_line_of_the_record_is_read_back_to_its_host_rule_and_rank() -> None:

@@ -166,6 +166,23 @@ def _job_families(jobs: Sequence[JobFigures]) -> Iterator[Metric]:
         if _number(value):
             rate.add_metric([job.job], float(value))
     yield from (state, attempt, restarts, hosts, lost, quarantined, aside, alerts, stragglers, rate)
+    yield from _progress_families(jobs)
+
+
+def _progress_families(jobs: Sequence[JobFigures]) -> Iterator[Metric]:
+    """The job's progress from its ranks' Flight Recorders, for a program that prints no metrics lines."""
+    rate = GaugeMetricFamily("distrun_job_collectives_per_second",
+                             "Collectives the slowest rank completed per second over the last 30 s (Flight Recorder)",
+                             labels=["job"])
+    done = CounterMetricFamily("distrun_rank_collectives", "The rank's last completed collective (Flight Recorder)",
+                               labels=["job", "rank"])
+    for job in jobs:
+        if _number(job.progress.get("collectives_per_s")):
+            rate.add_metric([job.job], float(job.progress["collectives_per_s"]))
+        for rank, seq in sorted((job.progress.get("ranks") or {}).items(), key=lambda item: int(item[0])):
+            if _number(seq):
+                done.add_metric([job.job, str(rank)], seq)
+    yield from (rate, done)
 
 
 def _throttle_family(jobs: Sequence[JobFigures]) -> Metric:

@@ -21,6 +21,7 @@ ALERT_RULES = (
     ("throttle", re.compile(r"^gpu\d+ clocks throttled ")),
     ("ecc", re.compile(r"^gpu\d+: \d+ new uncorrectable ECC ")),
     ("xid", re.compile(r"^gpu\d+: \d+ new XID ")),
+    ("stall", re.compile(r"^stall: ")),
 )
 ALERT_KINDS = (*(rule for rule, _ in ALERT_RULES), "other")
 RECORDED = re.compile(r"^\d\d:\d\d:\d\d (?P<node>\S+): (?P<message>.*)$", re.S)
@@ -56,6 +57,8 @@ class JobFigures:
         hosts_lost: Attempts that ended with a host lost.
         ranks: Each rank's latest metrics record (`node`, `step`, `step_time_s`, `busy_s`, ...).
         throughput: The job's latest job-wide metrics record (rank 0's), None before one.
+        progress: The job's progress from its ranks' Flight Recorders (`FlightProgress.to_dict`:
+            `collectives_per_s`, and each rank's last completed collective in `ranks`).
     """
 
     job: str
@@ -67,6 +70,7 @@ class JobFigures:
     alerts: Sequence[str] = ()
     ranks: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
     throughput: Mapping[str, Any] | None = None
+    progress: Mapping[str, Any] = field(default_factory=dict)
 
 
 def hosts_lost(attempts: Sequence[Mapping[str, Any]]) -> int:
@@ -86,4 +90,5 @@ def from_files(job_dir: JobDir, record: JobRecord) -> JobFigures:
     ended = sum(1 for a in record.attempts if a.get("ended"))  # the running attempt is recorded when it ends
     return JobFigures(job=record.id, state=record.state.value, attempt=ended + 1,
                       hosts=hosts, hosts_lost=hosts_lost(record.attempts), quarantined=tuple(record.quarantined),
-                      alerts=tuple(record.alerts), ranks=history.aggregator.rank_records(), throughput=throughput)
+                      alerts=tuple(record.alerts), ranks=history.aggregator.rank_records(), throughput=throughput,
+                      progress=record.progress)

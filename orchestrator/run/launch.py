@@ -106,7 +106,7 @@ class LiveFigures:
         lost = sum(1 for a in list(history.attempts) if a.failure is not None and a.failure.kind in LOST_KINDS)
         return [metrics.JobFigures(self.job_id, attempt.state.value, history.number, hosts, lost,
                                    tuple(history.quarantined), tuple(attempt.record.alerts),
-                                   aggregator.rank_records(), throughput)]
+                                   aggregator.rank_records(), throughput, attempt.monitor.progress_now())]
 
 
 def dry_run_text(job: JobSpec, request: LaunchRequest, plan_text: str) -> str:
