@@ -67,6 +67,7 @@ class LaunchPlan:
     stop_grace: float = DEFAULT_STOP_GRACE
     hang_timeout: float | None = None  # no progress from any rank for this long: a hang (None: off)
     stall_after: float | None = None  # no progress for this long: every rank's stack taken, job goes on (None: off)
+    rdzv_report_after: float = 60.0  # no host past the rendezvous for this long: those that never joined are named
     telemetry_interval: float | None = 2.0
     sync: bool = False
     sync_max_size: int = DEFAULT_SYNC_MAX_SIZE
@@ -297,7 +298,7 @@ def build_plan(
         backend=backend, master_node=master.name, master_addr=master_addr, master_port=master_port,
         nnodes=len(ordered), hosts=hosts, secrets=resolve_secrets(job, controller_env),
         heartbeat_timeout=job.heartbeat_timeout, stop_grace=job.stop_grace, hang_timeout=job.hang_timeout,
-        stall_after=job.stall_after,
+        stall_after=job.stall_after, rdzv_report_after=job.rendezvous.report_after,
         telemetry_interval=job.telemetry.interval if job.telemetry.enabled else None, sync=job.sync,
         sync_max_size=job.sync_max_size, attempt=attempt, spares=spares, checkpoint_dir=job.checkpoint_dir,
     )

@@ -36,7 +36,7 @@ _PACKAGES = ["orchestrator", "orchestrator.remote"]
 # What remote/supervisor.py imports, dependencies first: shipped before it wherever it runs or
 # where a program finds a job's processes through it.
 SUPERVISOR_IMPORTS = ["config", "ftforward", "gpu", "private", "provenance", "safedirs", "sockdir", "leader", "redact",
-                      "stream", "linestore", "follow", "tail", "workerfail", "relay", "flightrec", "frpoll"]
+                      "stream", "linestore", "follow", "tail", "workerfail", "relay", "flightrec", "frpoll", "rdzvconn"]
 
 
 @functools.cache

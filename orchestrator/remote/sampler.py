@@ -29,6 +29,9 @@ or driver does not expose is null. Every sample has:
     job_cpu_pct                 their CPU over the last interval, % of one CPU (200 = two CPUs busy)
     job_rss_mb                  their resident memory, summed
     sampler_cpu_s               CPU seconds the sampler thread has used so far
+    rdzv                        while torchrun has no workers yet: its connection to the rendezvous
+                                endpoint, "established", "connecting" or "none" (remote/rdzvconn.py);
+                                absent from the first sample with workers on
 
 `kind: "gpu"`, one per GPU per interval:
 
@@ -68,6 +71,7 @@ from orchestrator.remote.gpu import (
     used_bytes,
 )
 from orchestrator.remote.private import open_private
+from orchestrator.remote.rdzvconn import connection, proc_address
 
 MIN_INTERVAL = 0.25
 REDISCOVER_EVERY = 5  # samples between scans of /proc for the job's processes
@@ -241,8 +245,10 @@ class HostSampler:
     """Whole-host figures and the job's processes, as rates over the time between samples."""
 
     def __init__(self, job_id: str, interval: float,
-                 reader: Callable[[int], tuple[float, int] | None] | None = None, node: str | None = None) -> None:
+                 reader: Callable[[int], tuple[float, int] | None] | None = None, node: str | None = None,
+                 rdzv: tuple[str, int] | None = None) -> None:
         self.interval = interval
+        self.rdzv = proc_address(*rdzv) if rdzv else None  # read until the workers start
         self.host = socket.gethostname()
         self.cpus = os.cpu_count() or 1
         self.job = JobProcesses(job_id, reader or process_reader(), node)
@@ -269,6 +275,10 @@ class HostSampler:
             "job_procs": len(pids), "job_cpu_pct": _round(job_cpu), "job_rss_mb": _round(job_rss),
             "sampler_cpu_s": round(time.thread_time(), 4),
         }
+        if self.rdzv and len(pids) > 1:
+            self.rdzv = None  # torchrun started its workers: it is past the rendezvous
+        if self.rdzv:
+            sample["rdzv"] = connection(self.rdzv, pids)
         self.last_at, self.last_cpu, self.last_net = now, (busy, total), (rx, tx)
         return sample, pids
 
@@ -497,7 +507,7 @@ def open_gpus(nvml: Any = None) -> GpuReader | None:
 
 
 def run(interval: float, job_id: str, emit: Callable[..., None], done: threading.Event, nvml: Any = None,
-        keep: str | None = None, node: str | None = None) -> None:
+        keep: str | None = None, node: str | None = None, rdzv: tuple[str, int] | None = None) -> None:
     """Send a host sample and one sample per GPU every `interval` seconds until `done` is set.
 
     Args:
@@ -509,9 +519,10 @@ def run(interval: float, job_id: str, emit: Callable[..., None], done: threading
         keep: a file on the host to append every sample to as a JSON line, so the samples
             outlive the controller's connection.
         node: the job's node name on this host (DISTRUN_NODE), for hosts sharing a process table.
+        rdzv: the rendezvous address and port, whose connection the samples tell until the workers start.
     """
     interval = max(float(interval), MIN_INTERVAL)
-    host = HostSampler(job_id, interval, node=node)
+    host = HostSampler(job_id, interval, node=node, rdzv=rdzv)
     gpus = open_gpus(nvml)
     kept = open_private(keep, "a", encoding="utf-8") if keep else None  # closed below
     reported: set[str] = set()

@@ -48,6 +48,7 @@ from orchestrator.remote.gpu import GpuHolders
 from orchestrator.remote.leader import Leader
 from orchestrator.remote.private import make_private_dirs
 from orchestrator.remote.provenance import Root, become_subreaper, own_roots, proven_root, record, record_path, root_of
+from orchestrator.remote.rdzvconn import endpoint
 from orchestrator.remote.relay import Relay
 from orchestrator.remote.safedirs import UnsafeDirError, expand_var, make_safe_dir
 from orchestrator.remote.sockdir import remove_fallback, socket_dir
@@ -433,7 +434,7 @@ def start_telemetry(cfg: SupervisorConfig, out: StreamWriter, done: threading.Ev
     thread = threading.Thread(
         target=sampler.run,
         kwargs={"interval": float(interval), "job_id": cfg.job_id, "node": cfg.node, "emit": out.event,
-                "done": done,
+                "done": done, "rdzv": endpoint(cfg.argv),
                 "keep": os.path.join(keep_dir, f"{cfg.node}.telemetry.jsonl")},
         daemon=True,
     )

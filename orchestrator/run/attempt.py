@@ -38,6 +38,7 @@ from orchestrator.run.hostrun import HostRun
 from orchestrator.run.recording import Launching
 from orchestrator.run.restarts import AttemptHistory, Verdict
 from orchestrator.store import JobDir, JobRecord, JobState
+from orchestrator.telemetry.rendezvous import RendezvousWatch
 
 HEARTBEAT_EVERY = 1.0
 POLL = 0.05
@@ -118,6 +119,8 @@ class Attempt:
         self.diagnosis: Future[Failure] | None = None
         self.stall_look: Future[Looked] | None = None
         self.view = AttemptView(self)
+        self.rdzv: RendezvousWatch | None = None  # while no host is past the rendezvous (with telemetry)
+        self.rdzv_checked = 0.0
 
     @property
     def interrupted(self) -> int | None:
@@ -146,6 +149,8 @@ class Attempt:
             return
         sample = {k: v for k, v in event.items() if k != "ev"}
         sample.setdefault("node", node)
+        if self.rdzv is not None:
+            self.rdzv.sample(node, sample)
         with self.telemetry_lock:
             self.telemetry_file.write(json.dumps(sample) + "\n")
             self.telemetry_file.flush()
@@ -211,6 +216,10 @@ class Attempt:
         return now
 
     def _run(self) -> int:
+        plan = self.plan
+        if plan.telemetry_interval:
+            self.rdzv = RendezvousWatch([h.node for h in plan.hosts], plan.master_node, plan.master_addr,
+                                        plan.master_port, plan.rdzv_report_after, time.monotonic())
         failed = self.backend.start(self.view)
         self.heartbeat.start()
         self.state = JobState.RUNNING
@@ -246,12 +255,33 @@ class Attempt:
                 return self._settle(failed)
             if all(h.exited.is_set() for h in self.hosts):
                 return []
+            self._follow_rendezvous()
             hang = self._check_progress()
             if hang is not None:
                 return [hang]
             self.wake.wait(POLL)
             self.wake.clear()
         return []
+
+    def _follow_rendezvous(self) -> None:
+        """Once a second while no host is past the rendezvous: say what the launch waits for, and
+        after `rendezvous.report_after` name the hosts that never joined (telemetry/rendezvous.py)."""
+        watch, now = self.rdzv, time.monotonic()
+        if watch is None or watch.done or now - self.rdzv_checked < 1.0:
+            return
+        self.rdzv_checked = now
+        for host in self.hosts:
+            if host.started:
+                watch.started(host.node)
+            if host.rank_lines or host.exited.is_set():
+                watch.past()
+        said = watch.check(now)
+        for line in said.lines:
+            self.sink.note(self.plan.master_node, line)
+        if said.alerts:
+            self._on_alerts(said.alerts)
+        for line in said.advice:
+            self.sink.note(self.plan.master_node, line)
 
     def _last_progress(self) -> float | None:
         """When any rank last progressed: its last line, or a collective its Flight Recorder showed."""

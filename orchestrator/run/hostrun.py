@@ -47,6 +47,7 @@ class HostRun:
     behind_at: float = 0.0  # when its output last waited unread in this controller (monotonic; 0: never)
     last_progress: float | None = None  # when a rank's line (not torchrun's own) last arrived; None: none yet
     rank_lines: dict[int, float] = field(default_factory=dict)  # each rank's last line's arrival (time.time())
+    started: bool = False  # its supervisor said it started torchrun
     exit_rc: int | None = None
     exit_error: str | None = None
     refused: bool = False  # its supervisor refused the job's settings (an unsafe checkpoint_dir) before it started
@@ -153,6 +154,8 @@ class HostRun:
             self.exited.set()
             if self.wake is not None:
                 self.wake.set()
+        elif kind == "started":
+            self.started = True
         elif kind == "note":
             self.sink.note(self.node, str(event.get("msg")))
         elif kind in ("tel", "fr") and self.on_telemetry is not None:

@@ -219,6 +219,8 @@ def _rendezvous_readers(src: Source) -> dict[str, Reader]:
     return {
         "backend": lambda node, path: src.choice(node, path, RENDEZVOUS_BACKENDS),
         "port": lambda node, path: src.auto_or_integer(node, path, 1, 65535),
+        "report_after": lambda node, path: src.number(node, path, 1, 86400, hint=(
+            "seconds the hosts may wait at the rendezvous before distrun names those that never joined")),
     }
 
 

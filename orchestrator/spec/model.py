@@ -73,6 +73,7 @@ class Inventory:
 class Rendezvous:
     backend: str = "static"  # static | c10d
     port: int | None = None  # None = auto
+    report_after: float = 60.0  # seconds before the hosts that never joined it are named (telemetry/rendezvous.py)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ alerts to a callback and, on a terminal, keeps a live table under the scrolling 
     alerts.py   the alert rules and the aggregator
     view.py     the table, and the live view (`Monitor`)
     top.py      `distrun top`
+    rendezvous.py  while no host is past the rendezvous: what the launch waits for, the hosts that never joined
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ class AlertRules:
 @dataclass(frozen=True)
 class Alert:
     node: str
-    rule: str  # idle | memory | throttle | ecc | xid | silent | straggler
+    rule: str  # idle | memory | throttle | ecc | xid | silent | straggler | stall | rendezvous
     message: str
     t: float = field(default_factory=time.time)
 
