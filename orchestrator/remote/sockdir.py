@@ -1,9 +1,8 @@
 """Where the ranks' Flight Recorder sockets live on a host: the directory the supervisor makes
 for a job with `hang_timeout` (DISTRUN_WORKER_SOCKETS) and each rank's socket in it.
 
-Apart from remote/flightrec.py, which fetches a rank's dump over HTTP: the supervisor ships this
-module and starts without importing http.client (about 17 ms of each host's CPU at every
-launch). Stdlib-only: shipped to the hosts.
+Apart from remote/flightrec.py, which fetches a rank's dump over HTTP (and imports http.client
+only then). Stdlib-only: shipped to the hosts.
 """
 
 from __future__ import annotations
