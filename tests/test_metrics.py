@@ -87,7 +87,7 @@ def test_job_figures_say_state_attempt_restarts_lost_quarantined_and_alerts_by_k
     assert found[("distrun_host_quarantined", frozenset({job, ("host", "node9")}))] == 1
     kinds = {dict(k[1])["kind"]: v for k, v in found.items() if k[0] == "distrun_job_alerts_total"}
     assert kinds == {"idle": 1, "xid": 1, "straggler": 1, "silent": 1, "memory": 0, "throttle": 0, "ecc": 0,
-                     "stall": 0, "other": 0}
+                     "stall": 0, "rendezvous": 0, "other": 0}
     assert found[("distrun_rank_straggler_named_total", frozenset({job, ("host", "node0"), ("rank", "3")}))] == 1
 
 

@@ -22,6 +22,7 @@ ALERT_RULES = (
     ("ecc", re.compile(r"^gpu\d+: \d+ new uncorrectable ECC ")),
     ("xid", re.compile(r"^gpu\d+: \d+ new XID ")),
     ("stall", re.compile(r"^stall: ")),
+    ("rendezvous", re.compile(r"^never joined the rendezvous ")),
 )
 ALERT_KINDS = (*(rule for rule, _ in ALERT_RULES), "other")
 RECORDED = re.compile(r"^\d\d:\d\d:\d\d (?P<node>\S+): (?P<message>.*)$", re.S)
