@@ -372,7 +372,7 @@ def plan_supervisor_config(plan: LaunchPlan, host: HostPlan) -> SupervisorConfig
         heartbeat_timeout=plan.heartbeat_timeout, stop_grace=plan.stop_grace,
         telemetry_interval=plan.telemetry_interval, secret_names=list(host.secret_names),
         first_rank=plan.first_rank(host.node), exact_ranks="--node-rank" in host.argv, attempt=plan.attempt,
-        make_dirs=[plan.checkpoint_dir] if plan.checkpoint_dir else [],
+        make_dirs=[plan.checkpoint_dir] if plan.checkpoint_dir else [], programs=remote.program_sources(),
     )
 
 

@@ -126,6 +126,7 @@ def _job_readers(src: Source) -> dict[str, Reader]:
             node, path, *STOP_GRACE_BOUNDS, hint="seconds between SIGTERM and SIGKILL when a job is stopped"),
         "hang_timeout": lambda node, path: src.number(
             node, path, *HANG_TIMEOUT_BOUNDS, hint="seconds without progress from any rank before the job is a hang"),
+        "flight_recorder": src.boolean,
         "restarts": lambda node, path: _restarts(src, node, path),
         "checkpoint_dir": src.text,
         "spares": lambda node, path: src.integer(node, path, 0),

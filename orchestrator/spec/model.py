@@ -155,6 +155,8 @@ class JobSpec:
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
     stop_grace: float = DEFAULT_STOP_GRACE
     hang_timeout: float | None = None  # None: off (a silent but healthy phase must not be killed)
+    # Every rank serves its Flight Recorder (distrun's worker entry, remote/distrun_worker.py); False: off.
+    flight_recorder: bool = True
     restarts: Restarts = field(default_factory=Restarts)
     checkpoint_dir: str | None = None  # -> DISTRUN_CHECKPOINT_DIR on every rank, created on every host
     spares: int | None = None  # hosts kept aside for restarts (None: every host selected beyond nnodes)
