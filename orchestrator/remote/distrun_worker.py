@@ -35,6 +35,10 @@ def _serve_control_plane():
     if not sockets or _serving:
         return
     path = os.path.join(sockets, f"rank{os.environ.get('RANK', '0')}.sock")
+    torch = sys.modules.get("torch")
+    where = os.path.dirname(getattr(torch, "__file__", None) or "")
+    if not os.path.isfile(os.path.join(where, "distributed", "elastic", "control_plane.py")):
+        return  # a torch without the control plane: nothing imported that the program would not
     try:
         import faulthandler
 
