@@ -137,12 +137,15 @@ class LaunchPlan:
         return words
 
     def _quoted(self, word: str) -> str:
-        """A word as a shell takes it; a path in the job's directory on the host keeps its `~`
-        bare, which a shell expands as the supervisor does (remote/programs.py)."""
-        home = remote.host_job_dir(self.job_id) + "/"
-        if word.startswith(home) and shlex.quote(word[1:]) == word[1:]:
-            return word
-        return shlex.quote(word)
+        return shell_word(word, self.job_id)
+
+
+def shell_word(word: str, job_id: str) -> str:
+    """A word of a host's argv as a shell takes it; a path in the job's directory on the host keeps
+    its `~` bare, which a shell expands as the supervisor does (remote/programs.py)."""
+    if word.startswith(remote.host_job_dir(job_id) + "/") and shlex.quote(word[1:]) == word[1:]:
+        return word
+    return shlex.quote(word)
 
 
 def resolve_nproc(job: JobSpec, node: NodeSpec, facts: HostFacts | None) -> int:
