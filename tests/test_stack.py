@@ -157,7 +157,7 @@ def test_diagnose_of_ranks_without_flight_recorder_names_the_odd_rank_by_its_sta
                               "the others wait")
     assert failure.stack[0] == "stack of rank 3 (load_batch (train.py:9)):"
     assert failure.stack[-2] == "ranks 0-2 wait in: wait_in_collective (train.py:5)"
-    assert failure.stack[-1] == "no Flight Recorder: ranks 0-3: no socket served; to opt in see jobs/README.md"
+    assert failure.stack[-1] == "no Flight Recorder: ranks 0-3: no socket served; see jobs/README.md"
     assert failure.flight == () and not job_dir.flight.exists()
     kept = sorted(p.name for p in job_dir.stacks.iterdir())
     assert kept == ["folded.txt", "rank0.txt", "rank1.txt", "rank2.txt", "rank3.txt", "stacks.json"]

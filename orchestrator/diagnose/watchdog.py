@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 STALLED_FRACTION = 1 / 3
 NO_EVIDENCE = "every rank silent, no stacks"
 HOW_TO_FIND = ("to find the stuck rank: install py-spy on the hosts (pip install py-spy; distrun then dumps every "
-               "rank's stack, and `distrun stack JOB` shows them), or opt in to the Flight Recorder (jobs/README.md)")
+               "rank's stack, and `distrun stack JOB` shows them), or turn the Flight Recorder back on "
+               "(flight_recorder: true, the default; jobs/README.md)")
 
 
 class Progress(str, Enum):
@@ -147,7 +148,7 @@ def flight_findings(flight: stacks.Flight, folder: Path) -> tuple[list[flights.L
     are kept in `folder`; a job whose ranks serve none gets one short note, never an error."""
     if not flight.dumps:
         whys = "; ".join(f"{flights.label(ranks)}: {why}" for why, ranks in flights.by_reason(flight.errors).items())
-        return [], [f"no Flight Recorder: {whys or 'no rank found'}; to opt in see jobs/README.md"]
+        return [], [f"no Flight Recorder: {whys or 'no rank found'}; see jobs/README.md"]
     lags = flights.lags(flight.dumps)
     notes = [f"{flights.label(ranks)}: no Flight Recorder dump ({why})"
              for why, ranks in flights.by_reason(flight.errors).items()]
