@@ -12,11 +12,15 @@ stdlib-only, and it imports nothing of distrun.
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__" and not (getattr(sys.flags, "safe_path", 0) or sys.flags.isolated):
+    sys.path.pop(0)  # this program's own directory, before anything is imported from it
+
 import contextlib
 import json
 import os
 import runpy
-import sys
 from typing import Any
 
 RECORDS = "failures.json"
@@ -38,8 +42,6 @@ def write_records(path: str, failures: dict[int, Any]) -> None:
 
 
 def main() -> None:
-    if not (getattr(sys.flags, "safe_path", 0) or sys.flags.isolated):
-        sys.path.pop(0)
     path = records_path(sys.argv[1:])
     try:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

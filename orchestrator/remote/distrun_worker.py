@@ -136,9 +136,9 @@ def _fresh_main():
 
 def _run_script(script):
     if os.path.isdir(script) or (not os.path.isfile(script) and os.path.exists(script)):
-        _path0(script)  # a directory or a zip file with __main__.py
         import runpy
 
+        _path0(script)  # a directory or a zip file with __main__.py
         sys.modules["__main__"] = _fresh_main()
         runpy._run_module_as_main("__main__", alter_argv=False)
         return
