@@ -1,5 +1,5 @@
 """Where the ranks' Flight Recorder sockets live on a host: the directory the supervisor makes
-for a job with `hang_timeout` (DISTRUN_WORKER_SOCKETS) and each rank's socket in it.
+for every job with the Flight Recorder on (DISTRUN_WORKER_SOCKETS) and each rank's socket in it.
 
 Apart from remote/flightrec.py, which fetches a rank's dump over HTTP: the supervisor ships this
 module and starts without importing http.client (about 17 ms of each host's CPU at every
