@@ -6,6 +6,7 @@ script, not the entry; and every rank serves its Flight Recorder without opting 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 from orchestrator import remote
 from orchestrator.remote.flightrec import fetch
 from orchestrator.remote.workerfail import read_records
+from tests.helpers import distrun
 
 PROGRAMS = Path(remote.__file__).parent
 ENTRY = str(PROGRAMS / remote.WORKER_PROGRAM)
@@ -163,3 +165,29 @@ def test_a_syntax_error_and_a_missing_script_read_as_python_itself_says_them(tmp
         plain = subprocess.run([sys.executable, "-u", name], cwd=tmp_path, capture_output=True, text=True)
         entry = subprocess.run([sys.executable, "-u", ENTRY, name], cwd=tmp_path, capture_output=True, text=True)
         assert (entry.returncode, entry.stdout, entry.stderr) == (plain.returncode, plain.stdout, plain.stderr)
+
+
+def under_distrun(tmp_path: Path, script: str, args: list[str]) -> tuple[str, str, list[tuple[int, str | None]]]:
+    """One rank of the script launched by distrun (local backend): rank 0's stdout and stderr as the
+    job directory keeps them, and rank 0's failure as the record has it (exit code, signal)."""
+    home = tmp_path / "home"
+    job = tmp_path / "shows.yaml"
+    job.write_text(f"name: shows\nscript: {script}\nargs: {json.dumps(args)}\nnproc_per_node: 1\n"
+                   f"workdir: {tmp_path}\ntelemetry: {{enabled: false}}\n")
+    done = distrun("launch", str(job), "--no-live", "--job-id", "shows-1", home=home, cwd=tmp_path)
+    ranks = home / "jobs" / "shows-1" / "ranks"
+    record = json.loads(distrun("ps", "--json", "--all", home=home).stdout)[0]
+    failed = [(f["exit_code"], f["signal"]) for f in record.get("failures") or [] if f.get("rank") == 0]
+    assert done.returncode in (0, 1), done.stderr
+    return (ranks / "0.out").read_text(), (ranks / "0.err").read_text(), failed
+
+
+@pytest.mark.parametrize("how", ["raise", "kill"])
+def test_a_script_launched_by_distrun_sees_and_does_what_it_does_under_plain_torchrun(tmp_path, how):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "shows.py").write_text(SHOWS)
+    plain_out, plain_err, plain_failed = torchrun(tmp_path, "plain", ["sub/shows.py", how])
+    out, err, failed = under_distrun(tmp_path, "sub/shows.py", [how])
+    assert (out, err) == (plain_out, plain_err)
+    assert failed == {"raise": [(1, None)], "kill": [(None, "SIGKILL")]}[how]
+    assert plain_failed[0][0] == {"raise": 1, "kill": -9}[how]
