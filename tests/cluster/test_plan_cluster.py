@@ -4,11 +4,14 @@ every rank runs distrun's worker entry as that argv says (issue 41, part 2)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
+import sys
 
 from tests.helpers import distrun, unique_job_id, wait_for
+from tests.test_worker_entry import SHOWS, torchrun
 
 from .test_launch_cluster import inv, output, start, wait_for_line, write_job  # noqa: F401
 
@@ -45,3 +48,23 @@ def test_each_hosts_torchrun_and_ranks_run_the_dry_runs_argv_byte_for_byte(clust
     finally:
         proc.send_signal(signal.SIGINT)
         assert wait_for(lambda: proc.poll() is not None, 60), output(home, job_id)[-2000:]
+
+
+def test_a_rank_on_a_lab_host_sees_and_does_what_it_does_under_plain_torchrun(cluster3, inv, tmp_path):  # noqa: F811
+    """The worker entry's transparency on real hosts: 2 hosts x 1 rank of a script that shows its argv,
+    __name__, __file__, sys.path[0] and raises; rank 0's stdout and stderr as distrun keeps them are
+    what plain torchrun's rank 0 writes on this machine (the same filesystem), traceback included."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "shows.py").write_text(SHOWS)
+    plain_out, plain_err, _ = torchrun(tmp_path, "plain", ["sub/shows.py", "raise"])
+    job_id = unique_job_id("shows-lab")
+    home = tmp_path / "home"
+    job = tmp_path / "shows.yaml"
+    job.write_text(f"name: shows\nscript: sub/shows.py\nargs: [raise]\nnnodes: 2\nnproc_per_node: 1\n"
+                   f"workdir: {tmp_path}\ntelemetry: {{enabled: false}}\n")
+    done = distrun("launch", str(job), "-i", str(inv), "--no-live", "--job-id", job_id, home=home, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    ranks = home / "jobs" / job_id / "ranks"
+    python = json.loads((home / "jobs" / job_id / "plan.json").read_text())["hosts"][0]["python"]
+    assert (ranks / "0.out").read_text() == plain_out.replace(sys.executable, python)
+    assert (ranks / "0.err").read_text() == plain_err
