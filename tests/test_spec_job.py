@@ -129,7 +129,8 @@ def test_unknown_key_with_nothing_close_lists_the_valid_keys() -> None:
         "jobs/x.yaml:12: colour: unknown key (valid keys: name, script, module, args, nnodes, nproc_per_node, "
         f"workdir, env, rendezvous, max_restarts, select, telemetry, sync, sync_max_size, backend, "
         f"{', '.join(registry.names())}, "
-        "heartbeat_timeout, stop_grace, hang_timeout, restarts, checkpoint_dir, spares, fault_tolerance)"
+        "heartbeat_timeout, stop_grace, hang_timeout, flight_recorder, restarts, checkpoint_dir, spares, "
+        "fault_tolerance)"
     )
 
 

@@ -158,6 +158,7 @@ def job_to_dict(job: JobSpec) -> dict[str, Any]:
         "heartbeat_timeout": job.heartbeat_timeout,
         "stop_grace": job.stop_grace,
         "hang_timeout": job.hang_timeout,
+        "flight_recorder": job.flight_recorder,
         "restarts": _section(job.restarts, Restarts()),
         "checkpoint_dir": job.checkpoint_dir,
         "spares": job.spares,
