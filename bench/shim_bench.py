@@ -23,6 +23,7 @@ from common import REPO, median, write_results
 JOB = REPO / "bench" / "shim_job.py"
 ENTRY = REPO / "orchestrator" / "remote" / "distrun_worker.py"
 PLAIN, OURS = "plain torchrun", "distrun's worker entry"
+FR_ONLY, ENTRY_ONLY = "plain torchrun, Flight Recorder on", "the entry, no Flight Recorder buffer"
 
 
 def step_time(target: list[str], env: dict[str, str], port: int) -> tuple[float, float]:
@@ -39,6 +40,11 @@ def rows(name: str, runs: list[tuple[float, float]]) -> list[str]:
             f"{', '.join(f'{r[i] * 1e3:.2f}' for r in runs)} |" for i, kind in enumerate(("wall", "CPU"))]
 
 
+def part(runs: dict[str, list[tuple[float, float]]], name: str, index: int) -> float:
+    """The median over rounds of `name`'s figure (0 wall, 1 CPU) over plain torchrun's."""
+    return median([ours[index] / plain[index] for plain, ours in zip(runs[PLAIN], runs[name], strict=True)])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=11)
@@ -48,13 +54,16 @@ def main() -> None:
     steps = ["--steps", str(args.steps)]
     plain_env = {"OMP_NUM_THREADS": "1"}
     entry_env = {**plain_env, "DISTRUN_WORKER_SOCKETS": str(sockets), "TORCH_FR_BUFFER_SIZE": "2000"}
-    runs: dict[str, list[tuple[float, float]]] = {PLAIN: [], OURS: []}
-    for turn in range(args.rounds):  # alternating, and which goes first alternates too
-        order = [(PLAIN, [str(JOB)], plain_env), (OURS, [str(ENTRY), str(JOB)], entry_env)]
-        for name, target, env in order if turn % 2 == 0 else order[::-1]:
+    fr_env = {**plain_env, "TORCH_FR_BUFFER_SIZE": "2000"}
+    # The two parts apart: the Flight Recorder alone (plain torchrun), the entry alone (no buffer).
+    order = [(PLAIN, [str(JOB)], plain_env), (OURS, [str(ENTRY), str(JOB)], entry_env),
+             (FR_ONLY, [str(JOB)], fr_env), (ENTRY_ONLY, [str(ENTRY), str(JOB)], {**plain_env, **{
+                 "DISTRUN_WORKER_SOCKETS": str(sockets)}})]
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in order}
+    for turn in range(args.rounds):  # alternating, and the order turns each round
+        for name, target, env in order[turn % len(order):] + order[:turn % len(order)]:
             runs[name].append(step_time([*target, *steps], env, 29541 + turn % 2))
-    ratio = {kind: median([ours[i] / plain[i] for plain, ours in zip(runs[PLAIN], runs[OURS], strict=True)])
-             for i, kind in enumerate(("wall", "CPU"))}
+    ratio = {kind: part(runs, OURS, i) for i, kind in enumerate(("wall", "CPU"))}
     served = sorted(path.name for path in sockets.iterdir())
     load = os.getloadavg()
     body = [
@@ -63,15 +72,19 @@ def main() -> None:
         "and the wall-time ratio cannot resolve 1 % here; the CPU time per step (the process's own work: the "
         "entry, the Flight Recorder's bookkeeping and the control plane's thread included) is what the load "
         "disturbs least.", "",
-        f"{args.rounds} alternating rounds (which runs first alternates too); each run is 2 gloo ranks "
+        f"{args.rounds} rounds of four runs, the order turning each round: plain torchrun; the entry with "
+        "the Flight Recorder on, as distrun runs every job; and the two parts alone. Each run is 2 gloo ranks "
         f"({args.steps} steps after 30 of warm-up, an MLP 256-512-256, batch 64, one all_reduce per "
         "parameter: 4 per step), and its figures are rank 0's median wall and CPU time per step.", "",
         "| run | per step | median of runs (ms) | fastest run (ms) | each run (ms) |", "|---|---|---|---|---|",
-        *rows(PLAIN, runs[PLAIN]), *rows(OURS, runs[OURS]), "",
+        *[row for name, kept in runs.items() for row in rows(name, kept)], "",
         f"Median of the rounds' ratios, entry / plain: CPU **{ratio['CPU']:.4f}** "
         f"({(ratio['CPU'] - 1) * 100:+.2f} %), wall {ratio['wall']:.4f} ({(ratio['wall'] - 1) * 100:+.2f} %). "
         f"Goal: within 1 % -> CPU {'met' if ratio['CPU'] <= 1.01 else 'NOT met'}, "
         f"wall {'met' if ratio['wall'] <= 1.01 else 'NOT met'}.",
+        f"The parts, median of the rounds' ratios to plain: Flight Recorder alone CPU {part(runs, FR_ONLY, 1):.4f}, "
+        f"wall {part(runs, FR_ONLY, 0):.4f}; the entry alone CPU {part(runs, ENTRY_ONLY, 1):.4f}, "
+        f"wall {part(runs, ENTRY_ONLY, 0):.4f}.",
         f"Fastest runs (the least disturbed by the load), entry / plain: wall "
         f"{min(r[0] for r in runs[OURS]) / min(r[0] for r in runs[PLAIN]):.4f}, CPU "
         f"{min(r[1] for r in runs[OURS]) / min(r[1] for r in runs[PLAIN]):.4f}.",
