@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from orchestrator.remote.private import make_private_dirs
+from orchestrator.remote.private import make_private_dirs, write_private
 
 
 def write_programs(bin_dir: str, programs: dict[str, str]) -> None:
@@ -31,8 +31,7 @@ def write_programs(bin_dir: str, programs: dict[str, str]) -> None:
             raise ValueError(f"not a program's file name: {name!r}")
         path = os.path.join(bin_dir, name)
         part = f"{path}.{os.getpid()}.part"
-        with open(part, "w", encoding="utf-8") as fh:
-            fh.write(source)
+        write_private(part, source)  # 0600, as every file of the job's on the host
         os.replace(part, path)
 
 
