@@ -75,7 +75,7 @@ def role_of(pid: int, argv: list[bytes], comm: str, controller: int | None) -> s
         return "ssh client" if comm == "ssh" else comm
     if any(b"distrun-supervisor" in a for a in argv):
         return "supervisor"
-    if any(b"torch.distributed.run" in a or a.endswith(b"torchrun") for a in argv):
+    if any(b"torch.distributed.run" in a or a.endswith((b"torchrun", b"distrun_torchrun.py")) for a in argv):
         return "torchrun agent"
     if any(a.endswith(JOB.name.encode()) for a in argv):
         return "ranks"

@@ -55,13 +55,15 @@ class TorchInfo:
     gloo: bool | None = None
     nccl_available: bool | None = None
     error: str | None = None  # why torch did not import (or is not installed)
+    control_plane: bool | None = None  # it serves a rank's Flight Recorder (None: not known)
 
     @classmethod
     def from_probe(cls, data: Mapping[str, Any]) -> TorchInfo:
         return cls(imported=bool(data.get("imported")), version=_str(data.get("version")), cuda=_str(data.get("cuda")),
                    cuda_available=_bool(data.get("cuda_available")), nccl=_str(data.get("nccl")),
                    cudnn=_str(data.get("cudnn")), gloo=_bool(data.get("gloo")),
-                   nccl_available=_bool(data.get("nccl_available")), error=_str(data.get("error")))
+                   nccl_available=_bool(data.get("nccl_available")), error=_str(data.get("error")),
+                   control_plane=_bool(data.get("control_plane")))
 
 
 @dataclass(frozen=True)

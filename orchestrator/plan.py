@@ -28,7 +28,7 @@ MASK = "***"
 PROBE_MARK = "<probe>"  # in a dry run made without reaching the hosts: a value only their probe gives
 # What a probe fills in -> the torchrun option that carries it.
 PROBED_OPTIONS = {"master_addr": "--master-addr", "master_port": "--master-port", "nproc": "--nproc-per-node"}
-# Flight Recorder entries each rank keeps (unless the job sets `flight_recorder: false`). torch from 2.7 reads
+# Flight Recorder entries each rank keeps (every job unless `flight_recorder: false`). torch from 2.7 reads
 # TORCH_FR_BUFFER_SIZE (and warns on every rank that the older name is deprecated when it is set);
 # older torch reads TORCH_NCCL_TRACE_BUFFER_SIZE only. A host whose torch is not known gets both.
 FLIGHT_RECORDER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
@@ -135,8 +135,19 @@ class LaunchPlan:
             marked.add("--rdzv-endpoint")
         words = []
         for index, word in enumerate(argv):
-            words.append(PROBE_MARK if index and argv[index - 1] in marked else shlex.quote(word))
+            words.append(PROBE_MARK if index and argv[index - 1] in marked else self._quoted(word))
         return words
+
+    def _quoted(self, word: str) -> str:
+        return shell_word(word, self.job_id)
+
+
+def shell_word(word: str, job_id: str) -> str:
+    """A word of a host's argv as a shell takes it; a path in the job's directory on the host keeps
+    its `~` bare, which a shell expands as the supervisor does (remote/programs.py)."""
+    if word.startswith(remote.host_job_dir(job_id) + "/") and shlex.quote(word[1:]) == word[1:]:
+        return word
+    return shlex.quote(word)
 
 
 def resolve_nproc(job: JobSpec, node: NodeSpec, facts: HostFacts | None) -> int:
@@ -190,24 +201,41 @@ def takes_dash_p(facts: HostFacts | None) -> bool:
 
 def torchrun_argv(job: JobSpec, host_python: str, *, nnodes: int, nproc: int, node_rank: int,
                   master_addr: str, master_port: int, job_id: str, extra_args: list[str],
-                  dash_p: bool = False) -> list[str]:
-    """The exact torchrun command line for one host.
+                  dash_p: bool = False, log_dir: str | None = None) -> list[str]:
+    """The exact torchrun command line for one host, as the host runs it.
 
-    torchrun itself runs with safe paths (remote.module_argv: `-P` when `dash_p`), so the
-    workdir is not searched for its imports; its workers run the job as Python runs any script or
-    module, the script's own directory (or, for `module:`, the workdir) first on sys.path.
+    torchrun runs as distrun's program (remote/distrun_torchrun.py, `python -m torch.distributed.run`
+    that keeps torchrun's failure records), by name in the job's `bin/` on the host, which its
+    supervisor writes; `-P` (safe paths) where the host's python is 3.11 or newer, else the program
+    drops its own directory from sys.path itself, so the workdir is never searched for torchrun's
+    imports. `log_dir`: torchrun's `--log-dir`, the host's directory that the supervisor reads the
+    ranks' files from (None where the plan cannot name it: Slurm's node). The workers run the job
+    as Python runs any script or module (the script's own directory, or for `module:` the workdir,
+    first on sys.path), through distrun's worker entry unless the job turns the Flight Recorder off.
     """
-    argv = [*remote.module_argv(host_python, "torch.distributed.run", dash_p),
-            "--nnodes", str(nnodes), "--nproc-per-node", str(nproc)]
+    argv = [host_python, *(["-P"] if dash_p else []), remote.program_path(job_id, remote.TORCHRUN_PROGRAM)]
+    # Each rank's stdout and stderr to files of its own, which the supervisor tails: no rank can
+    # splice another's half line, as --tee can.
+    argv += ["--log-dir", log_dir] if log_dir else []
+    argv += ["--nnodes", str(nnodes), "--nproc-per-node", str(nproc)]
     if job.rendezvous.backend == "c10d":
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master_addr}:{master_port}", "--rdzv-id", job_id]
     else:
         argv += ["--node-rank", str(node_rank), "--master-addr", master_addr, "--master-port", str(master_port)]
-    # Each rank's stdout and stderr to files of its own, which the supervisor tails (it adds
-    # --log-dir, a directory of the host's): no rank can splice another's half line, as --tee can.
     argv += ["--max-restarts", str(job.max_restarts), "--redirects", "3"]
+    return argv + entry_argv(job, job_id) + list(job.args) + list(extra_args)
+
+
+def entry_argv(job: JobSpec, job_id: str) -> list[str]:
+    """What torchrun runs in each worker, its arguments left out: distrun's worker entry and the
+    script (or `-m module`), or, with `flight_recorder: false`, the script (`-m module`) alone."""
     target = ["-m", job.module] if job.module else [job.script or ""]
-    return argv + target + list(job.args) + list(extra_args)
+    return [remote.program_path(job_id, remote.WORKER_PROGRAM), *target] if job.flight_recorder else target
+
+
+def host_log_dir(job_id: str, node: str) -> str:
+    """torchrun's --log-dir on a host: where the supervisor reads each rank's files (remote/relay.py)."""
+    return f"{remote.host_job_dir(job_id)}/{node}/torchrun"
 
 
 def host_env(job: JobSpec, node: NodeSpec, iface: str | None, attempt: int = 1) -> dict[str, str]:
@@ -235,13 +263,13 @@ def flight_recorder_vars(torch_version: str | None) -> tuple[str, ...]:
 
 def with_flight_recorder(env: dict[str, str], job: JobSpec, job_id: str,
                          torch_version: str | None = None) -> dict[str, str]:
-    """Unless the job sets `flight_recorder: false`: Flight Recorder on in every rank unless the env
-    sizes it (in the variable the host's torch reads), and the directory (host-side job dir; the
-    supervisor makes it) where ranks that serve torch's control plane serve it (jobs/README.md)."""
+    """Unless the job turns it off (`flight_recorder: false`): the Flight Recorder on in every rank
+    unless the env sizes it (in the variable the host's torch reads), and the directory (host-side
+    job dir; the supervisor makes it) where each rank serves it (remote/distrun_worker.py)."""
     if not job.flight_recorder:
         return env
     added = {name: FLIGHT_RECORDER_ENTRIES for name in flight_recorder_vars(torch_version) if name not in env}
-    return {**env, **added, "DISTRUN_WORKER_SOCKETS": f"~/.distrun/jobs/{job_id}/sock"}
+    return {**env, **added, "DISTRUN_WORKER_SOCKETS": f"{remote.host_job_dir(job_id)}/sock"}
 
 
 def resolve_secrets(job: JobSpec, controller_env: dict[str, str]) -> dict[str, str]:
@@ -287,7 +315,8 @@ def build_plan(
                                    node_facts.torch_version if node_facts else None)
         argv = torchrun_argv(job, node.python, nnodes=len(ordered), nproc=nproc, node_rank=rank,
                              master_addr=master_addr, master_port=master_port, job_id=job_id,
-                             extra_args=extra_args or [], dash_p=takes_dash_p(node_facts))
+                             extra_args=extra_args or [], dash_p=takes_dash_p(node_facts),
+                             log_dir=None if backend == "slurm" else host_log_dir(job_id, node.name))
         hosts.append(HostPlan(
             node=node.name, host=node.host, node_rank=rank, nproc=nproc, python=node.python,
             workdir=job.workdir or controller_cwd, argv=argv, env=env,

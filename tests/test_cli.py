@@ -209,10 +209,11 @@ def test_a_script_dry_run_prints_a_job_file_that_launches_the_same_job(tmp_path:
     assert result.returncode == 0, result.stderr
     assert "name: smoke\nscript: jobs/train_resnet50.py\nargs: [--steps, '3']\nnnodes: 1\nnproc_per_node: 2\n" \
            "env: {OMP_NUM_THREADS: '1'}\n" in result.stdout
-    plan_line = next(line for line in result.stdout.splitlines() if "torch.distributed.run" in line)
+    plan_line = next(line for line in result.stdout.splitlines() if "distrun_torchrun.py" in line)
     assert plan_line.startswith("#   ") and plan_line.endswith("jobs/train_resnet50.py --steps 3")
     assert again.returncode == 0, again.stderr
-    assert plan_line.removeprefix("# ") in again.stdout
+    same_id = re.compile(r"/jobs/[^/]+/")  # each launch is a job of its own: its id names its host directory
+    assert same_id.sub("/jobs/ID/", plan_line.removeprefix("# ")) in same_id.sub("/jobs/ID/", again.stdout)
 
 
 def test_probe_and_json_are_refused_where_they_mean_nothing(tmp_path: Path) -> None:

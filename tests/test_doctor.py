@@ -19,7 +19,7 @@ from orchestrator.doctor.command import exit_code
 from orchestrator.facts import Connect, EntryPoint, HostFacts, Listen
 from orchestrator.fanout.group import Group
 from orchestrator.hostcheck import preflight as doctor_preflight
-from orchestrator.hostcheck.checks import NOT_TOLD, Check, Context, Status, run_checks
+from orchestrator.hostcheck.checks import NOT_TOLD, Check, Context, Status, flight_recorder_missing, run_checks
 from orchestrator.hostcheck.probe import LATE, ProbeResult, import_options, probe_round
 from orchestrator.hostcheck.render import render_table, to_json
 from orchestrator.plan import HostPlan, LaunchPlan
@@ -149,6 +149,20 @@ def test_torch_that_fails_to_import_is_an_error_even_when_every_host_agrees():
     torch = check("torch", results, ctx)
     assert torch.status is Status.ERROR and torch.hosts == ["node0", "node1", "node2"]
     assert error in torch.detail
+
+
+def test_a_torch_without_the_control_plane_is_one_warning_in_doctor_and_one_line_in_the_summary():
+    results, ctx = make(changes={2: {"torch_info.control_plane": False, "torch_info.version": "2.13.0"}})
+    torch = check("torch", results, ctx)
+    assert (torch.status, torch.hosts) == (Status.WARN, ["node2"])
+    assert torch.detail == ("node2: torch 2.13.0: no Flight Recorder served: its torch has no control plane "
+                            "(torch.distributed.elastic.control_plane)")
+    probed = {name: result.facts for name, result in results.items() if result.facts is not None}
+    assert flight_recorder_missing(probed) == [
+        "Flight Recorder: not served on node2: its torch has no control plane (torch.distributed.elastic."
+        "control_plane); hangs there are diagnosed from the stacks (a newer torch has it)"]
+    healthy, _ = make()
+    assert flight_recorder_missing({n: r.facts for n, r in healthy.items() if r.facts is not None}) == []
 
 
 def test_torch_missing_on_one_host_is_named():

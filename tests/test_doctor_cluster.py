@@ -147,7 +147,7 @@ def test_launch_refuses_on_a_version_mismatch_and_starts_nothing(cluster3, tmp_p
     assert "nothing was started" in result.stderr
     assert not (home / "jobs").exists() or not any((home / "jobs").iterdir())
     for i in range(cluster3.n):
-        assert not [p for p in cluster3.processes(i) if "torch.distributed.run" in " ".join(p.cmdline)]
+        assert not [p for p in cluster3.processes(i) if "distrun_torchrun.py" in " ".join(p.cmdline)]
 
 
 def test_launch_refuses_when_a_nodes_pythonpath_puts_another_torch_first_and_starts_nothing(cluster3, tmp_path, env):
@@ -160,7 +160,7 @@ def test_launch_refuses_when_a_nodes_pythonpath_puts_another_torch_first_and_sta
     assert f"torch differs: node[0-1]: {TORCH}; node2: {STANDIN}" in result.stderr
     assert "nothing was started" in result.stderr
     for i in range(cluster3.n):
-        assert not [p for p in cluster3.processes(i) if "torch.distributed.run" in " ".join(p.cmdline)]
+        assert not [p for p in cluster3.processes(i) if "distrun_torchrun.py" in " ".join(p.cmdline)]
 
 
 def test_a_port_already_bound_on_the_master_is_an_error_for_the_jobs_hosts(cluster3, tmp_path, env):

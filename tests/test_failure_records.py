@@ -1,5 +1,5 @@
 """Failures from torchrun's own record: real torchrun runs of a worker that raises, is SIGKILLed or
-crashes with SIGSEGV, through the shim, the records, the supervisor's exit event and the host's
+crashes with SIGSEGV, through distrun_torchrun.py, the records, the supervisor's exit event and the host's
 `Failure` built from them; and who stopped a host, as the exit event's `stop_cause`."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from orchestrator.diagnose.at_exit import raised_before_signal
 from orchestrator.diagnose.failures import Failure, FailureKind, is_collateral
 from orchestrator.logs import LogSink
 from orchestrator.plan import HostPlan
+from orchestrator.remote.distrun_torchrun import records_path
 from orchestrator.remote.stream import EVENT, STDERR, Batch
 from orchestrator.remote.supervisor import StopCause
 from orchestrator.remote.workerfail import (
@@ -28,7 +29,6 @@ from orchestrator.remote.workerfail import (
     first_failure,
     from_process_failure,
     read_records,
-    shim_argv,
 )
 from orchestrator.run.hostrun import HostRun
 from orchestrator.store import Store
@@ -36,17 +36,18 @@ from tests.test_supervisor_lifecycle import config, decode, run_shipped
 
 DATA = Path(__file__).parent / "data" / "torchrun"
 WORKER = DATA / "worker.py"
-TORCHRUN = [sys.executable, "-P", "-m", "torch.distributed.run"]
+PROGRAM = Path(remote.__file__).parent / remote.TORCHRUN_PROGRAM
+TORCHRUN = [sys.executable, "-P", str(PROGRAM)]
 
 
 def run_torchrun(head: list[str], kind: str, tmp_path: Path, script: Path = WORKER) -> Path:
-    """Run a real 1-host, 2-worker torchrun of `script` under the shim; the path of its record."""
-    path = tmp_path / f"{kind}.json"
-    argv = [*head, "--standalone", "--nproc-per-node", "2", "--log-dir", str(tmp_path / "logs"), "--redirects", "3",
+    """Run a real 1-host, 2-worker torchrun of `script` as distrun's program runs it; the path of its record."""
+    logs = tmp_path / "logs"
+    argv = [*head, "--log-dir", str(logs), "--standalone", "--nproc-per-node", "2", "--redirects", "3",
             str(script), kind]
-    done = subprocess.run(shim_argv(argv, str(path)), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr[-2000:]
-    return path
+    return logs / "failures.json"
 
 
 def first_of(path: Path) -> WorkerRecord:
@@ -70,18 +71,15 @@ def test_a_real_torchrun_records_the_failed_worker_for_each_kind_of_failure(tmp_
     assert bool(first.traceback) == (kind == "raise")
 
 
-def test_the_shim_also_runs_torchrun_started_by_its_c_line(tmp_path):
-    """Where the host's python may lack -P, torchrun is a `-c` line (remote.module_argv): the shim
-    takes its place there, safe path kept."""
-    head = remote.module_argv(sys.executable, "torch.distributed.run", False)
-    assert remote.SAFE_PATH in shim_argv(head, "x")[2]
-    assert first_of(run_torchrun(head, "segv", tmp_path)).signal == "SIGSEGV"
+def test_the_program_keeps_the_records_without_dash_p_too(tmp_path):
+    """Where the host's python may lack -P, the plan runs the program alone: it drops its own
+    directory from sys.path itself and keeps the records the same."""
+    assert first_of(run_torchrun([sys.executable, str(PROGRAM)], "segv", tmp_path)).signal == "SIGSEGV"
 
 
-def test_an_argv_that_does_not_run_torchrun_is_left_as_it_is():
-    argv = [sys.executable, "-m", "some.launcher", "-m", "torch.distributed.run"]
-    assert shim_argv(argv[:3], "x") == argv[:3]
-    assert shim_argv(["torchrun", "train.py"], "x") == ["torchrun", "train.py"]
+def test_the_records_go_to_the_log_dir_given_as_torchruns_first_option_only():
+    assert records_path(["--log-dir", "/d", "--nnodes", "2", "train.py"]) == "/d/failures.json"
+    assert records_path(["--nnodes", "2", "train.py", "--log-dir", "/mine"]) is None  # the script's own
 
 
 def captured(kind: str) -> list[WorkerRecord]:

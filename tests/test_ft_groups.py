@@ -114,6 +114,16 @@ def test_the_lighthouse_is_found_where_the_preflight_saw_pip_put_it_before_besid
     assert "PATH" not in lighthouse_job(job, [NodeSpec(name="n2", host="h2")], tmp_path / "lh.yaml").env
 
 
+def test_the_lighthouse_runs_under_torchrun_without_the_worker_entry_which_env_could_not_start(tmp_path: Path) -> None:
+    """torchrun starts the lighthouse as `env -u -m torchft_lighthouse ARGS` (PYTHON_EXEC=env): the
+    lighthouse's job file turns the Flight Recorder's worker entry off, and its groups keep it."""
+    job = job_from_text(f"name: ft\nscript: {WORKER}\nnnodes: 2\nfault_tolerance: {{min_replicas: 1}}\n", "j.yaml")
+    light = lighthouse_job(job, [NodeSpec(name="n2", host="h2")], tmp_path / "lh.yaml")
+    assert job.flight_recorder and not light.flight_recorder
+    assert "flight_recorder: false" in job_to_yaml(light).splitlines()
+    assert not job_from_text(job_to_yaml(light), str(tmp_path / "lh.yaml")).flight_recorder
+
+
 def test_the_preflight_finds_the_lighthouse_of_a_pip_target_install_in_its_bin(tmp_path: Path) -> None:
     # `pip install --target DIR` puts torchft in DIR and torchft_lighthouse in DIR/bin, beside no
     # python: on the lent GPU machine the lighthouse was looked for in the python's scripts

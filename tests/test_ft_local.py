@@ -95,7 +95,7 @@ def lighthouses(port: int) -> list[psutil.Process]:
 
 
 def the_lighthouse(port: int) -> psutil.Process:
-    (light,) = [p for p in lighthouses(port) if "torch.distributed.run" not in " ".join(p.info["cmdline"] or [])]
+    (light,) = [p for p in lighthouses(port) if "distrun_torchrun.py" not in " ".join(p.info["cmdline"] or [])]
     return light
 
 

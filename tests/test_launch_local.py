@@ -132,7 +132,7 @@ def test_dry_run_prints_argv_and_masked_env_and_starts_nothing(tmp_path):
     result = distrun("launch", write_job(tmp_path), "--dry-run", "--probe", home=home,
                      env={"DISTRUN_TEST_TOKEN": "zz-secret"})
     assert result.returncode == 0, result.stderr
-    assert "torch.distributed.run" in result.stdout and "--nproc-per-node 2" in result.stdout
+    assert "bin/distrun_torchrun.py --log-dir" in result.stdout and "--nproc-per-node 2" in result.stdout
     assert "API_TOKEN=***" in result.stdout and "zz-secret" not in result.stdout
     assert not (home / "jobs").exists() or not any((home / "jobs").iterdir())
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 
-from orchestrator import remote
 from orchestrator.errors import UsageError
 from orchestrator.facts import HostFacts
 from orchestrator.plan import build_plan, choose_iface, choose_master_addr
@@ -45,22 +45,43 @@ def test_static_plan_gives_each_host_its_node_rank_and_the_exact_torchrun_argv(t
     script = str(tmp_path / "train.py")
     assert [h.node_rank for h in plan.hosts] == [0, 1, 2]
     assert plan.hosts[1].argv == [
-        "/opt/venv/bin/python", "-P", "-m", "torch.distributed.run", "--nnodes", "3", "--nproc-per-node", "4",
+        "/opt/venv/bin/python", "-P", "~/.distrun/jobs/demo-1/bin/distrun_torchrun.py",
+        "--log-dir", "~/.distrun/jobs/demo-1/node1/torchrun", "--nnodes", "3", "--nproc-per-node", "4",
         "--node-rank", "1", "--master-addr", "10.0.0.10", "--master-port", "29501",
-        "--max-restarts", "0", "--redirects", "3", script, "--steps", "5", "--lr", "0.1",
+        "--max-restarts", "0", "--redirects", "3", "~/.distrun/jobs/demo-1/bin/distrun_worker.py", script,
+        "--steps", "5", "--lr", "0.1",
     ]
     assert plan.world_size == 12
     assert plan.first_rank("node2") == 8
 
 
-def test_torchrun_runs_with_safe_paths_as_dash_p_on_python_3_11_and_as_a_dash_c_line_elsewhere(tmp_path):
+def test_torchrun_runs_with_safe_paths_as_dash_p_on_python_3_11_and_as_its_program_alone_elsewhere(tmp_path):
+    """Where the host's python may lack -P, distrun_torchrun.py drops its own directory from
+    sys.path itself (tests/test_security_units.py runs it)."""
     facts = {"node0": HostFacts("node0", python="3.12.1"), "node1": HostFacts("node1", python="3.10.12")}
     plan = plan_for(tmp_path, "", facts)
     newer, older, unknown = (h.argv for h in plan.hosts)
-    assert newer[:4] == ["/opt/venv/bin/python", "-P", "-m", "torch.distributed.run"]
-    assert older[:3] == unknown[:3] == ["/opt/venv/bin/python", "-c", remote.module_argv("p", "torch.distributed.run",
-                                                                                         False)[2]]
-    assert older[3:5] == ["--nnodes", "3"]
+    program = "~/.distrun/jobs/demo-1/bin/distrun_torchrun.py"
+    assert newer[:3] == ["/opt/venv/bin/python", "-P", program]
+    assert older[:2] == unknown[:2] == ["/opt/venv/bin/python", program]
+    assert older[2:4] == ["--log-dir", "~/.distrun/jobs/demo-1/node1/torchrun"]
+
+
+def test_the_dry_run_shows_the_programs_by_name_with_a_bare_tilde_that_a_shell_expands(tmp_path):
+    """The line a user copies runs what the supervisor runs: `~` is left to the shell in the job's
+    own paths (the supervisor expands those same words), and quoted in anything else."""
+    plan = plan_for(tmp_path, "args: ['~/data']\n")
+    line = plan.render().splitlines()[-1].strip()
+    assert line.startswith("/opt/venv/bin/python ~/.distrun/jobs/demo-1/bin/distrun_torchrun.py "
+                           "--log-dir ~/.distrun/jobs/demo-1/node2/torchrun --nnodes 3")
+    assert " ~/.distrun/jobs/demo-1/bin/distrun_worker.py " in line and " '~/data' " in line
+    assert shlex.split(line) == plan.hosts[2].argv
+
+
+def test_flight_recorder_false_runs_the_script_itself_in_each_worker(tmp_path):
+    argv = plan_for(tmp_path, "flight_recorder: false\n").hosts[0].argv
+    assert argv[-3:] == [str(tmp_path / "train.py"), "--lr", "0.1"] and argv[-4] == "3"
+    assert not any("distrun_worker" in word for word in argv)
 
 
 def test_c10d_rendezvous_uses_endpoint_and_job_id_instead_of_node_rank(tmp_path):
@@ -76,7 +97,7 @@ def test_module_jobs_run_with_dash_m(tmp_path):
     inv = inventory_from_text(INVENTORY, "inv.yaml")
     plan = build_plan(spec, [inv.nodes[0]], {}, job_id="m-1", inventory_path="inv.yaml", master=inv.nodes[0],
                       master_addr="10.0.0.10", master_port=29500, controller_cwd="/w", controller_env={})
-    assert plan.hosts[0].argv[-2:] == ["-m", "pkg.train"]
+    assert plan.hosts[0].argv[-3:] == ["~/.distrun/jobs/m-1/bin/distrun_worker.py", "-m", "pkg.train"]
 
 
 def test_job_env_overrides_inventory_env_and_iface_sets_socket_ifnames(tmp_path):
@@ -102,7 +123,7 @@ def test_flight_recorder_false_leaves_the_ranks_environment_without_it(tmp_path)
 
 def test_the_flight_recorder_is_sized_in_the_variable_the_hosts_torch_reads(tmp_path):
     facts = {"node0": HostFacts("node0", torch="2.13.0+cpu"), "node1": HostFacts("node1", torch="2.5.1")}
-    hosts = plan_for(tmp_path, "hang_timeout: 60\n", facts).hosts
+    hosts = plan_for(tmp_path, "", facts).hosts
     sized = [{k for k in h.env if k.startswith("TORCH_") and k.endswith("BUFFER_SIZE")} for h in hosts]
 
     assert sized == [{"TORCH_FR_BUFFER_SIZE"}, {"TORCH_NCCL_TRACE_BUFFER_SIZE"},

@@ -52,6 +52,19 @@ def test_module_argv_runs_the_module_as_dash_m_does_without_the_working_director
     assert shown.returncode == 0 and shown.stdout.startswith("Linux-"), shown.stdout + shown.stderr
 
 
+def test_the_torchrun_program_imports_nothing_from_its_own_directory_without_dash_p(tmp_path: Path) -> None:
+    """Where the host's python may lack -P, the plan runs `python distrun_torchrun.py ...`: the
+    program drops its own directory from sys.path before it imports anything."""
+    program = tmp_path / remote.TORCHRUN_PROGRAM
+    program.write_text(remote.program_sources()[remote.TORCHRUN_PROGRAM])
+    for name in ("json.py", "runpy.py", "contextlib.py", "argparse.py"):
+        (tmp_path / name).write_text(PLANTED)
+    result = subprocess.run([sys.executable, str(program), "--help"], cwd=tmp_path, capture_output=True, text=True,
+                            check=False, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "PLANTED" not in result.stdout + result.stderr and "--nproc-per-node" in result.stdout
+
+
 # ---------------------------------------------------------------- private files
 
 

@@ -171,7 +171,7 @@ def test_diagnose_of_ranks_without_flight_recorder_names_the_odd_rank_by_its_sta
                               "the others wait")
     assert failure.stack[0] == "stack of rank 3 (load_batch (train.py:9)):"
     assert failure.stack[-2] == "ranks 0-2 wait in: wait_in_collective (train.py:5)"
-    assert failure.stack[-1] == "no Flight Recorder: ranks 0-3: no socket served; to opt in see jobs/README.md"
+    assert failure.stack[-1] == "no Flight Recorder: ranks 0-3: no socket served; see jobs/README.md"
     assert failure.flight == () and not job_dir.flight.exists()
     kept = sorted(p.name for p in job_dir.stacks.iterdir())
     assert kept == ["folded.txt", "rank0.txt", "rank1.txt", "rank2.txt", "rank3.txt", "stacks.json"]
@@ -197,3 +197,16 @@ def test_stack_of_a_finished_job_points_to_its_stacks_only_when_a_hang_kept_some
     done = distrun("stack", "hung-1", home=tmp_path, timeout=60)
     assert done.returncode == 2
     assert done.stderr.strip().endswith(f"(its hang's stacks are kept in {tmp_path / 'jobs' / 'hung-1' / 'stacks'})")
+
+
+def test_a_ranks_stack_leaves_out_distrun_worker_entry_frames_as_plain_torchrun_would_show_it():
+    entry = "/home/u/.distrun/jobs/j-1/bin/distrun_worker.py"
+    frames = [{"name": "all_reduce", "filename": "/venv/lib/python3.11/site-packages/torch/distributed/c10d.py",
+               "short_filename": "torch/distributed/c10d.py", "line": 9},
+              {"name": "<module>", "filename": "/w/train.py", "short_filename": "train.py", "line": 3},
+              {"name": "_run_script", "filename": entry, "short_filename": "distrun_worker.py", "line": 160},
+              {"name": "<module>", "filename": entry, "short_filename": "distrun_worker.py", "line": 240}]
+    (rank,) = parse_host("node0", json.dumps({"pyspy": "/bin/py-spy", "ranks": [
+        {"rank": 0, "local_rank": 0, "pid": 7, "threads": [{"thread_name": "MainThread", "frames": frames}]}]}))
+    assert [f.file for f in rank.threads[0].frames] == ["torch/distributed/c10d.py", "train.py"]
+    assert rank.where() == "all_reduce ← <module> (train.py:3)"

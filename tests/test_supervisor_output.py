@@ -263,6 +263,16 @@ def test_torchrun_gets_the_log_dir_whether_it_runs_with_dash_p_or_through_the_c_
     assert with_log_dir(["bash", "run.sh"], "/d") == ["bash", "run.sh"]
 
 
+def test_the_plans_log_dir_is_kept_and_a_plan_without_one_gets_it_after_the_program() -> None:
+    """The plan names torchrun's --log-dir (ssh, local); Slurm's cannot (the node is named when
+    the job runs), and the supervisor adds it there."""
+    program = "/h/.distrun/jobs/j/bin/distrun_torchrun.py"
+    planned = ["python3", "-P", program, "--log-dir", "/d", "--nnodes", "2", "train.py"]
+    assert with_log_dir(planned, "/d") == planned
+    assert with_log_dir(["python3", program, "--nnodes", "2"], "/d") == ["python3", program, "--log-dir", "/d",
+                                                                          "--nnodes", "2"]
+
+
 def test_a_secret_inside_a_line_longer_than_line_max_is_masked_across_the_cut(tmp_path: Path) -> None:
     """One write of 1.25 MiB of A (less 4 bytes: the secret straddles a read), the secret, then 10 MiB of
     B: the line is cut past LINE_MAX, and neither part of the secret is left in the stream or the host copy."""

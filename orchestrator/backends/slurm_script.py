@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import remote
-from orchestrator.plan import DEFAULT_PORT, LaunchPlan
+from orchestrator.plan import DEFAULT_PORT, LaunchPlan, entry_argv
 from orchestrator.remote.config import SupervisorConfig
 from orchestrator.spec.model import JobSpec
 
@@ -124,8 +124,8 @@ class BatchJob:
 
 def torchrun_options_end(job: JobSpec, argv: list[str], extra_args: list[str]) -> int:
     """How many leading items of a host's argv are torchrun and its options; the entry point
-    (`script`, or `-m module`) and the arguments follow."""
-    return len(argv) - (2 if job.module else 1) - len(job.args) - len(extra_args)
+    (distrun's worker entry and `script`, or `-m module`) and the arguments follow."""
+    return len(argv) - len(entry_argv(job, "")) - len(job.args) - len(extra_args)
 
 
 def node_value_positions(argv: list[str], options_end: int) -> list[int]:
@@ -158,7 +158,8 @@ def node_config(batch: BatchJob) -> dict[str, Any]:
     # argv, secrets and first rank (remote/slurm_node.py).
     supervisor = SupervisorConfig(job_id=plan.job_id, node="", cwd=plan.hosts[0].workdir, heartbeat_timeout=None,
                                   stop_grace=plan.stop_grace, telemetry_interval=plan.telemetry_interval,
-                                  make_dirs=[plan.checkpoint_dir] if plan.checkpoint_dir else [])
+                                  make_dirs=[plan.checkpoint_dir] if plan.checkpoint_dir else [],
+                                  programs=remote.program_sources())
     return {"supervisor": supervisor.to_dict(), "stream_dir": str(files.dir), "secrets_on_stdin": bool(plan.secrets),
             "expand": EXPANDED, "expand_at": batch.filled}
 

@@ -26,6 +26,7 @@ from orchestrator.diagnose.failures import Failure, FailureKind
 from orchestrator.errors import ExitCode, InfraError, UsageError, one_line
 from orchestrator.facts import HostFacts
 from orchestrator.fanout.group import Group, GroupError, GroupResult, parallel
+from orchestrator.hostcheck.checks import flight_recorder_missing
 from orchestrator.hostcheck.probe import import_options, probe_round
 from orchestrator.logs.format import note
 from orchestrator.logs.recover import FetchedCopy, rebuild
@@ -89,6 +90,13 @@ class SshBackend(Backend):
     def inventory(self, path: str | None) -> Inventory:
         """`path` (-i), else $DISTRUN_INVENTORY, else the built-in one (this machine)."""
         return resolve_inventory_path(path)
+
+    def finish(self, run: RunView) -> list[str]:
+        """The summary's line on the hosts whose torch serves no Flight Recorder, where the job has it on."""
+        if not any("DISTRUN_WORKER_SOCKETS" in host.env for host in run.plan.hosts):
+            return []
+        return flight_recorder_missing({host.node: self.facts[host.node] for host in run.plan.hosts
+                                        if host.node in self.facts})
 
     def release(self) -> None:
         self.group.close()
@@ -372,7 +380,7 @@ def plan_supervisor_config(plan: LaunchPlan, host: HostPlan) -> SupervisorConfig
         heartbeat_timeout=plan.heartbeat_timeout, stop_grace=plan.stop_grace,
         telemetry_interval=plan.telemetry_interval, secret_names=list(host.secret_names),
         first_rank=plan.first_rank(host.node), exact_ranks="--node-rank" in host.argv, attempt=plan.attempt,
-        make_dirs=[plan.checkpoint_dir] if plan.checkpoint_dir else [],
+        make_dirs=[plan.checkpoint_dir] if plan.checkpoint_dir else [], programs=remote.program_sources(),
     )
 
 

@@ -1,9 +1,10 @@
 """Flight Recorder dumps of a hung job: which ranks have not entered the collective the others wait in.
 
 torch records every collective a rank schedules (TORCH_FR_BUFFER_SIZE from torch 2.7,
-TORCH_NCCL_TRACE_BUFFER_SIZE before; distrun sets the host's for a job with `hang_timeout`), and a
-rank that runs its main inside `torch.distributed.elastic.control_plane.worker_main()` serves the
-record on its Unix socket (jobs/README.md). The hang watchdog fetches each rank's dump
+TORCH_NCCL_TRACE_BUFFER_SIZE before; distrun sets the host's for every job unless it sets
+`flight_recorder: false`), and every rank serves the record on its Unix socket: distrun's worker
+entry (remote/distrun_worker.py) runs it inside `torch.distributed.elastic.control_plane.worker_main()`.
+The hang watchdog fetches each rank's dump
 (`fr_trace_json`) with its stack; `lags` reads them: per process group, the collective most
 ranks have entered last and not completed, and the ranks whose last entry is below it.
 """

@@ -35,6 +35,7 @@ ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
 LIBRARY = re.compile(r"/(site|dist)-packages/|/lib/python3[.\d]*/|^<|\.so(\.[\d.]+)?$")
 MAIN_THREAD = "MainThread"
 IMPORTLIB = "<frozen importlib"  # the import machinery's frames, as py-spy names their file
+ENTRY_FILE = "/" + remote.WORKER_PROGRAM
 COLLECTIVE = re.compile(r"torch/distributed/")
 
 
@@ -171,6 +172,12 @@ def parse_frame(data: dict[str, Any]) -> Frame:
                  line=int(data.get("line") or 0), library=bool(LIBRARY.search(filename)) or not filename)
 
 
+def own_frames(frames: list[dict[str, Any]]) -> tuple[Frame, ...]:
+    """A thread's frames as under plain torchrun: those of distrun's worker entry, which runs the
+    script (remote/distrun_worker.py), left out."""
+    return tuple(parse_frame(f) for f in frames if not str(f.get("filename") or "").endswith(ENTRY_FILE))
+
+
 def thread_name(data: dict[str, Any], pid: int) -> str:
     """A thread's name, never its id (ids differ between ranks that are in the same place): the
     process's first thread is the main thread even where `threading` was never imported."""
@@ -194,7 +201,7 @@ def parse_host(node: str, stdout: str) -> list[RankStack]:
                          "(pip install py-spy in the environment that runs the job)")
     stacks = []
     for entry in data.get("ranks", []):
-        threads = tuple(Thread(thread_name(t, int(entry["pid"])), tuple(parse_frame(f) for f in t.get("frames", [])))
+        threads = tuple(Thread(thread_name(t, int(entry["pid"])), own_frames(t.get("frames", [])))
                         for t in entry.get("threads", []))
         stacks.append(RankStack(node, int(entry["rank"]), int(entry["pid"]), threads, str(entry.get("error", ""))))
     return stacks

@@ -42,7 +42,8 @@ STALL_REASON = "stall: "
 MOVED_WITHIN = 0.75
 NO_EVIDENCE = "every rank silent, no stacks"
 HOW_TO_FIND = ("to find the stuck rank: install py-spy on the hosts (pip install py-spy; distrun then dumps every "
-               "rank's stack, and `distrun stack JOB` shows them), or opt in to the Flight Recorder (jobs/README.md)")
+               "rank's stack, and `distrun stack JOB` shows them), or turn the Flight Recorder back on "
+               "(flight_recorder: true, the default; jobs/README.md)")
 
 
 class Progress(str, Enum):
@@ -308,7 +309,7 @@ def flight_findings(flight: stacks.Flight) -> list[str]:
     whys = flights.by_reason(flight.errors)
     if not flight.dumps:
         said = "; ".join(f"{flights.label(numbers)}: {why}" for why, numbers in whys.items())
-        return [f"no Flight Recorder: {said or 'no rank found'}; to opt in see jobs/README.md"]
+        return [f"no Flight Recorder: {said or 'no rank found'}; see jobs/README.md"]
     return [f"{flights.label(numbers)}: no Flight Recorder dump ({why})" for why, numbers in whys.items()]
 
 

@@ -159,8 +159,34 @@ def check_torch(probed: Mapping[str, HostFacts], _ctx: Context) -> Check:
         version = facts.torch_version
         values[host] = f"{version} ({error})" if version and error else (version or error or "not installed")
     broken = frozenset(h for h, f in probed.items() if f.torch_info.error or not f.torch_version)
-    return consistency("torch", values, "install the same torch in every node's python (`python:` in the "
-                       "inventory names the interpreter)", broken)
+    found = consistency("torch", values, "install the same torch in every node's python (`python:` in the "
+                        "inventory names the interpreter)", broken)
+    lacking = without_control_plane(probed)
+    if found.status is not Status.OK or not lacking:
+        return found
+    return Check("torch", Status.WARN, list(lacking),
+                 f"{listing(lacking)}: no Flight Recorder served: {NO_CONTROL_PLANE}",
+                 "a newer torch has torch.distributed.elastic.control_plane; the job runs as it is, and a hang "
+                 "is diagnosed from the ranks' stacks")
+
+
+NO_CONTROL_PLANE = "its torch has no control plane (torch.distributed.elastic.control_plane)"
+
+
+def without_control_plane(probed: Mapping[str, HostFacts]) -> dict[str, str]:
+    """{host: "torch VERSION"} for each host whose torch is known to lack the control plane that
+    serves a rank's Flight Recorder (remote/distrun_worker.py)."""
+    return {host: f"torch {facts.torch_version}" for host, facts in probed.items()
+            if facts.torch_info.control_plane is False}
+
+
+def flight_recorder_missing(probed: Mapping[str, HostFacts]) -> list[str]:
+    """The summary's line on hosts whose ranks served no Flight Recorder, or none."""
+    lacking = without_control_plane(probed)
+    if not lacking:
+        return []
+    return [f"Flight Recorder: not served on {fold_hosts(lacking)}: {NO_CONTROL_PLANE}; hangs there are "
+            "diagnosed from the stacks (a newer torch has it)"]
 
 
 def _version_check(name: str, probed: Mapping[str, HostFacts], value: Callable[[HostFacts], str | None],

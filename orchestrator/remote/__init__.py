@@ -33,16 +33,37 @@ BOOTSTRAP = SAFE_PATH + "\n" + (
 )
 
 _PACKAGES = ["orchestrator", "orchestrator.remote"]
+HOST_DIR = "~/.distrun"  # each host's distrun directory (remote/config.py's default host_dir)
+# The programs a host runs by name, written by its supervisor to the job's bin/ (remote/programs.py):
+# torchrun's entry (failure records) and every rank's (its Flight Recorder served).
+TORCHRUN_PROGRAM = "distrun_torchrun.py"
+WORKER_PROGRAM = "distrun_worker.py"
 # What remote/supervisor.py imports, dependencies first: shipped before it wherever it runs or
 # where a program finds a job's processes through it.
 SUPERVISOR_IMPORTS = ["config", "ftforward", "gpu", "private", "provenance", "safedirs", "sockdir", "leader", "redact",
-                      "stream", "linestore", "follow", "tail", "workerfail", "relay", "flightrec", "frpoll", "rdzvconn"]
+                      "stream", "linestore", "follow", "tail", "workerfail", "programs", "relay", "flightrec", "frpoll",
+                      "rdzvconn"]
 
 
 @functools.cache
 def module_source(name: str) -> str:
     """The source text of `orchestrator.remote.<name>`, read once per process (every host gets the same)."""
     return resources.files(__name__).joinpath(f"{name}.py").read_text(encoding="utf-8")
+
+
+def host_job_dir(job_id: str) -> str:
+    """A job's directory on every host, `~` for the host's home (the supervisor expands it)."""
+    return f"{HOST_DIR}/jobs/{job_id}"
+
+
+def program_path(job_id: str, program: str) -> str:
+    """Where a host's supervisor writes one of the shipped programs for a job."""
+    return f"{host_job_dir(job_id)}/bin/{program}"
+
+
+def program_sources() -> dict[str, str]:
+    """{file name: source} of the programs the supervisor writes to a job's bin/."""
+    return {name: module_source(name.removesuffix(".py")) for name in (TORCHRUN_PROGRAM, WORKER_PROGRAM)}
 
 
 def bundle(main: str, modules: list[str], extra: dict[str, str] | None = None) -> bytes:

@@ -35,6 +35,8 @@ class SupervisorConfig:
         attempt: The controller's attempt (DISTRUN_ATTEMPT) the lines belong to.
         make_dirs: Directories created before torchrun starts (the checkpoint directory).
         host_dir: Where the host keeps its copy of the job's lines.
+        programs: The programs `argv` runs by name ({file name: source}), written to the job's
+            `bin/` under host_dir before torchrun starts (remote/programs.py).
     """
 
     job_id: str
@@ -51,6 +53,7 @@ class SupervisorConfig:
     attempt: int = 1
     make_dirs: list[str] = field(default_factory=list)
     host_dir: str = "~/.distrun"
+    programs: dict[str, str] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,8 +1,9 @@
 """Fetching a rank's Flight Recorder dump over its socket on a host.
 
-A job with `hang_timeout` gets DISTRUN_WORKER_SOCKETS in its ranks' environment; a rank that opts
-in serves torch's control plane (`worker_main()`) on `$DISTRUN_WORKER_SOCKETS/rank<RANK>.sock`
-(jobs/README.md). The plan names the directory under the host-side job directory with a `~`;
+Every job (unless `flight_recorder: false`) gets DISTRUN_WORKER_SOCKETS in its ranks' environment;
+each rank serves torch's control plane (`worker_main()`, entered by distrun's worker entry,
+remote/distrun_worker.py) on `$DISTRUN_WORKER_SOCKETS/rank<RANK>.sock` (jobs/README.md). The plan
+names the directory under the host-side job directory with a `~`;
 the supervisor makes it (remote/sockdir.py), and remote/stack.py fetches each rank's
 `fr_trace_json` from it when the hang watchdog asks (`fetch`). Stdlib-only: shipped to the hosts.
 """

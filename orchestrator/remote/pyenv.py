@@ -24,7 +24,8 @@ SUBPROCESS_WAIT = 10.0
 
 
 TORCH_UNKNOWN = {"cuda": None, "cuda_available": None, "nccl": None, "cudnn": None, "gloo": None,
-                 "nccl_available": None, "error": None}
+                 "nccl_available": None, "error": None, "control_plane": None}
+CONTROL_PLANE = os.path.join("distributed", "elastic", "control_plane.py")
 
 
 def torch_version_py() -> dict[str, Any] | None:
@@ -38,6 +39,15 @@ def torch_version_py() -> dict[str, Any] | None:
         if "__version__" in values:
             return values
     return {}
+
+
+def torch_control_plane() -> bool | None:
+    """Whether the torch `import torch` finds has the control plane that serves a rank's Flight
+    Recorder (torch.distributed.elastic.control_plane), from its files; None without torch."""
+    spec = util.find_spec("torch")
+    if spec is None:
+        return None
+    return any(os.path.isfile(os.path.join(where, CONTROL_PLANE)) for where in spec.submodule_search_locations or [])
 
 
 def torch_version() -> str | None:
@@ -65,7 +75,7 @@ def torch_from_files() -> dict[str, Any]:
     if values is None:
         return {**TORCH_UNKNOWN, "imported": False, "version": None, "error": "torch is not installed"}
     return {**TORCH_UNKNOWN, "imported": False, "version": values.get("__version__") or imported_version(),
-            "cuda": values.get("cuda")}
+            "cuda": values.get("cuda"), "control_plane": torch_control_plane()}
 
 
 def job_sys_path(python: str, cwd: str | None, env: dict[str, str]) -> list[str] | None:
@@ -151,6 +161,7 @@ def torch_imported() -> dict[str, Any]:
         "gloo": bool(dist.is_available() and dist.is_gloo_available()),
         "nccl_available": bool(dist.is_available() and dist.is_nccl_available()),
         "error": None,
+        "control_plane": torch_control_plane(),
     }
 
 

@@ -1,6 +1,6 @@
 """The supervisor's output side: from torchrun's files and pipes to the host-side copy and stdout.
 
-torchrun runs with `--redirects 3 --log-dir <host job dir>/<node>/torchrun` (`with_log_dir`):
+torchrun runs with `--redirects 3 --log-dir <host job dir>/<node>/torchrun` (the plan's, or `with_log_dir`'s):
 each rank writes its stdout and stderr to files of its own, which `Tailer` (remote/tail.py)
 reads whole lines from; torchrun's own output comes through its pipes. Every batch of lines is
 masked (the job's secret values become `***`), appended to the host-side copy
@@ -37,16 +37,18 @@ TAIL_IDLE = 0.02  # ... for QUIET_AFTER seconds after they stopped
 TAIL_QUIET = 0.1  # ... and then: each wake-up costs the host CPU, which a job's ranks share
 QUIET_AFTER = 1.0
 TORCHRUN = "torch.distributed.run"
+TORCHRUN_PROGRAM = "distrun_torchrun.py"  # = remote.TORCHRUN_PROGRAM (the package's own module is not shipped)
 
 
 def with_log_dir(argv: list[str], log_dir: str) -> list[str]:
-    """torchrun's argv with `--log-dir log_dir` right after the module name (the directory is the
-    host's, so the plan cannot name it); an argv that does not run torchrun is left as it is."""
-    # torchrun is `python -P -m torch.distributed.run ...`, or, where the host's python is not
-    # known to have -P (Slurm, an older python), the `-c` line of remote.module_argv that runs it
-    # with runpy: its own arguments follow either.
-    at = next((i + 1 for i, arg in enumerate(argv) if arg == TORCHRUN or f"run_module({TORCHRUN!r}" in arg), None)
-    if at is None:
+    """torchrun's argv with `--log-dir log_dir` as its first option, unless the plan put it there
+    (Slurm's cannot: the node is named when the job runs); an argv that does not run torchrun is
+    left as it is."""
+    # torchrun is distrun's program (remote/distrun_torchrun.py), `python -P -m torch.distributed.run`,
+    # or the `-c` line of remote.module_argv that runs it with runpy: its own arguments follow each.
+    at = next((i + 1 for i, arg in enumerate(argv) if arg == TORCHRUN or arg.endswith(f"/{TORCHRUN_PROGRAM}")
+               or f"run_module({TORCHRUN!r}" in arg), None)
+    if at is None or argv[at:at + 1] == ["--log-dir"]:
         return list(argv)
     return [*argv[:at], "--log-dir", log_dir, *argv[at:]]
 

@@ -1,5 +1,5 @@
 """Where the ranks' Flight Recorder sockets live on a host: the directory the supervisor makes
-for a job with `hang_timeout` (DISTRUN_WORKER_SOCKETS) and each rank's socket in it.
+for every job with the Flight Recorder on (DISTRUN_WORKER_SOCKETS) and each rank's socket in it.
 
 Apart from remote/flightrec.py, which fetches a rank's dump over HTTP (and imports http.client
 only then). Stdlib-only: shipped to the hosts.

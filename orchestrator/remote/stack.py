@@ -9,7 +9,7 @@ install py-spy` puts it), then on PATH. Every rank is dumped at once, so a host'
 long as its slowest rank's, not their sum.
 
 With --flight, each rank's Flight Recorder dump is fetched first from its socket in
-DISTRUN_WORKER_SOCKETS (remote/flightrec.py), where the rank opted in, and believed only when the
+DISTRUN_WORKER_SOCKETS (remote/flightrec.py), where the rank serves it, and believed only when the
 process serving the socket is that rank (or another of the job's processes); py-spy stops a rank while
 it dumps it, and a stopped rank cannot answer.
 

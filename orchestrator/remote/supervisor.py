@@ -47,6 +47,7 @@ from orchestrator.remote.ftforward import forward_lighthouse
 from orchestrator.remote.gpu import GpuHolders
 from orchestrator.remote.leader import Leader
 from orchestrator.remote.private import make_private_dirs
+from orchestrator.remote.programs import expand_job_words, write_programs
 from orchestrator.remote.provenance import Root, become_subreaper, own_roots, proven_root, record, record_path, root_of
 from orchestrator.remote.rdzvconn import endpoint
 from orchestrator.remote.relay import Relay
@@ -54,7 +55,7 @@ from orchestrator.remote.safedirs import UnsafeDirError, expand_var, make_safe_d
 from orchestrator.remote.sockdir import remove_fallback, socket_dir
 from orchestrator.remote.stream import StreamWriter
 from orchestrator.remote.tail import restart_count
-from orchestrator.remote.workerfail import WorkerRecord, read_records, shim_argv
+from orchestrator.remote.workerfail import RECORDS, WorkerRecord, read_records
 
 HEARTBEAT_EVERY = 1.0
 
@@ -246,7 +247,7 @@ class Supervisor:
         with contextlib.suppress(OSError):  # a full disk: the host-side copy warns and the job goes on
             make_private_dirs(self.dir)
         self.relay = Relay(cfg, out, self.dir, self.warn)
-        self.record_path = os.path.join(self.relay.raw_dir, "failures.json")  # torchrun's failed workers
+        self.record_path = os.path.join(self.relay.raw_dir, RECORDS)  # torchrun's failed workers
 
     def warn(self, message: str) -> None:
         """A note for the controller (shown on the operator's screen and kept in the job's files)."""
@@ -270,7 +271,7 @@ class Supervisor:
         with contextlib.suppress(OSError):
             os.remove(self.record_path)  # a dead supervisor's, not this run's
         self.child = subprocess.Popen(
-            shim_argv(self.relay.argv(self.cfg.argv), self.record_path),
+            self.argv(),
             env=env,
             cwd=os.path.expanduser(cwd) if cwd else None,
             stdin=subprocess.DEVNULL,
@@ -281,6 +282,17 @@ class Supervisor:
         self.leader = Leader(self.child)
         self.record_roots()
         self.out.event("started", pid=self.child.pid, supervisor=os.getpid(), host=os.uname().nodename)
+
+    def argv(self) -> list[str]:
+        """torchrun's argv as the plan shows it, `~` expanded in the job directory's words, with the
+        programs it names written to the job's bin/ and its log directory (remote/programs.py).
+
+        Raises:
+            OSError: a program could not be written.
+        """
+        write_programs(os.path.join(self.dir, "bin"), self.cfg.programs)
+        job_dir = f"{self.cfg.host_dir.rstrip('/')}/jobs/{self.job_id}"
+        return self.relay.argv(expand_job_words(self.cfg.argv, job_dir))
 
     def record_roots(self) -> None:
         """Record this supervisor and its torchrun (pid and start time) for the programs that find

@@ -11,11 +11,12 @@ Who writes what (torch 2.13, torch/distributed/elastic):
   (the error file's message and time, else "Signal 9 (SIGKILL) received by PID ..." and the time
   it saw the exit) and raises them all in one `ChildFailedError`.
 
-So the supervisor runs torchrun under `shim_argv`: when torchrun raises `ChildFailedError`, the
-shim writes every `ProcessFailure` to a file of the supervisor's, then lets torchrun report and
-exit as always. The supervisor reads that file (`read_records`) and sends the records in its
-`exit` event; the controller builds a `Failure` from the first by time (`first_failure`, as
-elastic's `ChildFailedError.get_first_failure`). Stdlib-only: it runs on the hosts.
+So torchrun runs as distrun's program (remote/distrun_torchrun.py): when torchrun raises
+`ChildFailedError`, it writes every `ProcessFailure` to `failures.json` in torchrun's log
+directory, then lets torchrun report and exit as always. The supervisor reads that file
+(`read_records`) and sends the records in its `exit` event; the controller builds a `Failure`
+from the first by time (`first_failure`, as elastic's `ChildFailedError.get_first_failure`).
+Stdlib-only: it runs on the hosts.
 """
 
 from __future__ import annotations
@@ -26,44 +27,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-TORCHRUN_RUN = "runpy.run_module('torch.distributed.run',run_name='__main__',alter_sys=True)"
-# Runs torchrun; on ChildFailedError, every ProcessFailure (global rank -> its fields) goes to PATH.
-SHIM = """import json,runpy
-def _distrun_record(path):
-    try:
-        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    except Exception:
-        ChildFailedError = ()
-    try:
-        %s
-    except ChildFailedError as exc:
-        rows = [{"rank": rank, "local_rank": f.local_rank, "pid": f.pid, "exitcode": f.exitcode,
-                 "timestamp": f.timestamp, "message": f.message} for rank, f in exc.failures.items()]
-        try:
-            with open(path, "w") as fh:
-                json.dump({"failures": rows}, fh)
-        except Exception:
-            pass
-        raise
-_distrun_record(%r)
-"""
-
-
-def shim_argv(argv: Sequence[str], record_path: str) -> list[str]:
-    """torchrun's argv, run under the shim that writes its failed workers to `record_path`; an
-    argv that does not run torchrun is left as it is.
-
-    torchrun is `python -P -m torch.distributed.run ...`, or the `-c` line of
-    `remote.module_argv` that runs it with runpy; its own arguments follow either, unchanged.
-    """
-    code = SHIM % (TORCHRUN_RUN, record_path)
-    argv = list(argv)
-    for i, arg in enumerate(argv):
-        if arg == "torch.distributed.run" and i > 0 and argv[i - 1] == "-m":
-            return [*argv[:i - 1], "-c", code, *argv[i + 1:]]
-        if TORCHRUN_RUN in arg and i > 0 and argv[i - 1] == "-c":
-            return [*argv[:i], arg.replace(TORCHRUN_RUN, f"exec({code!r})"), *argv[i + 1:]]
-    return argv
+RECORDS = "failures.json"  # in torchrun's --log-dir (= remote/distrun_torchrun.py's RECORDS)
 
 
 @dataclass(frozen=True)
@@ -126,7 +90,7 @@ def error_message(message: Any) -> tuple[str, str]:
 
 
 def from_process_failure(rank: int, failure: dict[str, Any]) -> WorkerRecord:
-    """A record from one of the shim's rows (a `ProcessFailure`'s fields).
+    """A record from one of distrun_torchrun.py's rows (a `ProcessFailure`'s fields).
 
     Raises:
         ValueError: a field is missing or of the wrong type.
@@ -140,7 +104,7 @@ def from_process_failure(rank: int, failure: dict[str, Any]) -> WorkerRecord:
 
 
 def read_records(path: str) -> list[WorkerRecord]:
-    """The failed workers the shim wrote to `path`, in torchrun's order; [] when it wrote none (the
+    """The failed workers distrun_torchrun.py wrote to `path`, in torchrun's order; [] when it wrote none (the
     job did not fail in its workers) or the file cannot be read."""
     try:
         with open(path, encoding="utf-8") as fh:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.console.display import fold_hosts
-from orchestrator.plan import MASK
+from orchestrator.plan import MASK, shell_word
 from orchestrator.report.numbers import (
     NO_VALUE,
     JobData,
@@ -214,14 +214,14 @@ def versions_table(job: JobData) -> str:
             f"<table><tr><th>node</th><th>address</th><th>python</th></tr>{rows}</table>")
 
 
-def host_command(host: dict[str, Any]) -> str:
+def host_command(host: dict[str, Any], job_id: str) -> str:
     """The shell line that reproduces one host's part: cd, non-secret environment, torchrun argv."""
     secret = set(host.get("secret_names") or [])
     env = {k: v for k, v in sorted((host.get("env") or {}).items()) if k not in secret and v != MASK}
     parts = ["cd", shlex.quote(str(host.get("workdir") or ".")), "&&"]
     if env:
         parts += ["env", *(f"{k}={shlex.quote(str(v))}" for k, v in env.items())]
-    line = " ".join(parts) + " " + shlex.join(str(a) for a in host.get("argv") or [])
+    line = " ".join(parts) + " " + " ".join(shell_word(str(a), job_id) for a in host.get("argv") or [])
     header = (f"# {host.get('node')} ({host.get('host')}), node rank {host.get('node_rank')}, "
               f"{host.get('nproc')} process(es)")
     if secret:
@@ -251,7 +251,7 @@ def alerts_list(record: JobRecord) -> str:
 def job_section(job: JobData, summary: JobSummary) -> str:
     """Versions, commands, the alerts and the outcome of one job."""
     hosts = job.plan.get("hosts") or []
-    commands = "\n\n".join(host_command(h) for h in hosts) or "no plan.json recorded"
+    commands = "\n\n".join(host_command(h, str(job.plan.get("job_id"))) for h in hosts) or "no plan.json recorded"
     detail = f"<pre>{esc(job.record.detail)}</pre>" if job.record.detail else ""
     return (f"<h3 id=\"job-{esc(summary.job_id)}\">{esc(summary.name)} "
             f"<span class=id>{esc(summary.job_id)}</span> — {esc(summary.state)}</h3>\n"

@@ -157,7 +157,8 @@ class JobSpec:
     heartbeat_timeout: float = DEFAULT_HEARTBEAT_TIMEOUT
     stop_grace: float = DEFAULT_STOP_GRACE
     hang_timeout: float | None = None  # None: off (a silent but healthy phase must not be killed)
-    flight_recorder: bool = True  # the ranks' Flight Recorder on, and read every few seconds by the hosts
+    # Every rank serves its Flight Recorder (distrun's worker entry, remote/distrun_worker.py); False: off.
+    flight_recorder: bool = True
     stall_after: float | None = DEFAULT_STALL_AFTER  # None: off; a stall is explained, never killed
     restarts: Restarts = field(default_factory=Restarts)
     checkpoint_dir: str | None = None  # -> DISTRUN_CHECKPOINT_DIR on every rank, created on every host

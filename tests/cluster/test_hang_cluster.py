@@ -57,8 +57,8 @@ def test_rank_3_stuck_outside_the_collective_is_named_with_its_function_within_t
     summary = out[out.index("Root Cause"):]
     assert "host: node1" in summary and "rank: 3" in summary
     assert "rank 3 on node1 is not where the others wait" in summary
-    assert "load_batch (hang_worker.py:24)" in summary
-    assert re.search(r"ranks 0-2,4-5 wait in: all_reduce .*← steps \(hang_worker\.py:58\)", summary), summary
+    assert "load_batch (hang_worker.py:21)" in summary
+    assert re.search(r"ranks 0-2,4-5 wait in: all_reduce .*← steps \(hang_worker\.py:41\)", summary), summary
     # The Flight Recorder (hang_worker serves it): every rank entered collective #30 (steps 0-29) and
     # ranks 0-2,4-5 wait in #31, which rank 3 has not entered.
     assert ("flight recorder: rank 3 has not entered collective #31 gloo:all_reduce that ranks 0-2,4-5 wait in "
@@ -91,8 +91,8 @@ def python_without_pyspy(root: Path) -> Path:
 def test_a_hang_on_hosts_without_py_spy_names_no_host_and_says_how_to_find_the_stuck_rank(cluster3, tmp_path):
     inv = cluster3.write_inventory(tmp_path / "inv.yaml", python=str(python_without_pyspy(tmp_path / "nopyspy")))
     home = tmp_path / "home"
-    job = write_job(tmp_path, "hang", ["--hang-rank", "3", "--hang-step", "30", "--steps", "100000",
-                                       "--no-flight-recorder"], extra=f"hang_timeout: {HANG_TIMEOUT}\n",
+    job = write_job(tmp_path, "hang", ["--hang-rank", "3", "--hang-step", "30", "--steps", "100000"],
+                    extra=f"hang_timeout: {HANG_TIMEOUT}\nflight_recorder: false\n",
                     script=HANG_WORKER)
     proc = start(job, inv, home, "hang-2", "--no-live")
     try:
@@ -107,7 +107,7 @@ def test_a_hang_on_hosts_without_py_spy_names_no_host_and_says_how_to_find_the_s
     assert "unknown: every rank silent, no stacks" in summary
     assert "node0: no stacks: node0: py-spy is not installed beside the host's python nor on its PATH" in summary
     assert "to find the stuck rank: install py-spy on the hosts" in summary
-    assert "or opt in to the Flight Recorder" in summary
+    assert "or turn the Flight Recorder back on (flight_recorder: true" in summary
     root_block = summary.split("Other hosts")[0]
     assert not re.search(r"^  (host: node|rank: )", root_block, re.M), root_block
     root = record(home, "hang-2")["failures"][0]
@@ -133,7 +133,7 @@ def test_stack_folds_the_six_ranks_of_a_healthy_job_into_one_group_and_ps_shows_
             if len(groups) == 1:
                 break
         assert [(g["ranks"], g["hosts"]) for g in groups] == [(list(range(6)), ["node0", "node1", "node2"])]
-        assert groups[0]["where"] == "steps (hang_worker.py:63)"
+        assert groups[0]["where"] == "steps (hang_worker.py:46)"
         text = distrun("stack", "ok-1", "--node", "node1", home=home, timeout=60).stdout.splitlines()
         titles = [line for line in text if re.match(r"ranks? [0-9,-]+ \(on ", line)]
         assert titles in (["ranks 2-3 (on node1)"], ["rank 2 (on node1)", "rank 3 (on node1)"],

@@ -314,7 +314,7 @@ def test_stack_of_a_running_slurm_job_folds_its_four_ranks_on_two_nodes_into_one
         assert done.returncode == 0, done.stdout + done.stderr
         groups = json.loads(done.stdout)["groups"]
         assert [(g["ranks"], g["hosts"]) for g in groups] == [([0, 1, 2, 3], ["node0", "node1"])]
-        assert groups[0]["where"] == "steps (hang_worker.py:63)"
+        assert groups[0]["where"] == "steps (hang_worker.py:46)"
         assert list((home / "jobs" / job_id / "slurm").glob("*.bundle")) == []
     finally:
         distrun("stop", job_id, home=home, env=slurm_cluster.env, timeout=60)
@@ -334,7 +334,7 @@ def test_a_rank_stuck_outside_the_collective_on_slurm_is_the_hangs_root_cause_wi
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-2000:]
     summary = result.stdout[result.stdout.index("Root Cause"):]
     assert "host: node1" in summary and "rank: 3" in summary
-    assert "load_batch (hang_worker.py:24)" in summary and "ranks 0-2 wait in: all_reduce" in summary
+    assert "load_batch (hang_worker.py:21)" in summary and "ranks 0-2 wait in: all_reduce" in summary
     # The Flight Recorder through the allocation too: steps 0-4 are collectives #1-#5.
     assert ("flight recorder: rank 3 has not entered collective #6 gloo:all_reduce that ranks 0-2 wait in "
             "(last entered: #5)") in summary, summary

@@ -79,9 +79,9 @@ def supervisor(cluster: Cluster, i: int, job_id: str) -> Proc:
 
 
 def torchrun(cluster: Cluster, i: int, job_id: str) -> Proc:
-    # `-m torch.distributed.run`, or the supervisor's shim that runs it (remote/workerfail.py).
+    # distrun's program that runs it, by name in the plan (remote/distrun_torchrun.py).
     return _one(cluster, i, lambda p: p.environ_has(job_id, key="DISTRUN_JOB_ID")
-                and any("torch.distributed.run" in arg for arg in p.cmdline), "torchrun")
+                and any(arg.endswith("/distrun_torchrun.py") for arg in p.cmdline), "torchrun")
 
 
 def worker(cluster: Cluster, rank: int, job_id: str) -> Proc:
@@ -107,12 +107,12 @@ class Gate:
     """node2's python, wrapped: a command of an armed role (probe, torchrun) waits for `release`.
 
     The wrapper is a shell script the inventory names as node2's python; it recognises the
-    probe by its `distrun-probe` tag and torchrun by `torch.distributed.run`, and execs the
+    probe by its `distrun-probe` tag and torchrun by its program `distrun_torchrun.py`, and execs the
     real python once released (the held process is then the real one, same pid). Beside it, as
     beside any host's python, is `torchft_lighthouse` (a fault-tolerant job's lighthouse, lighthouse.program).
     """
 
-    ROLES: ClassVar[dict[str, str]] = {"probe": "*distrun-probe*", "torchrun": "*torch.distributed.run*"}
+    ROLES: ClassVar[dict[str, str]] = {"probe": "*distrun-probe*", "torchrun": "*/distrun_torchrun.py*"}
 
     def __init__(self, root: Path) -> None:
         self.dir = root / "gate"
@@ -665,7 +665,7 @@ def _lighthouse_killed(scene: Scene) -> None:
     light = f"{scene.job_id}-lh"
     _kill(_one(scene.cluster, NODE2, lambda p: p.environ_has(light, key="DISTRUN_JOB_ID")
                and any(arg.endswith("torchft_lighthouse") for arg in p.cmdline)
-               and not any("torch.distributed.run" in arg for arg in p.cmdline), "the lighthouse"))
+               and not any(arg.endswith("/distrun_torchrun.py") for arg in p.cmdline), "the lighthouse"))
 
 
 FT_FAULTS: dict[Fault, Callable[[Scene], None]] = {

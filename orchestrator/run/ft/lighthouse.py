@@ -83,7 +83,8 @@ def lighthouse_job(job: JobSpec, hosts: Sequence[NodeSpec], path: Path, scripts:
     torchrun starts `env -u -m torchft_lighthouse ARGS` (`-u -m`: a variable named `-m` unset), the
     lighthouse as a shell would, on a PATH of `scripts` (the PATH prefix the preflight found:
     where pip put it, and the python's own directories), beside the host's python, then the
-    system's directories.
+    system's directories. Not a torch program: no worker entry (`flight_recorder` off), which
+    `env` could not start.
     """
     ft = job.fault_tolerance
     assert ft is not None
@@ -92,7 +93,7 @@ def lighthouse_job(job: JobSpec, hosts: Sequence[NodeSpec], path: Path, scripts:
     beside = {"PATH": ":".join([*dict.fromkeys(dirs), SYSTEM_PATH])} if dirs else {}
     return JobSpec(path=str(path), name=f"{job.name}-lh", module=PROGRAM,
                    args=args(ft.min_replicas, ft.lighthouse_port), nnodes=1, nproc_per_node=1,
-                   env={"PYTHON_EXEC": "/usr/bin/env", **beside},
+                   env={"PYTHON_EXEC": "/usr/bin/env", **beside}, flight_recorder=False,
                    heartbeat_timeout=job.heartbeat_timeout, stop_grace=job.stop_grace, restarts=RESTARTS)
 
 

@@ -1,18 +1,15 @@
 """A torchrun worker for the hang tests: steps of one all_reduce each; one rank can stop outside
 the collective (in load_batch) while the others wait in it, or only rank 0 can report, through
-DISTRUN_METRICS lines alone. It serves its Flight Recorder as jobs/README.md says (not: --no-flight-recorder)."""
+DISTRUN_METRICS lines alone. It does nothing for the Flight Recorder: distrun's worker entry serves it."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.control_plane import worker_main
 
 STUCK = 3600.0  # far past every test's bound: the watchdog, not this, ends a stuck rank
 
@@ -25,18 +22,6 @@ def load_batch(stuck: bool) -> torch.Tensor:
     return torch.ones(1)
 
 
-def serving_flight_recorder() -> contextlib.AbstractContextManager[None]:
-    """torch's control plane on $DISTRUN_WORKER_SOCKETS/rank<RANK>.sock, for distrun's hang diagnosis."""
-    sockets = os.environ.get("DISTRUN_WORKER_SOCKETS")
-    if not sockets:
-        return contextlib.nullcontext()
-    path = os.path.join(sockets, f"rank{os.environ['RANK']}.sock")
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(path)  # an earlier attempt's: torch does not bind over it
-    os.environ["TORCH_WORKER_SERVER_SOCKET"] = path
-    return worker_main()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=50)
@@ -44,10 +29,8 @@ def main() -> None:
     parser.add_argument("--hang-rank", type=int, default=-1)
     parser.add_argument("--hang-step", type=int, default=30)
     parser.add_argument("--metrics-only", action="store_true", help="print nothing but rank 0's DISTRUN_METRICS")
-    parser.add_argument("--no-flight-recorder", action="store_true", help="do not opt in to the Flight Recorder")
     args = parser.parse_args()
-    with contextlib.nullcontext() if args.no_flight_recorder else serving_flight_recorder():
-        steps(args)
+    steps(args)
 
 
 def steps(args: argparse.Namespace) -> None:

@@ -3,7 +3,7 @@ rank 0 waits. `raise-abort` raises outside `@record` and then aborts at interpre
 thread does ("terminate called without an active exception"): torchrun records only SIGABRT, and
 the exception is in the rank's output.
 
-The failures-<kind>.json beside it are what distrun's shim (remote/workerfail.py) wrote for real
+The failures-<kind>.json beside it are what distrun's torchrun program (remote/distrun_torchrun.py) wrote for real
 2-worker torchrun 2.13 runs of it on the project's test machine (`--standalone --nproc-per-node 2
 --redirects 3`, argv as tests/test_workerfail.py's `run_torchrun` builds it), and error-raise.json
 is what its rank 1 wrote itself (TORCHELASTIC_ERROR_FILE) on `raise`. `exit` leaves torch no

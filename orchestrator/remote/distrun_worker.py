@@ -1,0 +1,231 @@
+"""The worker entry torchrun runs for every rank: serves torch's control plane (the Flight Recorder)
+and runs the job's script or module exactly as torchrun would have run it.
+
+torchrun starts each worker as `python -u distrun_worker.py TARGET ARGS...` in place of
+`python -u TARGET ARGS...` (a script) or `python -u -m MODULE ARGS...` (TARGET is `-m MODULE`).
+This program then makes the process what that one would have been: `sys.argv`, `sys.orig_argv`,
+`sys.path[0]`, a fresh `__main__` with the script's `__file__` (multiprocessing's spawn re-imports
+the script by that path, so DataLoader workers and torch.multiprocessing see the script, never this
+program), the exit code, signals and tracebacks (this program's own frame is cut from them).
+
+The control plane is entered once the program has imported torch (a hook on that import), so the
+program's own order of imports and environment is kept, and a program that never imports torch
+pays nothing: `worker_main()` on `$DISTRUN_WORKER_SOCKETS/rank<RANK>.sock`, the path
+remote/flightrec.py fetches from. `TORCH_WORKER_SERVER_SOCKET` is set only while it is entered,
+and faulthandler is left as it was (worker_main's `@record` turns it on). A torch without the
+control plane runs the program unchanged. torch's server logs its start and end on stderr;
+those lines are dropped, so the program's stderr is its own.
+
+The supervisor writes this file to `~/.distrun/jobs/<id>/bin/` on the host (remote/programs.py);
+stdlib-only, and it imports nothing of distrun, nor typing or __future__: what it imports is in
+the program's sys.modules before the program runs, so it imports as little as it can (untyped).
+"""
+
+import os
+import sys
+
+SOCKETS = "DISTRUN_WORKER_SOCKETS"
+SERVER_SOCKET = "TORCH_WORKER_SERVER_SOCKET"
+_serving = []  # the entered worker_main(), closed when the program ends
+
+
+def _serve_control_plane():
+    """Enter torch's worker_main() on this rank's socket; nothing where torch has no control plane."""
+    sockets = os.environ.get(SOCKETS)
+    if not sockets or _serving:
+        return
+    path = os.path.join(sockets, f"rank{os.environ.get('RANK', '0')}.sock")
+    torch = sys.modules.get("torch")
+    where = os.path.dirname(getattr(torch, "__file__", None) or "")
+    if not os.path.isfile(os.path.join(where, "distributed", "elastic", "control_plane.py")):
+        return  # a torch without the control plane: nothing imported that the program would not
+    try:
+        import faulthandler
+
+        from torch.distributed.elastic.control_plane import worker_main
+    except Exception:
+        return
+    was_on = faulthandler.is_enabled()
+    before = os.environ.get(SERVER_SOCKET)
+    try:
+        if os.path.exists(path):
+            os.remove(path)  # an earlier attempt's: torch does not bind over it
+        os.environ[SERVER_SOCKET] = path
+        serving = worker_main()
+        _quiet(serving.__enter__)
+        _serving.append(serving)
+    except Exception:
+        pass
+    finally:
+        if before is None:
+            os.environ.pop(SERVER_SOCKET, None)
+        else:
+            os.environ[SERVER_SOCKET] = before
+        if not was_on:
+            faulthandler.disable()
+
+
+class _AfterTorch:
+    """A finder on sys.meta_path for `torch` only: once torch's own module has run, it serves the
+    control plane; it leaves sys.meta_path at its first use."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _Then(spec.loader)
+        return spec
+
+
+class _Then:
+    """A loader that runs the real one, puts it back in the module's spec, then serves."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        _serve_control_plane()
+
+
+def _without_this_program():
+    """sys.argv and sys.orig_argv as `python -u TARGET ARGS` has them (this program's path out)."""
+    del sys.argv[0]
+    orig = getattr(sys, "orig_argv", None)
+    if orig:
+        del orig[len(orig) - len(sys.argv) - 1]
+
+
+def _path0(value):
+    """sys.path[0] as Python sets it for the target, unless it is run with safe paths (-P, -I)."""
+    if not (getattr(sys.flags, "safe_path", 0) or sys.flags.isolated):
+        sys.path[0] = value
+
+
+def _run_module(name):
+    import runpy
+
+    sys.argv[0] = "-m"
+    _path0(os.getcwd())
+    sys.modules["__main__"] = _fresh_main()
+    runpy._run_module_as_main(name, alter_argv=True)
+
+
+def _fresh_main():
+    import builtins
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__annotations__ = {}
+    main.__builtins__ = builtins
+    return main
+
+
+def _run_script(script):
+    if os.path.isdir(script) or (not os.path.isfile(script) and os.path.exists(script)):
+        import runpy
+
+        _path0(script)  # a directory or a zip file with __main__.py
+        sys.modules["__main__"] = _fresh_main()
+        runpy._run_module_as_main("__main__", alter_argv=False)
+        return
+    path = os.path.abspath(script)
+    try:
+        with open(path, "rb") as fh:
+            source = fh.read()
+    except OSError as exc:
+        program = getattr(sys, "orig_argv", [sys.executable])[0]
+        sys.stderr.write(f"{program}: can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}\n")
+        sys.exit(2)
+    _path0(os.path.dirname(os.path.realpath(path)))
+    import importlib.machinery
+
+    main = _fresh_main()
+    main.__file__ = path
+    main.__cached__ = None
+    main.__loader__ = importlib.machinery.SourceFileLoader("__main__", path)
+    sys.modules["__main__"] = main
+    code = compile(source, path, "exec", dont_inherit=True)
+    exec(code, main.__dict__)
+
+
+def _quiet(call, *args):
+    """call(*args) with the process's stderr (fd 2) on /dev/null: torch's server says that it
+    listens and that it exits there, lines the program would not have printed."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        return call(*args)
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def _close_control_plane():
+    while _serving:
+        try:  # noqa: SIM105 (contextlib is not imported here)
+            _quiet(_serving.pop().__exit__, None, None, None)
+        except Exception:
+            pass
+
+
+def main():
+    if len(sys.argv) < 2 or (sys.argv[1] == "-m" and len(sys.argv) < 3):
+        sys.stderr.write("usage: distrun_worker.py SCRIPT ARGS... | -m MODULE ARGS...\n")
+        sys.exit(2)
+    _without_this_program()
+    if os.environ.get(SOCKETS):
+        if "torch" in sys.modules:
+            _serve_control_plane()
+        else:
+            sys.meta_path.insert(0, _AfterTorch())
+    if sys.argv[0] == "-m":
+        del sys.argv[0]
+        _run_module(sys.argv[0])
+    else:
+        _run_script(sys.argv[0])
+
+
+def _cut(tb):
+    """A traceback without this program's frames (a hook's in an import, the entry's)."""
+    import types
+
+    frames = []
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename != __file__:
+            frames.append(tb)
+        tb = tb.tb_next
+    cut = None
+    for kept in reversed(frames):
+        cut = types.TracebackType(cut, kept.tb_frame, kept.tb_lasti, kept.tb_lineno)
+    return cut
+
+
+try:
+    main()
+except SystemExit:
+    _close_control_plane()
+    raise
+except BaseException as exc:
+    _close_control_plane()
+    # The traceback as Python prints it for the target itself; a bare raise adds no frame.
+    exc.__traceback__ = _cut(exc.__traceback__)
+    raise
+else:
+    _close_control_plane()
