@@ -131,7 +131,8 @@ class Detector:
 # ---------------------------------------------------------------- from the ranks' Flight Recorders
 
 LATE_MARGIN_S = 0.05  # a rank that enters a collective this much after the median rank is late in it
-LATE_SHARE = 0.25  # a rank late in this share of an interval's collectives is late in the interval
+LATE_SHARE = 0.25  # a rank late in this share of an interval's collectives is late in the interval,
+LATE_TIME_SHARE = 0.1  # or whose lateness (past the margin) adds up to this share of the interval's time
 WINDOW_S = 5.0  # the collectives of one interval span this much time (of their median entry)
 WINDOW_MAX = 500  # or this many collectives, whichever comes first
 FLIGHT_INTERVALS = 3  # consecutive late intervals before a rank is named
@@ -178,8 +179,11 @@ class FlightDetector:
     time_created_ns when the rank calls the collective; gloo leaves the started and completed times
     0, so entry is what every backend has. The collectives judged together span WINDOW_S; a rank
     that entered at least LATE_SHARE of them over `margin` late is late in that interval (a step's
-    later collectives follow its first at once: only the first may show the wait), and is named
-    after `intervals` late intervals in a row, once per run of them.
+    later collectives follow its first at once: only the first may show the wait), and so is one
+    whose late entries kept the others waiting LATE_TIME_SHARE of the interval's time (a host
+    whose CPU comes in slices, as a CPU quota gives it, is late only where a slice ended between
+    two collectives, which in a job of many short steps is a few of them, each by much). It is
+    named after `intervals` late intervals in a row, once per run of them.
 
     Args:
         world_size: The job's ranks (a collective is judged when all of them entered it).
@@ -223,10 +227,12 @@ class FlightDetector:
             for rank, (_, op, t) in entries.items():
                 if t - middle > self.margin:
                     late.setdefault(rank, []).append((t - middle, op))
+        span = _middle(window[-1]) - _middle(window[0])
         named = []
         for rank in window[-1]:
             found = late.get(rank, [])
-            if len(found) < LATE_SHARE * len(window):
+            waited = sum(value for value, _ in found)
+            if not found or (len(found) < LATE_SHARE * len(window) and waited < LATE_TIME_SHARE * span):
                 self.streaks[rank] = LateStreak()
                 continue
             streak = self.streaks.setdefault(rank, LateStreak())

@@ -50,9 +50,8 @@ def test_a_stall_of_ranks_that_serve_the_flight_recorder_keeps_every_ranks_recor
         cluster3, tmp_path):
     inv = cluster3.write_inventory(tmp_path / "inv.yaml")
     home = tmp_path / "home"
-    # hang_timeout far away only to have the ranks serve their Flight Recorder (until every job does).
     job = write_job(tmp_path, "stallfr", ["--hang-rank", "3", "--hang-step", "30", "--steps", "100000"],
-                    extra=f"hang_timeout: 3600\nstall_after: {STALL_AFTER}\n", script=HANG_WORKER)
+                    extra=f"stall_after: {STALL_AFTER}\n", script=HANG_WORKER)
     proc = start(job, inv, home, "stall-2", "--no-live")
     try:
         assert wait_for(lambda: any("stall:" in a for a in record(home, "stall-2")["alerts"])

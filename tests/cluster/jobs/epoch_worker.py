@@ -1,30 +1,15 @@
 """A training script that prints nothing for distrun: DDP on gloo (CPU), one `epoch N loss X` line
-per epoch from rank 0, as third-party examples do. It serves its Flight Recorder as jobs/README.md
-says (torch's `worker_main()` on $DISTRUN_WORKER_SOCKETS/rank<RANK>.sock)."""
+per epoch from rank 0, as third-party examples do. It does nothing for its Flight Recorder either:
+distrun's worker entry serves it."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import time
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.control_plane import worker_main
 from torch.nn.parallel import DistributedDataParallel
-
-
-def serving_flight_recorder() -> contextlib.AbstractContextManager[None]:
-    """torch's control plane on $DISTRUN_WORKER_SOCKETS/rank<RANK>.sock."""
-    sockets = os.environ.get("DISTRUN_WORKER_SOCKETS")
-    if not sockets:
-        return contextlib.nullcontext()
-    path = os.path.join(sockets, f"rank{os.environ['RANK']}.sock")
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
-    os.environ["TORCH_WORKER_SERVER_SOCKET"] = path
-    return worker_main()
 
 
 def train(seconds: float, steps: int) -> None:
@@ -58,8 +43,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--steps", type=int, default=20, help="steps an epoch")
     args = parser.parse_args()
-    with serving_flight_recorder():
-        train(args.seconds, args.steps)
+    train(args.seconds, args.steps)
 
 
 if __name__ == "__main__":
