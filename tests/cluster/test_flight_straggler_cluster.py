@@ -51,6 +51,16 @@ def duty_cycle(pids: list[int], stop: threading.Event) -> None:
     signal_all(pids, signal.SIGCONT)
 
 
+def slow_until_named(cluster, home: Path, job_id: str, stop: threading.Event) -> tuple[bool, float, dict, dict]:
+    """Slow SLOW_HOST's ranks from outside (until `stop`) and wait up to NAMED_WITHIN for a straggler
+    alert: whether it came, after how long, and the job's record and `top --json` progress then."""
+    slowed = time.monotonic()
+    threading.Thread(target=duty_cycle, args=(rank_pids(cluster, SLOW_HOST, job_id), stop), daemon=True).start()
+    named = wait_for(lambda: "ALERT straggler" in output(home, job_id), NAMED_WITHIN)
+    took = time.monotonic() - slowed
+    return named, took, record(home, job_id), json.loads(distrun("top", job_id, "--json", home=home).stdout)["progress"]
+
+
 def launch(tmp_path: Path, inv: Path, home: Path, job_id: str, seconds: int):
     job = write_job(tmp_path, job_id.split("-")[0], ["--seconds", str(seconds)], script=WORKER, heartbeat=20)
     return start(job, inv, home, job_id, "--no-live")
@@ -67,12 +77,7 @@ def test_a_host_whose_ranks_get_a_quarter_of_the_cpu_is_named_with_a_rank_within
     try:
         assert wait_for(lambda: len(rank_pids(cluster3, SLOW_HOST, job_id)) == 2, 120), output(home, job_id)
         assert wait_for(lambda: "epoch 0 loss" in output(home, job_id), 120), output(home, job_id)
-        slowed = time.monotonic()
-        threading.Thread(target=duty_cycle, args=(rank_pids(cluster3, SLOW_HOST, job_id), stop), daemon=True).start()
-        named = wait_for(lambda: "ALERT straggler" in output(home, job_id), NAMED_WITHIN)
-        took = time.monotonic() - slowed
-        live = record(home, job_id)
-        progress = json.loads(distrun("top", job_id, "--json", home=home).stdout)["progress"]
+        named, took, live, progress = slow_until_named(cluster3, home, job_id, stop)
     finally:
         stop.set()
     assert proc.wait(timeout=240) == 0, output(home, job_id)[-3000:]

@@ -10,10 +10,9 @@ import json
 import re
 import signal
 import threading
-import time
 from pathlib import Path
 
-from tests.cluster.test_flight_straggler_cluster import NAMED_WITHIN, SLOW_HOST, duty_cycle, rank_pids, signal_all
+from tests.cluster.test_flight_straggler_cluster import signal_all, slow_until_named
 from tests.cluster.test_hang_cluster import stored_state
 from tests.cluster.test_launch_cluster import job_procs, output, record, start, write_job
 from tests.helpers import distrun, unique_job_id, wait_for
@@ -35,12 +34,7 @@ def test_a_slowed_host_of_an_unmodified_program_is_named_with_a_rank_from_its_fl
     stop = threading.Event()
     try:
         assert wait_for(lambda: "Epoch 2 |" in output(home, job_id), 180), output(home, job_id)
-        slowed = time.monotonic()
-        threading.Thread(target=duty_cycle, args=(rank_pids(cluster3, SLOW_HOST, job_id), stop), daemon=True).start()
-        named = wait_for(lambda: "ALERT straggler" in output(home, job_id), NAMED_WITHIN)
-        took = time.monotonic() - slowed
-        live = record(home, job_id)
-        progress = json.loads(distrun("top", job_id, "--json", home=home).stdout)["progress"]
+        named, took, live, progress = slow_until_named(cluster3, home, job_id, stop)
     finally:
         stop.set()
         distrun("stop", job_id, home=home, timeout=120)
