@@ -10,7 +10,12 @@ batches, so heartbeats and telemetry never wait behind a flood, and nothing that
 job's fate (the watchdog, a stop) waits on stdout. An `exit` after a stop carries
 `workers_at_stop`: how many of the job's processes besides torchrun were alive when the stop
 came while torchrun still ran (0: every worker had exited and torchrun waited in its exit
-barrier for the other hosts); null when torchrun had already exited or no stop came.
+barrier for the other hosts); null when torchrun had already exited or no stop came. With it,
+`stop_at` (when the stop reached the running torchrun, the host's clock) and `alive_at_stop`: the
+pids of the job's processes alive when the stop signalled torchrun, so that each failed worker's
+record (its pid) tells whether it ended before the stop ([]: torchrun alone, in its exit barrier:
+a torchrun whose workers are all gone is first given OWN_END seconds to end on its own, as it does
+once it has recorded their failure; null: torchrun ended on its own, or no stop came).
 It also carries `stop_cause` (a `StopCause`: who had the supervisor end the job; null when
 nobody did) and `workers`: torchrun's record of each failed worker (remote/workerfail.py),
 the job's secrets masked.
@@ -55,6 +60,8 @@ from orchestrator.remote.tail import restart_count
 from orchestrator.remote.workerfail import WorkerRecord, read_records, shim_argv
 
 HEARTBEAT_EVERY = 1.0
+# A stop that finds torchrun alone (its workers gone) gives it this long to end on its own first.
+OWN_END = 2.0
 
 
 class StopCause(str, Enum):
@@ -234,6 +241,8 @@ class Supervisor:
         self.restarts = 0  # torchrun's restarts of its workers, counted once it has ended
         self.sockets: tuple[str, str] | None = None  # the ranks' socket directory: (as asked, as made)
         self.workers_at_stop: int | None = None
+        self.stop_at: float | None = None  # when the stop reached a running torchrun (time.time())
+        self.alive_at_stop: list[int] | None = None  # the job's pids alive when the stop signalled torchrun
         self.gpus_freed: list[str] = []
         self.stopping = threading.Event()
         self.done = threading.Event()
@@ -330,12 +339,28 @@ class Supervisor:
         self.ender.start()
 
     def _end(self) -> None:
-        if self.child is not None and self.child.poll() is None:
+        if self.child is not None and _alive(self.child.pid):
+            self.stop_at = time.time()
             workers = job_processes(self.job_id, os.getpid(), self.node)
-            self.workers_at_stop = len([p for p in workers if p != self.child.pid and _alive(p)])
+            alive = sorted(p for p in workers if p != self.child.pid and _alive(p))
+            self.workers_at_stop = len(alive)
+            if alive or not self._ends_alone(self.child.pid, min(self.grace, OWN_END)):
+                self.alive_at_stop = alive
         left, freed = end_job_freeing_gpus(self.job_id, self.node, self.leader, self.grace)
         self.out.event("note", msg=f"job processes ended ({self.stop_reason}); {left} needed SIGKILL")
         self._freed(freed)
+
+    @staticmethod
+    def _ends_alone(pid: int, wait: float) -> bool:
+        """Whether torchrun (`pid`), its workers all gone, exits on its own within `wait` seconds:
+        one that is handling their failure writes its record of them and exits; one in its exit
+        barrier waits there for the other hosts (it is not reaped here: its group stays signallable)."""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return True
+            time.sleep(0.02)
+        return not _alive(pid)
 
     def _freed(self, lines: list[str]) -> None:
         for line in lines:
@@ -372,6 +397,7 @@ class Supervisor:
             rc = self._finish(sampler)
         self.out.end("exit", self.last_words_wait(), rc=rc, reason=self.stop_reason, stop_cause=self.stop_cause,
                      oom_kills=self._oom_kills_since_start(), workers_at_stop=self.workers_at_stop,
+                     stop_at=self.stop_at, alive_at_stop=self.alive_at_stop,
                      gpus_freed=self.gpus_freed, workers=[self._masked(record) for record in self.workers],
                      restarts=self.restarts,
                      **({"error": error} if error else {}), **({"refused": True} if refused else {}))

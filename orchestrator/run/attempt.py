@@ -261,14 +261,20 @@ class Attempt:
                                                 f"hang_timeout {self.plan.hang_timeout:g} s)")
 
     def _settle(self, first: list[Failure]) -> list[Failure]:
-        """Wait briefly for a failure's echoes on other hosts, so that the root cause is chosen
-        among all of them (a lost host has no echoes to wait for: they came before it)."""
+        """Stop every other host at once, then wait briefly for the failures it had already
+        seen on them, so that the root cause is chosen among all of them (a lost host has no
+        echoes to wait for: they came before it). Whether a host failed before the stop reached it
+        is in its own records (diagnose/ending.py), not in when its report arrived."""
+        self._stop_all(f"{first[0].host} failed" if first[0].host else "the job failed")
         seen = {f.host: f for f in first}
         deadline = time.monotonic() + SETTLE
-        while time.monotonic() < deadline and first[0].kind is not FailureKind.LOST:
+        while (time.monotonic() < deadline and first[0].kind is not FailureKind.LOST
+               and not all(h.exited.is_set() for h in self.hosts)):
             for failure in self.backend.failures(self.view):
                 seen.setdefault(failure.host, failure)
             time.sleep(POLL)
+        for failure in self.backend.failures(self.view):
+            seen.setdefault(failure.host, failure)
         return [seen[h.node] for h in self.hosts if h.node in seen]
 
     def _stop_all(self, reason: str) -> None:
@@ -337,16 +343,16 @@ class Attempt:
         """Stop every host, then record and show the root cause and how each other host ended."""
         root = root_cause(failures)
         self.sink.failed_rank(root.host, root.rank)
-        self._stop_all(f"{root.host} failed" if root.host else "the job failed")
+        if not self.stopped_hosts:  # a hang, or a backend's own verdict: not stopped while settling
+            self._stop_all(f"{root.host} failed" if root.host else "the job failed")
         if root.host in {h.node for h in self.hosts} and root.kind is not FailureKind.LOST:
             # Lines that arrived while the others were stopped belong to the root cause's story too.
             root = replace(root, last_lines=self.host(root.host).last_lines(root.rank) or root.last_lines)
         root = replace(root, after_final=self._final_before(root.time), barrier_hosts=tuple(
-            h.node for h in self.hosts if h.node != root.host and h.stop_sent and h.workers_at_stop == 0))
+            h.node for h in self.hosts if h.node != root.host and h.in_exit_barrier))
         root = replace(root, when=when_failed(root, self._others_finished(root)))
         own = {f.host: f for f in failures}
-        others = {h.node: own[h.node].describe() if h.node in own else h.end()
-                  for h in self.hosts if h.node != root.host}
+        others = {h.node: h.end(own.get(h.node)) for h in self.hosts if h.node != root.host}
         ordered = [root, *(f for f in failures if f.host != root.host)]
         self.verdict = self.history.verdict(root)
         self.history.end(root, self.verdict.quarantined if self.verdict else None)

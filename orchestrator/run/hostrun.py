@@ -18,7 +18,8 @@ from typing import Any
 from orchestrator.backends.run import Channel
 from orchestrator.console.terminal import show
 from orchestrator.diagnose.at_exit import raised_before_signal
-from orchestrator.diagnose.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, oom_reason
+from orchestrator.diagnose.ending import Ending, HostEnd, describe, ending
+from orchestrator.diagnose.failures import STOPPED_BY_DISTRUN, TEARDOWN_SIGNALS, Failure, FailureKind, oom_reason
 from orchestrator.logs import LogSink
 from orchestrator.logs.format import note
 from orchestrator.plan import HostPlan
@@ -56,6 +57,7 @@ class HostRun:
     exit_time: float | None = None  # when the exit event arrived (time.time())
     stop_sent: bool = False  # the controller asked this host to stop (before or after its exit)
     workers_at_stop: int | None = None  # the job's processes besides torchrun when the stop came (see supervisor)
+    alive_at_stop: list[int] | None = None  # their pids when the stop signalled torchrun (None: it did not)
     gpus_freed: list[str] = field(default_factory=list)  # GPU memory the end of the job freed (remote/gpu.py)
     restarts: int = 0  # torchrun's restarts of its workers, as its supervisor counted them
     exited: threading.Event = field(default_factory=threading.Event)
@@ -144,6 +146,8 @@ class HostRun:
             self._read_ending(event)
             self.oom_kills = event.get("oom_kills")
             self.workers_at_stop = event.get("workers_at_stop")
+            alive = event.get("alive_at_stop")
+            self.alive_at_stop = None if alive is None else [int(pid) for pid in alive]
             self.gpus_freed = list(event.get("gpus_freed") or [])
             if self.exit_error:
                 self._guard(self.sink.note)(self.node, self.exit_error)
@@ -219,6 +223,9 @@ class HostRun:
                 "stopped": self.stop_sent or self.stop_cause is not None}
         if first is None:  # no worker record: torchrun itself failed or was killed, or none was written
             return Failure.from_returncode(self.node, rc, last_lines=self.last_lines(None), **seen)
+        # A worker that had ended before the stop reached its torchrun failed on its own, stop or not.
+        seen["stopped"] = self.stop_cause is not None and (
+            first.signal in TEARDOWN_SIGNALS or first.pid in (self.alive_at_stop or ()))
         lines = self.last_lines(first.rank)
         return Failure.from_worker(self.node, first, last_lines=lines, **raised_before_signal(first, lines), **seen)
 
@@ -238,10 +245,32 @@ class HostRun:
         lines = self.sink.own_lines(self.node, SUMMARY_LINES) if kind is FailureKind.LOST else self.last_lines(None)
         return Failure(self.node, kind, reason=reason, address=self.plan.host, last_lines=lines)
 
-    def end(self) -> str:
-        """How the host ended, for the summary's `Other hosts` line."""
+    @property
+    def ending(self) -> HostEnd:
+        """What its supervisor reported of its end: torchrun's records and the pids alive at the stop."""
+        return HostEnd(tuple(self.workers), self.alive_at_stop)
+
+    @property
+    def in_exit_barrier(self) -> bool:
+        """Every rank of the host had returned from its main when distrun's stop reached its torchrun."""
+        return self.exited.is_set() and not self.ended_itself and ending(self.ending) is Ending.BARRIER
+
+    def end(self, failure: Failure | None = None) -> str:
+        """How the host ended, for the summary's `Other hosts` line: decided from torchrun's records
+        against the moment distrun's stop reached it (diagnose/ending.py); else its own `failure`,
+        when it reported one that distrun's stop did not cause."""
+        reported = self.exited.is_set() and not self.ended_itself
+        own = failure.describe() if failure is not None and not failure.stopped else None
+        if reported and (self.workers or self.alive_at_stop is not None):
+            return describe(self.ending, own or self._own_exit())
+        if own is not None:
+            return own
         if self.stop_sent and self.exited.is_set():
             return STOPPED_BY_DISTRUN
+        return self._own_exit()
+
+    def _own_exit(self) -> str:
+        """How the host exited by itself, in words."""
         if self.exited.is_set() and self.ended_itself:
             return f"its supervisor ended the job: {self.exit_reason}"
         if self.exit_rc is None:
