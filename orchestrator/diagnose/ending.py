@@ -4,17 +4,20 @@ After one rank fails, the ranks of the other hosts end one of three ways, and th
 `Other hosts` line must say which, the same way every time:
 
 - they failed on their own, as a consequence (gloo's `Connection closed by peer` once the first
-  rank's process was gone, their torchrun raising `ChildFailedError`): torchrun recorded a worker
-  that failed by itself (not a teardown's signal) and that had ended before distrun's stop reached
-  the host (its pid was not alive then, or no stop reached a running torchrun);
+  rank's process was gone, their torchrun raising `ChildFailedError`): a worker had raised when
+  distrun's stop reached the host (its `@record` error file was written; its process may take
+  seconds more to exit), or torchrun recorded a worker that failed by itself (not a teardown's
+  signal) and had ended before the stop (its pid was not alive then, or no stop reached a running
+  torchrun);
 - distrun stopped them: the stop reached the host while a worker still ran;
 - they had all returned from their main: the stop found torchrun alone, recording no failed
   worker and still running after its supervisor gave it time to end on its own (torchrun
   enters its exit barrier only once every worker exited 0).
 
 The evidence is the supervisor's `exit` event (remote/supervisor.py): torchrun's records of the
-failed workers (remote/workerfail.py, each with its pid and time) and the pids alive when the
-stop signalled torchrun. Nothing depends on which host's message reached the controller first.
+failed workers (remote/workerfail.py, each with its pid and time), the pids alive when the stop
+signalled torchrun, and the ranks that had raised by then. Nothing depends on which host's
+message reached the controller first.
 """
 
 from __future__ import annotations
@@ -49,16 +52,21 @@ class HostEnd:
         workers: torchrun's records of its failed workers.
         alive_at_stop: The job's pids alive when distrun's stop signalled its torchrun ([]: torchrun
             alone; None: no stop reached a running torchrun).
+        raised_at_stop: The ranks that had raised through elastic's `@record` (their error files
+            written) when the stop came, their processes exiting or not.
     """
 
     workers: Sequence[WorkerRecord] = ()
     alive_at_stop: Sequence[int] | None = None
+    raised_at_stop: Sequence[int] = ()
 
 
 def failed_alone(end: HostEnd) -> list[WorkerRecord]:
-    """The workers that failed on their own: not by a teardown's signal, and ended before any stop."""
+    """The workers that failed on their own: they had raised when the stop came, or they ended
+    before it (or with no stop) and not by a teardown's signal."""
     alive = set(end.alive_at_stop or ())
-    return [w for w in end.workers if w.signal not in TEARDOWN_SIGNALS and w.pid not in alive]
+    return [w for w in end.workers if w.rank in end.raised_at_stop
+            or (w.signal not in TEARDOWN_SIGNALS and w.pid not in alive)]
 
 
 def ending(end: HostEnd) -> Ending:

@@ -55,9 +55,11 @@ class HostRun:
     workers: list[WorkerRecord] = field(default_factory=list)  # torchrun's records of its failed workers
     oom_kills: int | None = None  # the kernel's OOM kills on the host during the job, as its supervisor counted
     exit_time: float | None = None  # when the exit event arrived (time.time())
+    failing_time: float | None = None  # when torchrun's records of failed workers arrived, before its exit
     stop_sent: bool = False  # the controller asked this host to stop (before or after its exit)
     workers_at_stop: int | None = None  # the job's processes besides torchrun when the stop came (see supervisor)
     alive_at_stop: list[int] | None = None  # their pids when the stop signalled torchrun (None: it did not)
+    raised_at_stop: list[int] = field(default_factory=list)  # the ranks that had raised (@record) by the stop
     gpus_freed: list[str] = field(default_factory=list)  # GPU memory the end of the job freed (remote/gpu.py)
     restarts: int = 0  # torchrun's restarts of its workers, as its supervisor counted them
     exited: threading.Event = field(default_factory=threading.Event)
@@ -148,11 +150,17 @@ class HostRun:
             self.workers_at_stop = event.get("workers_at_stop")
             alive = event.get("alive_at_stop")
             self.alive_at_stop = None if alive is None else [int(pid) for pid in alive]
+            self.raised_at_stop = [int(rank) for rank in event.get("raised_at_stop") or ()]
             self.gpus_freed = list(event.get("gpus_freed") or [])
             if self.exit_error:
                 self._guard(self.sink.note)(self.node, self.exit_error)
             self._guard(self.sink.ended)(self.node)
             self.exited.set()
+            if self.wake is not None:
+                self.wake.set()
+        elif kind == "failing":
+            self._read_workers(event)
+            self.failing_time = time.time()
             if self.wake is not None:
                 self.wake.set()
         elif kind == "note":
@@ -165,8 +173,16 @@ class HostRun:
         reported and taken as absent, so that the exit itself still counts."""
         try:
             self.stop_cause = StopCause(event["stop_cause"]) if event.get("stop_cause") else None
-            self.workers = [WorkerRecord.from_event(worker) for worker in event.get("workers") or ()]
             self.restarts = int(event.get("restarts") or 0)
+        except (ValueError, TypeError) as exc:
+            self._failed_handling(exc)
+        self._read_workers(event)
+
+    def _read_workers(self, event: dict[str, Any]) -> None:
+        """torchrun's records of its failed workers, from a `failing` or `exit` event; malformed ones
+        are reported and taken as absent."""
+        try:
+            self.workers = [WorkerRecord.from_event(worker) for worker in event.get("workers") or ()]
         except (ValueError, TypeError) as exc:
             self._failed_handling(exc)
 
@@ -203,6 +219,8 @@ class HostRun:
         a closed channel, or silence (counted from `awake_since`); else None."""
         if self.exited.is_set():
             return self._exit_failure()
+        if self.failing_time is not None:  # torchrun recorded its failed workers and is exiting
+            return self._worker_failure(first_failure(self.workers), 1, "", self.failing_time)
         if self.channel_closed():
             return self.lost(self._closed_reason())
         if self.silent(lost_after, awake_since):
@@ -216,15 +234,20 @@ class HostRun:
                            time=self.exit_time or time.time(), stopped=self.stop_cause is StopCause.SIGNAL)
         if not self.exit_rc:
             return None
-        first = first_failure(self.workers)
-        rc = first.exitcode if first is not None else self.exit_rc
-        reason = self.exit_error or (oom_reason(self.oom_kills) if rc == -signal.SIGKILL else "")
-        seen = {"reason": reason, "address": self.plan.host, "time": self.exit_time or time.time(),
+        return self._worker_failure(first_failure(self.workers), self.exit_rc, self.exit_error or "",
+                                    self.exit_time or time.time())
+
+    def _worker_failure(self, first: WorkerRecord | None, exit_rc: int, error: str, when: float) -> Failure:
+        """The host's failure: its first failed worker as torchrun recorded it, else torchrun's own
+        exit code `exit_rc`."""
+        rc = first.exitcode if first is not None else exit_rc
+        reason = error or (oom_reason(self.oom_kills) if rc == -signal.SIGKILL else "")
+        seen = {"reason": reason, "address": self.plan.host, "time": when,
                 "stopped": self.stop_sent or self.stop_cause is not None}
         if first is None:  # no worker record: torchrun itself failed or was killed, or none was written
             return Failure.from_returncode(self.node, rc, last_lines=self.last_lines(None), **seen)
         # A worker that had ended before the stop reached its torchrun failed on its own, stop or not.
-        seen["stopped"] = self.stop_cause is not None and (
+        seen["stopped"] = self.stop_cause is not None and first.rank not in self.raised_at_stop and (
             first.signal in TEARDOWN_SIGNALS or first.pid in (self.alive_at_stop or ()))
         lines = self.last_lines(first.rank)
         return Failure.from_worker(self.node, first, last_lines=lines, **raised_before_signal(first, lines), **seen)
@@ -248,7 +271,7 @@ class HostRun:
     @property
     def ending(self) -> HostEnd:
         """What its supervisor reported of its end: torchrun's records and the pids alive at the stop."""
-        return HostEnd(tuple(self.workers), self.alive_at_stop)
+        return HostEnd(tuple(self.workers), self.alive_at_stop, tuple(self.raised_at_stop))
 
     @property
     def in_exit_barrier(self) -> bool:
@@ -261,7 +284,7 @@ class HostRun:
         when it reported one that distrun's stop did not cause."""
         reported = self.exited.is_set() and not self.ended_itself
         own = failure.describe() if failure is not None and not failure.stopped else None
-        if reported and (self.workers or self.alive_at_stop is not None):
+        if reported and (self.workers or self.alive_at_stop is not None):  # what torchrun and the stop saw
             return describe(self.ending, own or self._own_exit())
         if own is not None:
             return own
