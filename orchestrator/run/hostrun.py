@@ -19,7 +19,7 @@ from orchestrator.backends.run import Channel
 from orchestrator.console.terminal import show
 from orchestrator.diagnose.at_exit import raised_before_signal
 from orchestrator.diagnose.ending import Ending, HostEnd, describe, ending
-from orchestrator.diagnose.failures import STOPPED_BY_DISTRUN, TEARDOWN_SIGNALS, Failure, FailureKind, oom_reason
+from orchestrator.diagnose.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, oom_reason
 from orchestrator.logs import LogSink
 from orchestrator.logs.format import note
 from orchestrator.plan import HostPlan
@@ -246,9 +246,10 @@ class HostRun:
                 "stopped": self.stop_sent or self.stop_cause is not None}
         if first is None:  # no worker record: torchrun itself failed or was killed, or none was written
             return Failure.from_returncode(self.node, rc, last_lines=self.last_lines(None), **seen)
-        # A worker that had ended before the stop reached its torchrun failed on its own, stop or not.
-        seen["stopped"] = self.stop_cause is not None and first.rank not in self.raised_at_stop and (
-            first.signal in TEARDOWN_SIGNALS or first.pid in (self.alive_at_stop or ()))
+        # Only a worker that still ran, and had not raised, when distrun's stop signalled its torchrun
+        # was stopped by distrun; one that had ended before (torchrun's own teardown included) failed
+        # on its own, stop or not.
+        seen["stopped"] = first.pid in (self.alive_at_stop or ()) and first.rank not in self.raised_at_stop
         lines = self.last_lines(first.rank)
         return Failure.from_worker(self.node, first, last_lines=lines, **raised_before_signal(first, lines), **seen)
 
