@@ -265,7 +265,10 @@ class Attempt:
         seen on them, so that the root cause is chosen among all of them (a lost host has no
         echoes to wait for: they came before it). Whether a host failed before the stop reached it
         is in its own records (diagnose/ending.py), not in when its report arrived."""
-        self._stop_all(f"{first[0].host} failed" if first[0].host else "the job failed")
+        # A host whose torchrun has recorded its failed workers is exiting by itself: it is stopped
+        # below only if it is still running once the others have been.
+        exiting = {h.node for h in self.hosts if h.failing_time is not None}
+        self._stop_all(f"{first[0].host} failed" if first[0].host else "the job failed", spare=exiting)
         seen = {f.host: f for f in first}
         deadline = time.monotonic() + SETTLE
         while (time.monotonic() < deadline and first[0].kind is not FailureKind.LOST
@@ -277,12 +280,12 @@ class Attempt:
             seen.setdefault(failure.host, failure)
         return [seen[h.node] for h in self.hosts if h.node in seen]
 
-    def _stop_all(self, reason: str) -> None:
-        """Have the backend end every host still running, each told why in its log."""
+    def _stop_all(self, reason: str, spare: set[str] | frozenset[str] = frozenset()) -> None:
+        """Have the backend end every host still running but those in `spare`, each told why in its log."""
         self.stopped_hosts = True
-        live = [h for h in self.hosts if not h.exited.is_set()]
+        live = [h for h in self.hosts if not h.exited.is_set() and h.node not in spare]
+        self.sink.notes([host.node for host in live], f"stopping ({reason})")
         for host in live:
-            self.sink.note(host.node, f"stopping ({reason})")
             self.sink.stopping(host.node)
             host.stop_sent = True
         if live:
@@ -343,8 +346,7 @@ class Attempt:
         """Stop every host, then record and show the root cause and how each other host ended."""
         root = root_cause(failures)
         self.sink.failed_rank(root.host, root.rank)
-        if not self.stopped_hosts:  # a hang, or a backend's own verdict: not stopped while settling
-            self._stop_all(f"{root.host} failed" if root.host else "the job failed")
+        self._stop_all(f"{root.host} failed" if root.host else "the job failed")  # what is still running
         if root.host in {h.node for h in self.hosts} and root.kind is not FailureKind.LOST:
             # Lines that arrived while the others were stopped belong to the root cause's story too.
             root = replace(root, last_lines=self.host(root.host).last_lines(root.rank) or root.last_lines)
