@@ -281,9 +281,10 @@ class Attempt:
         return [seen[h.node] for h in self.hosts if h.node in seen]
 
     def _stop_all(self, reason: str, spare: set[str] | frozenset[str] = frozenset()) -> None:
-        """Have the backend end every host still running but those in `spare`, each told why in its log."""
+        """Have the backend end every host still running but those in `spare` and those already
+        told to stop (each host is stopped once), each told why in its log."""
         self.stopped_hosts = True
-        live = [h for h in self.hosts if not h.exited.is_set() and h.node not in spare]
+        live = [h for h in self.hosts if not h.exited.is_set() and not h.stop_sent and h.node not in spare]
         self.sink.notes([host.node for host in live], f"stopping ({reason})")
         for host in live:
             self.sink.stopping(host.node)
@@ -347,6 +348,7 @@ class Attempt:
         root = root_cause(failures)
         self.sink.failed_rank(root.host, root.rank)
         self._stop_all(f"{root.host} failed" if root.host else "the job failed")  # what is still running
+        root = self._as_exited(root)
         if root.host in {h.node for h in self.hosts} and root.kind is not FailureKind.LOST:
             # Lines that arrived while the others were stopped belong to the root cause's story too.
             root = replace(root, last_lines=self.host(root.host).last_lines(root.rank) or root.last_lines)
@@ -365,6 +367,15 @@ class Attempt:
         if self.verdict is not None:
             summary += f"\n{self.verdict.why}"
         return self._finish(JobState.FAILED, int(ExitCode.FAILED), summary, ordered)
+
+    def _as_exited(self, failure: Failure) -> Failure:
+        """A failure seen from torchrun's records before its host exited, completed by the host's exit
+        (the OOM killer's count, its supervisor's error); its time stays when it was first seen."""
+        host = self.by_node.get(failure.host)
+        if host is None or host.failing_time is None or not host.exited.is_set():
+            return failure
+        final = host.failure(self.plan.heartbeat_timeout, self.awake_since)
+        return failure if final is None else replace(final, time=failure.time)
 
     def _end_attempt(self, summary: str, verdict: Verdict) -> int:
         """This attempt failed and another follows: record the attempt, say why and what comes
