@@ -4,11 +4,11 @@ Protocol (stdin, one JSON object per line): first `{"op": "config", ...}`, then 
 heartbeats and `{"op": "stop"}`. End of stdin means the controller is gone.
 
 Output (stdout, remote/stream.py): batches of whole lines framed by rank and stream, and events
-(`started`, `hb`, `tel`, `fr` (remote/frpoll.py), `failing`, `exit`, `note`): `failing` carries torchrun's
-records of its failed workers as soon as it has written them, before it exits. remote/relay.py carries the job's lines from
-torchrun's per-rank files to the host-side copy and stdout. Events go out ahead of queued
-batches, so heartbeats and telemetry never wait behind a flood, and nothing that decides the
-job's fate (the watchdog, a stop) waits on stdout. An `exit` after a stop carries
+(`started`, `hb`, `tel`, `fr` (remote/frpoll.py), `failing`, `exit`, `note`): `failing` carries
+torchrun's records of its failed workers as soon as it has written them, before it exits.
+remote/relay.py carries the job's lines from torchrun's per-rank files to the host-side copy and
+stdout. Events go out ahead of queued batches, so heartbeats and telemetry never wait behind a
+flood, and nothing that decides the job's fate (the watchdog, a stop) waits on stdout. An `exit` after a stop carries
 `workers_at_stop`: how many of the job's processes besides torchrun were alive when the stop
 came while torchrun still ran (0: every worker had exited and torchrun waited in its exit
 barrier for the other hosts); null when torchrun had already exited or no stop came. With it,
