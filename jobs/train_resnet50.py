@@ -93,7 +93,6 @@ from torch import nn
 from torch.distributed import checkpoint as dcp
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
-from torch.distributed.elastic.control_plane import worker_main
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
@@ -839,19 +838,6 @@ def train_ft(args: argparse.Namespace, runtime: Runtime) -> None:
     manager.shutdown(wait=False)
 
 
-def serving_flight_recorder() -> AbstractContextManager[None]:
-    """torch's control plane on $DISTRUN_WORKER_SOCKETS/rank<RANK>.sock, where distrun fetches this
-    rank's Flight Recorder dump when the job hangs (jobs/README.md); nothing without the variable."""
-    sockets = os.environ.get("DISTRUN_WORKER_SOCKETS")
-    if not sockets:
-        return nullcontext()
-    path = os.path.join(sockets, f"rank{os.environ.get('RANK', '0')}.sock")
-    if os.path.exists(path):
-        os.remove(path)  # an earlier attempt's: torch does not bind over it
-    os.environ["TORCH_WORKER_SERVER_SOCKET"] = path
-    return worker_main()
-
-
 @record
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
@@ -878,7 +864,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    with serving_flight_recorder():
-        status = main()
+    status = main()
     # Not sys.exit: interpreter teardown can abort a rank whose work is done (see quick_exit).
     quick_exit(status)

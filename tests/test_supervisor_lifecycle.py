@@ -67,7 +67,9 @@ def test_a_full_disk_for_the_host_copy_is_a_warning_and_the_job_runs_to_its_end(
                for n in notes)
     assert [e for e in events if e["ev"] == "exit"] == [{"ev": "exit", "rc": 0, "reason": None,
                                                           "oom_kills": events[-1]["oom_kills"],
-                                                          "workers_at_stop": None, "gpus_freed": [],
+                                                          "workers_at_stop": None, "stop_at": None,
+                                                          "alive_at_stop": None, "raised_at_stop": [],
+                                                          "gpus_freed": [],
                                                           "stop_cause": None, "workers": [], "restarts": 0}]
 
 

@@ -175,6 +175,14 @@ class Screen:
                 return
             self.writer.offer(f"{self._label(node, None, 'o', False)} {line}\n", 1)
 
+    def notes(self, nodes: list[str], text: str) -> None:
+        """The same note of distrun's about several hosts, in one line: `[node0,2] distrun: ...`."""
+        line = shown(f"distrun: {text}".encode())
+        with self.lock:
+            shown_nodes = [node for node in nodes if not self.fold.note(node)]
+            if shown_nodes:
+                self.writer.offer(f"{group_label(shown_nodes, [], 'o')} {line}\n", 1)
+
     def stopping(self, node: str) -> None:
         """distrun began stopping `node`: fold what the stop makes it print on stderr."""
         with self.lock:

@@ -104,6 +104,15 @@ class LogSink:
         if self.screen is not None:
             self.screen.note(node, text)
 
+    def notes(self, nodes: list[str], text: str) -> None:
+        """`note` about each of `nodes`, kept with each host's lines and shown in one line."""
+        text = self.masker.text(text) if self.masker else text
+        data = f"distrun: {text}\n".encode("utf-8", "replace")
+        for node in nodes:
+            self._keep(IndexEntry(time.time(), self.attempt, node, None, NOTE, 1, len(data)), data)
+        if self.screen is not None:
+            self.screen.notes(nodes, text)
+
     def stopping(self, node: str) -> None:
         """distrun began stopping `node` (its shutdown noise is folded on screen)."""
         if self.screen is not None:

@@ -4,13 +4,21 @@ Protocol (stdin, one JSON object per line): first `{"op": "config", ...}`, then 
 heartbeats and `{"op": "stop"}`. End of stdin means the controller is gone.
 
 Output (stdout, remote/stream.py): batches of whole lines framed by rank and stream, and events
-(`started`, `hb`, `tel`, `fr` (remote/frpoll.py), `exit`, `note`). remote/relay.py carries the job's lines from
-torchrun's per-rank files to the host-side copy and stdout. Events go out ahead of queued
-batches, so heartbeats and telemetry never wait behind a flood, and nothing that decides the
-job's fate (the watchdog, a stop) waits on stdout. An `exit` after a stop carries
+(`started`, `hb`, `tel`, `fr` (remote/frpoll.py), `failing`, `exit`, `note`): `failing` carries
+torchrun's records of its failed workers as soon as it has written them, before it exits.
+remote/relay.py carries the job's lines from torchrun's per-rank files to the host-side copy and
+stdout. Events go out ahead of queued batches, so heartbeats and telemetry never wait behind a
+flood, and nothing that decides the job's fate (the watchdog, a stop) waits on stdout. An `exit` after a stop carries
 `workers_at_stop`: how many of the job's processes besides torchrun were alive when the stop
 came while torchrun still ran (0: every worker had exited and torchrun waited in its exit
-barrier for the other hosts); null when torchrun had already exited or no stop came.
+barrier for the other hosts); null when torchrun had already exited or no stop came. With it,
+`stop_at` (when the stop reached the running torchrun, the host's clock) and `alive_at_stop`: the
+pids of the job's processes alive when the stop signalled torchrun, so that each failed worker's
+record (its pid) tells whether it ended before the stop ([]: torchrun alone, in its exit barrier:
+a torchrun whose workers are all gone is first given OWN_END seconds to end on its own, as it does
+once it has recorded their failure; null: torchrun ended on its own, or no stop came). A torchrun
+that the stop ended records no worker: `workers` then holds those that had raised through elastic's
+`@record` before the stop (their error files, pid 0); `raised_at_stop` lists those ranks either way.
 It also carries `stop_cause` (a `StopCause`: who had the supervisor end the job; null when
 nobody did) and `workers`: torchrun's record of each failed worker (remote/workerfail.py),
 the job's secrets masked.
@@ -55,9 +63,12 @@ from orchestrator.remote.safedirs import UnsafeDirError, expand_var, make_safe_d
 from orchestrator.remote.sockdir import remove_fallback, socket_dir
 from orchestrator.remote.stream import StreamWriter
 from orchestrator.remote.tail import restart_count
-from orchestrator.remote.workerfail import RECORDS, WorkerRecord, read_records
+from orchestrator.remote.workerfail import RECORDS, WorkerRecord, raised_workers, read_records
 
 HEARTBEAT_EVERY = 1.0
+# A stop that finds torchrun alone (its workers gone) gives it this long to end on its own first.
+OWN_END = 2.0
+RECORDS_EVERY = 0.1  # how often the supervisor looks for torchrun's records of failed workers
 
 
 class StopCause(str, Enum):
@@ -237,6 +248,9 @@ class Supervisor:
         self.restarts = 0  # torchrun's restarts of its workers, counted once it has ended
         self.sockets: tuple[str, str] | None = None  # the ranks' socket directory: (as asked, as made)
         self.workers_at_stop: int | None = None
+        self.stop_at: float | None = None  # when the stop reached a running torchrun (time.time())
+        self.alive_at_stop: list[int] | None = None  # the job's pids alive when the stop signalled torchrun
+        self.raised_at_stop: list[WorkerRecord] = []  # workers that had raised (@record) when the stop came
         self.gpus_freed: list[str] = []
         self.stopping = threading.Event()
         self.done = threading.Event()
@@ -341,6 +355,17 @@ class Supervisor:
             if self.hb_timeout is not None and time.monotonic() - self.last_hb > self.hb_timeout:
                 self.stop(f"controller heartbeat silent for more than {self.hb_timeout:g} s", StopCause.HEARTBEAT)
 
+    def watch_records(self) -> None:
+        """Send torchrun's records of its failed workers (a `failing` event) as soon as it has written
+        them: it raises ChildFailedError, and only then tears itself down, which takes seconds on a
+        busy host; the controller stops the other hosts on this event, not on torchrun's exit."""
+        while not self.done.wait(RECORDS_EVERY):
+            if os.path.exists(self.record_path):
+                records = read_records(self.record_path)
+                if records:
+                    self.out.event("failing", workers=[self._masked(record) for record in records])
+                    return
+
     def stop(self, reason: str, cause: StopCause) -> None:
         if self.stopping.is_set() or self.done.is_set():
             return
@@ -351,12 +376,29 @@ class Supervisor:
         self.ender.start()
 
     def _end(self) -> None:
-        if self.child is not None and self.child.poll() is None:
+        if self.child is not None and _alive(self.child.pid):
+            self.stop_at = time.time()
+            self.raised_at_stop = raised_workers(self.relay.raw_dir, self.relay.ranks.rank)
             workers = job_processes(self.job_id, os.getpid(), self.node)
-            self.workers_at_stop = len([p for p in workers if p != self.child.pid and _alive(p)])
+            alive = sorted(p for p in workers if p != self.child.pid and _alive(p))
+            self.workers_at_stop = len(alive)
+            if alive or not self._ends_alone(self.child.pid, min(self.grace, OWN_END)):
+                self.alive_at_stop = alive
         left, freed = end_job_freeing_gpus(self.job_id, self.node, self.leader, self.grace)
         self.out.event("note", msg=f"job processes ended ({self.stop_reason}); {left} needed SIGKILL")
         self._freed(freed)
+
+    @staticmethod
+    def _ends_alone(pid: int, wait: float) -> bool:
+        """Whether torchrun (`pid`), its workers all gone, exits on its own within `wait` seconds:
+        one that is handling their failure writes its record of them and exits; one in its exit
+        barrier waits there for the other hosts (it is not reaped here: its group stays signallable)."""
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return True
+            time.sleep(0.02)
+        return not _alive(pid)
 
     def _freed(self, lines: list[str]) -> None:
         for line in lines:
@@ -381,6 +423,7 @@ class Supervisor:
             if self.hb_timeout is not None:
                 threading.Thread(target=self.control, args=(stdin,), daemon=True).start()
             threading.Thread(target=self.watchdog, daemon=True).start()
+            threading.Thread(target=self.watch_records, daemon=True).start()
             sampler = start_telemetry(self.cfg, self.out, self.done, self.dir)
             self.start_flight_polls()
             self.relay.run(self.child)  # type: ignore[arg-type]  # set by start_child
@@ -394,6 +437,8 @@ class Supervisor:
             rc = self._finish(sampler)
         self.out.end("exit", self.last_words_wait(), rc=rc, reason=self.stop_reason, stop_cause=self.stop_cause,
                      oom_kills=self._oom_kills_since_start(), workers_at_stop=self.workers_at_stop,
+                     stop_at=self.stop_at, alive_at_stop=self.alive_at_stop,
+                     raised_at_stop=[worker.rank for worker in self.raised_at_stop],
                      gpus_freed=self.gpus_freed, workers=[self._masked(record) for record in self.workers],
                      restarts=self.restarts,
                      **({"error": error} if error else {}), **({"refused": True} if refused else {}))
@@ -420,6 +465,9 @@ class Supervisor:
             self._freed(end_job_freeing_gpus(self.job_id, self.node, self.leader, min(self.grace, 2.0))[1])
         rc = self.leader.wait() if self.leader is not None else 127
         self.workers = read_records(self.record_path)  # before the relay removes torchrun's files
+        # A torchrun that the stop ended records nothing: the workers that had raised before it still tell.
+        recorded = {worker.rank for worker in self.workers}
+        self.workers += [worker for worker in self.raised_at_stop if worker.rank not in recorded]
         self.restarts = restart_count(self.relay.raw_dir)
         self.relay.finish()
         if self.sockets is not None:

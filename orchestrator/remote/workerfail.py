@@ -22,8 +22,9 @@ Stdlib-only: it runs on the hosts.
 from __future__ import annotations
 
 import json
+import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -120,3 +121,44 @@ def first_failure(records: Sequence[WorkerRecord]) -> WorkerRecord | None:
     teardown of the others) comes after one that failed alone, then the order given. None when
     there is none."""
     return min(records, key=lambda record: (record.timestamp, record.exitcode == -signal.SIGTERM), default=None)
+
+
+def raised_workers(log_dir: str, rank_of: Callable[[int, int], int]) -> list[WorkerRecord]:
+    """The workers of torchrun's latest attempt that have raised through elastic's `@record`: each
+    one's error file (`<log_dir>/<run>/attempt_<n>/<local rank>/error.json`), which it writes as its
+    exception leaves its main, while the process may take seconds more to exit. Such a worker exits
+    1; its pid is not in the file (0 here).
+
+    Args:
+        log_dir: torchrun's `--log-dir`.
+        rank_of: (restart, local rank) -> global rank.
+    """
+    found: dict[int, WorkerRecord] = {}
+    for run in _subdirs(log_dir):
+        attempts = [(int(name[len("attempt_"):]), path) for path in _subdirs(run)
+                    if (name := os.path.basename(path)).startswith("attempt_") and name[len("attempt_"):].isdigit()]
+        for restart, attempt in sorted(attempts)[-1:]:
+            for rank_dir in _subdirs(attempt):
+                local = os.path.basename(rank_dir)
+                record = _raised(os.path.join(rank_dir, "error.json"), restart, local, rank_of)
+                if record is not None:
+                    found[record.rank] = record
+    return [found[rank] for rank in sorted(found)]
+
+
+def _raised(path: str, restart: int, local: str, rank_of: Callable[[int, int], int]) -> WorkerRecord | None:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        message, traceback = error_message(data.get("message"))
+        stamp = float((data.get("message") or {}).get("extraInfo", {}).get("timestamp") or 0)
+        return WorkerRecord(rank_of(restart, int(local)), int(local), 0, 1, message, traceback, stamp)
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
+def _subdirs(path: str) -> list[str]:
+    try:
+        return sorted(entry.path for entry in os.scandir(path) if entry.is_dir())
+    except OSError:
+        return []

@@ -356,22 +356,32 @@ class Attempt:
         self.sink.note(self.plan.hosts[0].node, f"job {what} (no progress from any rank for {silent:.0f} s{limit})")
 
     def _settle(self, first: list[Failure]) -> list[Failure]:
-        """Wait briefly for a failure's echoes on other hosts, so that the root cause is chosen
-        among all of them (a lost host has no echoes to wait for: they came before it)."""
+        """Stop every other host at once, then wait briefly for the failures it had already
+        seen on them, so that the root cause is chosen among all of them (a lost host has no
+        echoes to wait for: they came before it). Whether a host failed before the stop reached it
+        is in its own records (diagnose/ending.py), not in when its report arrived."""
+        # A host whose torchrun has recorded its failed workers is exiting by itself: it is stopped
+        # below only if it is still running once the others have been.
+        exiting = {h.node for h in self.hosts if h.failing_time is not None}
+        self._stop_all(f"{first[0].host} failed" if first[0].host else "the job failed", spare=exiting)
         seen = {f.host: f for f in first}
         deadline = time.monotonic() + SETTLE
-        while time.monotonic() < deadline and first[0].kind is not FailureKind.LOST:
+        while (time.monotonic() < deadline and first[0].kind is not FailureKind.LOST
+               and not all(h.exited.is_set() for h in self.hosts)):
             for failure in self.backend.failures(self.view):
                 seen.setdefault(failure.host, failure)
             time.sleep(POLL)
+        for failure in self.backend.failures(self.view):
+            seen.setdefault(failure.host, failure)
         return [seen[h.node] for h in self.hosts if h.node in seen]
 
-    def _stop_all(self, reason: str) -> None:
-        """Have the backend end every host still running, each told why in its log."""
+    def _stop_all(self, reason: str, spare: set[str] | frozenset[str] = frozenset()) -> None:
+        """Have the backend end every host still running but those in `spare` and those already
+        told to stop (each host is stopped once), each told why in its log."""
         self.stopped_hosts = True
-        live = [h for h in self.hosts if not h.exited.is_set()]
+        live = [h for h in self.hosts if not h.exited.is_set() and not h.stop_sent and h.node not in spare]
+        self.sink.notes([host.node for host in live], f"stopping ({reason})")
         for host in live:
-            self.sink.note(host.node, f"stopping ({reason})")
             self.sink.stopping(host.node)
             host.stop_sent = True
         if live:
@@ -437,16 +447,16 @@ class Attempt:
         """Stop every host, then record and show the root cause and how each other host ended."""
         root = root_cause(failures)
         self.sink.failed_rank(root.host, root.rank)
-        self._stop_all(f"{root.host} failed" if root.host else "the job failed")
+        self._stop_all(f"{root.host} failed" if root.host else "the job failed")  # what is still running
+        root = self._as_exited(root)
         if root.host in {h.node for h in self.hosts} and root.kind is not FailureKind.LOST:
             # Lines that arrived while the others were stopped belong to the root cause's story too.
             root = replace(root, last_lines=self.host(root.host).last_lines(root.rank) or root.last_lines)
         root = replace(root, after_final=self._final_before(root.time), barrier_hosts=tuple(
-            h.node for h in self.hosts if h.node != root.host and h.stop_sent and h.workers_at_stop == 0))
+            h.node for h in self.hosts if h.node != root.host and h.in_exit_barrier))
         root = replace(root, when=when_failed(root, self._others_finished(root)))
         own = {f.host: f for f in failures}
-        others = {h.node: own[h.node].describe() if h.node in own else h.end()
-                  for h in self.hosts if h.node != root.host}
+        others = {h.node: h.end(own.get(h.node)) for h in self.hosts if h.node != root.host}
         ordered = [root, *(f for f in failures if f.host != root.host)]
         self.verdict = self.history.verdict(root)
         self.history.end(root, self.verdict.quarantined if self.verdict else None)
@@ -459,6 +469,15 @@ class Attempt:
         summary = failed_summary(self.plan.job_id, root, others) + why
         said = failed_summary(self.plan.job_id, root, others, above) + why
         return self._finish(JobState.FAILED, int(ExitCode.FAILED), summary, ordered, said=said)
+
+    def _as_exited(self, failure: Failure) -> Failure:
+        """A failure seen from torchrun's records before its host exited, completed by the host's exit
+        (the OOM killer's count, its supervisor's error); its time stays when it was first seen."""
+        host = self.by_node.get(failure.host)
+        if host is None or host.failing_time is None or not host.exited.is_set():
+            return failure
+        final = host.failure(self.plan.heartbeat_timeout, self.awake_since)
+        return failure if final is None else replace(final, time=failure.time)
 
     def _end_attempt(self, summary: str, verdict: Verdict) -> int:
         """This attempt failed and another follows: record the attempt, say why and what comes

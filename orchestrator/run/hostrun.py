@@ -18,6 +18,7 @@ from typing import Any
 from orchestrator.backends.run import Channel
 from orchestrator.console.terminal import show
 from orchestrator.diagnose.at_exit import raised_before_signal
+from orchestrator.diagnose.ending import Ending, HostEnd, describe, ending
 from orchestrator.diagnose.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, oom_reason
 from orchestrator.logs import LogSink
 from orchestrator.logs.format import note
@@ -56,8 +57,11 @@ class HostRun:
     workers: list[WorkerRecord] = field(default_factory=list)  # torchrun's records of its failed workers
     oom_kills: int | None = None  # the kernel's OOM kills on the host during the job, as its supervisor counted
     exit_time: float | None = None  # when the exit event arrived (time.time())
+    failing_time: float | None = None  # when torchrun's records of failed workers arrived, before its exit
     stop_sent: bool = False  # the controller asked this host to stop (before or after its exit)
     workers_at_stop: int | None = None  # the job's processes besides torchrun when the stop came (see supervisor)
+    alive_at_stop: list[int] | None = None  # their pids when the stop signalled torchrun (None: it did not)
+    raised_at_stop: list[int] = field(default_factory=list)  # the ranks that had raised (@record) by the stop
     gpus_freed: list[str] = field(default_factory=list)  # GPU memory the end of the job freed (remote/gpu.py)
     restarts: int = 0  # torchrun's restarts of its workers, as its supervisor counted them
     exited: threading.Event = field(default_factory=threading.Event)
@@ -147,6 +151,9 @@ class HostRun:
             self._read_ending(event)
             self.oom_kills = event.get("oom_kills")
             self.workers_at_stop = event.get("workers_at_stop")
+            alive = event.get("alive_at_stop")
+            self.alive_at_stop = None if alive is None else [int(pid) for pid in alive]
+            self.raised_at_stop = [int(rank) for rank in event.get("raised_at_stop") or ()]
             self.gpus_freed = list(event.get("gpus_freed") or [])
             if self.exit_error:
                 self._guard(self.sink.note)(self.node, self.exit_error)
@@ -156,6 +163,11 @@ class HostRun:
                 self.wake.set()
         elif kind == "started":
             self.started = True
+        elif kind == "failing":
+            self._read_workers(event)
+            self.failing_time = time.time()
+            if self.wake is not None:
+                self.wake.set()
         elif kind == "note":
             self.sink.note(self.node, str(event.get("msg")))
         elif kind in ("tel", "fr") and self.on_telemetry is not None:
@@ -166,8 +178,16 @@ class HostRun:
         reported and taken as absent, so that the exit itself still counts."""
         try:
             self.stop_cause = StopCause(event["stop_cause"]) if event.get("stop_cause") else None
-            self.workers = [WorkerRecord.from_event(worker) for worker in event.get("workers") or ()]
             self.restarts = int(event.get("restarts") or 0)
+        except (ValueError, TypeError) as exc:
+            self._failed_handling(exc)
+        self._read_workers(event)
+
+    def _read_workers(self, event: dict[str, Any]) -> None:
+        """torchrun's records of its failed workers, from a `failing` or `exit` event; malformed ones
+        are reported and taken as absent."""
+        try:
+            self.workers = [WorkerRecord.from_event(worker) for worker in event.get("workers") or ()]
         except (ValueError, TypeError) as exc:
             self._failed_handling(exc)
 
@@ -208,6 +228,8 @@ class HostRun:
         a closed channel, or silence (counted from `awake_since`); else None."""
         if self.exited.is_set():
             return self._exit_failure()
+        if self.failing_time is not None:  # torchrun recorded its failed workers and is exiting
+            return self._worker_failure(first_failure(self.workers), 1, "", self.failing_time)
         if self.channel_closed():
             return self.lost(self._closed_reason())
         if self.silent(lost_after, awake_since):
@@ -221,13 +243,22 @@ class HostRun:
                            time=self.exit_time or time.time(), stopped=self.stop_cause is StopCause.SIGNAL)
         if not self.exit_rc:
             return None
-        first = first_failure(self.workers)
-        rc = first.exitcode if first is not None else self.exit_rc
-        reason = self.exit_error or (oom_reason(self.oom_kills) if rc == -signal.SIGKILL else "")
-        seen = {"reason": reason, "address": self.plan.host, "time": self.exit_time or time.time(),
+        return self._worker_failure(first_failure(self.workers), self.exit_rc, self.exit_error or "",
+                                    self.exit_time or time.time())
+
+    def _worker_failure(self, first: WorkerRecord | None, exit_rc: int, error: str, when: float) -> Failure:
+        """The host's failure: its first failed worker as torchrun recorded it, else torchrun's own
+        exit code `exit_rc`."""
+        rc = first.exitcode if first is not None else exit_rc
+        reason = error or (oom_reason(self.oom_kills) if rc == -signal.SIGKILL else "")
+        seen = {"reason": reason, "address": self.plan.host, "time": when,
                 "stopped": self.stop_sent or self.stop_cause is not None}
         if first is None:  # no worker record: torchrun itself failed or was killed, or none was written
             return Failure.from_returncode(self.node, rc, last_lines=self.last_lines(None), **seen)
+        # Only a worker that still ran, and had not raised, when distrun's stop signalled its torchrun
+        # was stopped by distrun; one that had ended before (torchrun's own teardown included) failed
+        # on its own, stop or not.
+        seen["stopped"] = first.pid in (self.alive_at_stop or ()) and first.rank not in self.raised_at_stop
         lines = self.last_lines(first.rank)
         return Failure.from_worker(self.node, first, last_lines=lines, **raised_before_signal(first, lines), **seen)
 
@@ -247,10 +278,32 @@ class HostRun:
         lines = self.sink.own_lines(self.node, SUMMARY_LINES) if kind is FailureKind.LOST else self.last_lines(None)
         return Failure(self.node, kind, reason=reason, address=self.plan.host, last_lines=lines)
 
-    def end(self) -> str:
-        """How the host ended, for the summary's `Other hosts` line."""
+    @property
+    def ending(self) -> HostEnd:
+        """What its supervisor reported of its end: torchrun's records and the pids alive at the stop."""
+        return HostEnd(tuple(self.workers), self.alive_at_stop, tuple(self.raised_at_stop))
+
+    @property
+    def in_exit_barrier(self) -> bool:
+        """Every rank of the host had returned from its main when distrun's stop reached its torchrun."""
+        return self.exited.is_set() and not self.ended_itself and ending(self.ending) is Ending.BARRIER
+
+    def end(self, failure: Failure | None = None) -> str:
+        """How the host ended, for the summary's `Other hosts` line: decided from torchrun's records
+        against the moment distrun's stop reached it (diagnose/ending.py); else its own `failure`,
+        when it reported one that distrun's stop did not cause."""
+        reported = self.exited.is_set() and not self.ended_itself
+        own = failure.describe() if failure is not None and not failure.stopped else None
+        if reported and (self.workers or self.alive_at_stop is not None):  # what torchrun and the stop saw
+            return describe(self.ending, own or self._own_exit())
+        if own is not None:
+            return own
         if self.stop_sent and self.exited.is_set():
             return STOPPED_BY_DISTRUN
+        return self._own_exit()
+
+    def _own_exit(self) -> str:
+        """How the host exited by itself, in words."""
         if self.exited.is_set() and self.ended_itself:
             return f"its supervisor ended the job: {self.exit_reason}"
         if self.exit_rc is None:

@@ -4,6 +4,7 @@ line per host that says where it is kept."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -48,3 +49,24 @@ def test_one_rank_failure_on_three_hosts_fits_one_screen_naming_the_rank_once(cl
                          result.stdout, re.M), result.stdout
     everything = distrun("logs", job_id, home=home).stdout
     assert len(everything.splitlines()) > len(lines), "the job's files keep what the screen folded"
+
+
+def test_a_rank_raising_at_step_20_leaves_the_other_hosts_failed_as_a_consequence_never_in_an_exit_barrier(
+        cluster3, inv, tmp_path):
+    # Issue 41: the others fail on their own (gloo's Connection closed by peer) while distrun's stop goes
+    # out; how each ended is decided from torchrun's records and the ranks' error files, not from timing.
+    job_id = unique_job_id("planted-1")
+    home = tmp_path / "home"
+    job = training_job(tmp_path, "--fail-at-step", "20", "--fail-rank", "3")
+
+    result = distrun("launch", str(job), "-i", str(inv), "--no-live", "--job-id", job_id, home=home, timeout=180)
+
+    assert result.returncode == 1, result.stdout[-3000:]
+    other = next(line for line in result.stdout.splitlines() if line.startswith("Other hosts: "))
+    for node in ("node0", "node2"):
+        assert re.search(rf"{node}: failed as a consequence \(rank \d: RuntimeError: .*Connection closed by peer",
+                         other), other
+    assert "exit barrier" not in result.stdout and "finished:" not in result.stdout
+    records = [r for r in json.loads(distrun("ps", "--json", "--all", home=home).stdout) if r["id"] == job_id]
+    root = records[0]["failures"][0]
+    assert (root["host"], root["rank"], root["barrier_hosts"]) == ("node1", 3, [])
