@@ -157,7 +157,10 @@ def test_a_rank_aborting_after_its_last_step_fails_and_the_summary_says_the_work
     assert "when: at exit, after the job's final metrics line (its work was done)" in summary
     assert ("finished: every rank of node[0-1] had exited; distrun stopped those hosts in torchrun's exit barrier"
             in summary)
-    assert "rank 2: step 2/2 done" in summary
+    # Its last line is on the screen above the summary, not repeated under it; the job's summary file has it.
+    assert "rank 2: step 2/2 done" in result.stdout[:result.stdout.index("FAILED")]
+    assert "last 1 lines of rank 2: shown above (not repeated here)" in summary
+    assert "rank 2: step 2/2 done" in (home / "jobs" / job_id / "summary.txt").read_text()
     assert "Other hosts: node[0-1]: stopped by distrun" in summary
     root = record(home, job_id)["failures"][0]
     assert (root["host"], root["rank"], root["signal"]) == ("node2", 2, "SIGABRT")
