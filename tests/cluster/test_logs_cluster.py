@@ -92,7 +92,8 @@ def test_a_printed_secret_is_masked_on_screen_in_the_job_files_and_in_the_hosts_
     assert "[node1 r3] token *** title \\x1b]0;owned\\x07 clear \\x1b[2J end" in result.stdout
     assert "\x1b]0;" not in result.stdout, "no escape sequence from a host reaches the terminal"
     copies = Path(f"~/.distrun/jobs/{ids['flood']}").expanduser()
-    assert {p.name for p in copies.iterdir() if p.is_dir()} == {"node0", "node1", "node2"}
+    # Each host's copy, beside the shipped programs (bin/) and the ranks' Flight Recorder sockets (sock/).
+    assert {p.name for p in copies.iterdir() if p.is_dir()} == {"node0", "node1", "node2", "bin", "sock"}
     for root in (home, copies):
         for path in root.rglob("*"):
             assert not path.is_file() or SECRET.encode() not in path.read_bytes(), path
