@@ -101,9 +101,12 @@ STANDIN = "9.9.9+standin"
 
 
 def standin_torch(where: Path) -> Path:
-    """A torch with no version.py and no package metadata, as a source tree on PYTHONPATH has it."""
-    (where / "torch").mkdir(parents=True)
+    """A torch with no version.py and no package metadata, as a source tree on PYTHONPATH has it, and
+    with the control plane's file, as a current torch has it (its ranks serve their Flight Recorder)."""
+    elastic = where / "torch" / "distributed" / "elastic"
+    elastic.mkdir(parents=True)
     (where / "torch" / "__init__.py").write_text(f'__version__ = "{STANDIN}"\n')
+    (elastic / "control_plane.py").write_text("")
     return where
 
 
