@@ -20,7 +20,9 @@ TOY = REPO / "tests" / "toy_backend.py"
 # What a backend is written against (ARCHITECTURE.md, "Extension points"): the contract, and the plain
 # data it passes on (the plan, the inventory's nodes, a failure, a record, the supervisor's framing).
 CONTRACT = {"orchestrator.backends.base", "orchestrator.backends.run", "orchestrator.plan", "orchestrator.spec.model",
-            "orchestrator.store", "orchestrator.diagnose.failures", "orchestrator.remote.stream"}
+            "orchestrator.store", "orchestrator.diagnose.failures", "orchestrator.remote.stream",
+            # A backend that runs the plan's argv without distrun's supervisor writes the programs it names.
+            "orchestrator.remote", "orchestrator.remote.programs"}
 
 
 @pytest.fixture

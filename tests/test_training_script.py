@@ -6,11 +6,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -199,17 +197,6 @@ def test_one_process_strategy_runs_without_torchrun(strategy: str) -> None:
     assert [(r["step"], r["strategy"], r["world_size"]) for r in intervals] == [(1, strategy, 1), (2, strategy, 1)]
     assert final["steps_run"] == 2
     assert ("dp without GPUs is a plain single process" in result.stdout) == (strategy == "dp")
-
-
-def test_a_run_serves_its_flight_recorder_socket_and_the_next_binds_over_the_one_left_behind() -> None:
-    sockets = Path(tempfile.mkdtemp(prefix="fr"))  # pytest's paths are too long for a Unix socket
-    try:
-        for _ in range(2):
-            result = train(*TINY, "--steps", "1", "--strategy", "single", env={"DISTRUN_WORKER_SOCKETS": str(sockets)})
-            assert result.returncode == 0, result.stderr[-2000:]
-            assert f"Server listening to UNIX {sockets}/rank0.sock" in result.stderr
-    finally:
-        shutil.rmtree(sockets, ignore_errors=True)
 
 
 def test_one_process_strategy_refuses_a_multi_process_launch() -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -122,9 +123,12 @@ def test_spawned_processes_and_dataloader_workers_reimport_the_script_not_the_en
 
 def test_a_rank_serves_its_flight_recorder_without_opting_in(tmp_path):
     """The script never calls worker_main(): the entry serves it on $DISTRUN_WORKER_SOCKETS/rank<RANK>.sock
-    once the script has imported torch, and leaves no TORCH_WORKER_SERVER_SOCKET in its environment."""
+    (over a socket an earlier attempt left there) once the script has imported torch, and leaves no
+    TORCH_WORKER_SERVER_SOCKET in its environment."""
     sockets = Path("/tmp") / f"dw-{os.getpid()}"
     sockets.mkdir(mode=0o700)
+    with socket.socket(socket.AF_UNIX) as stale:  # an earlier attempt's socket, left behind: served over
+        stale.bind(str(sockets / "rank5.sock"))
     script = tmp_path / "collectives.py"
     script.write_text("import os, sys, torch, torch.distributed as dist\n"
                       "dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"

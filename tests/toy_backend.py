@@ -1,6 +1,7 @@
 """A fourth backend in one file, written against the contract alone (backends/base.py and
 backends/run.py; backends/README.md is the guide): each host of the plan is a local subprocess
-that runs the plan's torchrun directly, without distrun's supervisor.
+that runs the plan's torchrun directly, without distrun's supervisor (it writes the programs the
+plan's argv names, torchrun's and the ranks' entries, where the argv says, as the supervisor does).
 
 What it shows: a backend plans (`prepare`), makes the job exist (`submit`: its plan.json, into
 the job's own directory `ctx.files`), starts its hosts and reports their lines, heartbeats and
@@ -28,6 +29,8 @@ from orchestrator.backends.base import Backend, LaunchContext, Stopped, Submitte
 from orchestrator.backends.run import EXIT_WAIT, RunView
 from orchestrator.diagnose.failures import Failure
 from orchestrator.plan import HostPlan, LaunchPlan, build_plan
+from orchestrator.remote import host_job_dir, program_sources
+from orchestrator.remote.programs import expand_job_words, write_programs
 from orchestrator.remote.stream import EVENT, STDOUT, Batch, encode
 from orchestrator.spec.model import NodeSpec
 from orchestrator.store import JobRecord
@@ -86,7 +89,10 @@ class ToyBackend(Backend):
         return failed
 
     def _spawn(self, plan: LaunchPlan, host: HostPlan) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(direct_argv(host.argv), env={**os.environ, **plan.host_env(host)}, cwd=host.workdir,
+        job_dir = host_job_dir(plan.job_id)
+        write_programs(os.path.expanduser(f"{job_dir}/bin"), program_sources())
+        argv = expand_job_words(direct_argv(host.argv), job_dir)
+        return subprocess.Popen(argv, env={**os.environ, **plan.host_env(host)}, cwd=host.workdir,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
 
