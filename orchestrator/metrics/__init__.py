@@ -14,6 +14,6 @@ from __future__ import annotations
 
 from orchestrator.metrics.endpoint import Endpoint, bind
 from orchestrator.metrics.families import JobsCollector, exposition, families_json
-from orchestrator.metrics.figures import JobFigures, from_files
+from orchestrator.metrics.figures import JobFigures, from_files, hosts_lost
 
-__all__ = ["Endpoint", "JobFigures", "JobsCollector", "bind", "exposition", "families_json", "from_files"]
+__all__ = ["Endpoint", "JobFigures", "JobsCollector", "bind", "exposition", "families_json", "from_files", "hosts_lost"]

@@ -25,7 +25,6 @@ from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Re
 from orchestrator.console.display import fold_hosts
 from orchestrator.console.interrupts import on_signals
 from orchestrator.console.terminal import show
-from orchestrator.diagnose.failures import FailureKind
 from orchestrator.errors import DistrunError, ExitCode, InfraError, UsageError
 from orchestrator.fanout.group import GroupError
 from orchestrator.plan import LaunchPlan
@@ -38,8 +37,6 @@ from orchestrator.run.spare_pool import SparePool
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.overrides import is_script, job_for_launch, job_to_yaml
 from orchestrator.store import JobState, Store, new_job_id
-
-LOST_KINDS = (FailureKind.LOST, FailureKind.INFRA)  # an attempt's end that counts as a host lost
 
 # ---------------------------------------------------------------- the command
 
@@ -103,7 +100,7 @@ class LiveFigures:
         aggregator = attempt.monitor.aggregator
         hosts, throughput = aggregator.snapshot()
         history = attempt.history
-        lost = sum(1 for a in list(history.attempts) if a.failure is not None and a.failure.kind in LOST_KINDS)
+        lost = metrics.hosts_lost([a.to_dict() for a in list(history.attempts)])
         return [metrics.JobFigures(self.job_id, attempt.state.value, history.number, hosts, lost,
                                    tuple(history.quarantined), tuple(attempt.record.alerts),
                                    aggregator.rank_records(), throughput, attempt.monitor.progress_now())]
