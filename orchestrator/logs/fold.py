@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from orchestrator.logs.format import group_label
 
 TRACEBACK = re.compile(r"^(?:\[rank\d+\]:\s*)?Traceback \(most recent call last\):", re.M)
 RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")  # torch's excepthook prefixes each line of a rank's traceback
@@ -114,9 +115,10 @@ class HarmlessFold:
         self.folded[what] = Folded()  # the first shows
         return None
 
-    def said(self, where: Callable[[list[str]], str]) -> list[str]:
-        """One line for each kind of output whose repeats were kept off, `where` labelling its hosts."""
-        return [f"{where(list(folded.nodes))} distrun: {folded.count} more {what} not shown "
+    def said(self) -> list[str]:
+        """One line for each kind of output whose repeats were kept off, labelled with its hosts as a
+        line of theirs is (`[node0-2]`)."""
+        return [f"{group_label(folded.nodes, [], 'o')} distrun: {folded.count} more {what} not shown "
                 f"(known to be harmless; they are in the job's files)\n"
                 for what, folded in self.folded.items() if folded.count]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from orchestrator.errors import UsageError
 from orchestrator.logs.fold import HarmlessFold
-from orchestrator.logs.format import group_label, label, prefixed, shown, stamp
+from orchestrator.logs.format import label, prefixed, shown, stamp
 from orchestrator.logs.screen import Collapser, FoldedLines
 from orchestrator.remote.follow import Follower
 from orchestrator.remote.linestore import INDEX, IndexEntry, Located, Locator, parse_entries
@@ -174,7 +174,7 @@ class Renderer:
 
     def folded(self) -> list[str]:
         """A line for each known-harmless warning whose repeats were kept off (with `harmless`)."""
-        return [] if self.harmless is None else self.harmless.said(lambda nodes: group_label(nodes, [], "o"))
+        return [] if self.harmless is None else self.harmless.said()
 
     def due(self, now: float) -> Iterator[str]:
         """Collapsed lines whose window passed (while following)."""
