@@ -152,6 +152,31 @@ def test_a_rank_serves_its_flight_recorder_without_opting_in(tmp_path):
     assert "WorkerServer" not in stderr  # torch's server's own lines are not the program's
 
 
+def test_programs_that_end_right_after_importing_torch_end_while_the_server_starts(tmp_path):
+    """torch's server shut down before its thread serves is never stopped, and the rank waited
+    for it for ever (CI, 11-27: a rank that raised at start hung its job). Eight at once on two
+    cores: without the wait for the server, most of them hung."""
+    script = tmp_path / "quick.py"
+    script.write_text("import torch\nraise SystemExit(3)\n")
+    dirs = [Path("/tmp") / f"dw-{os.getpid()}-{i}" for i in range(8)]
+    ranks = []
+    for sockets in dirs:
+        sockets.mkdir(mode=0o700)
+        env = {**os.environ, "DISTRUN_WORKER_SOCKETS": str(sockets), "RANK": "0"}
+        ranks.append(subprocess.Popen([sys.executable, "-u", ENTRY, str(script)], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    try:
+        codes = [rank.wait(timeout=60) for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+        for sockets in dirs:
+            for leftover in sockets.iterdir():
+                leftover.unlink()
+            sockets.rmdir()
+    assert codes == [3] * 8
+
+
 def test_a_torch_without_the_control_plane_runs_the_program_unchanged(tmp_path):
     script = tmp_path / "old.py"
     script.write_text("import torch, sys\nprint('ran', sorted(m for m in sys.modules if m.startswith('torch')))\n")

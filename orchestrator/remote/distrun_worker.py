@@ -26,7 +26,8 @@ import sys
 
 SOCKETS = "DISTRUN_WORKER_SOCKETS"
 SERVER_SOCKET = "TORCH_WORKER_SERVER_SOCKET"
-_serving = []  # the entered worker_main(), closed when the program ends
+SERVE_WAIT = 10.0  # seconds torch's server may take to serve before it is shut down
+_serving = []  # the entered worker_main() and its socket, closed when the program ends
 
 
 def _serve_control_plane():
@@ -53,7 +54,7 @@ def _serve_control_plane():
         os.environ[SERVER_SOCKET] = path
         serving = worker_main()
         _quiet(serving.__enter__)
-        _serving.append(serving)
+        _serving.append((serving, path))
     except Exception:
         pass
     finally:
@@ -177,10 +178,29 @@ def _quiet(call, *args):
         os.close(null)
 
 
+def _await_serving(path):
+    """Wait (at most SERVE_WAIT seconds) until torch's server at `path` answers a request. Its
+    shutdown() stops the server only once the server's thread serves: called before that (a
+    program that ends right after importing torch, on a busy host) it does nothing, then waits
+    for that thread for ever. An answered request proves the thread serves."""
+    import socket
+
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(SERVE_WAIT)
+            conn.connect(path)
+            conn.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            conn.recv(1)
+    except OSError:
+        pass  # no socket or no answer: shut down all the same (its thread may have ended)
+
+
 def _close_control_plane():
     while _serving:
-        try:  # noqa: SIM105 (contextlib is not imported here)
-            _quiet(_serving.pop().__exit__, None, None, None)
+        serving, path = _serving.pop()
+        try:
+            _await_serving(path)
+            _quiet(serving.__exit__, None, None, None)
         except Exception:
             pass
 
