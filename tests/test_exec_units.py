@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -216,12 +217,80 @@ def test_a_missing_command_exits_127_saying_so(monkeypatch: pytest.MonkeyPatch) 
 def test_an_end_asked_while_the_guard_starts_its_command_ends_the_command_once_started() -> None:
     """The guard's handlers are in place before the command starts: a SIGTERM in between used to
     kill the guard alone and leave the command running, holding exec's pipes open (exec hung)."""
-    from orchestrator.remote.guard import GroupEnder, start
+    from orchestrator.remote.guard import Guard
 
-    ender = GroupEnder(grace=1.0)
-    ender.end()  # what the SIGTERM handler does
-    leader = start(["sleep", "60"])
+    wakeup, wake = os.pipe()
+    guard = Guard(grace=1.0, stdin=None, wakeup=wakeup)
+    guard.ask_end()  # what the SIGTERM handler does
     began = time.monotonic()
-    ender.begin(leader)
-    assert ender.status(leader) == 128 + signal.SIGTERM
+    guard.start(["sleep", "60"])
+    try:
+        assert guard.wait() == 128 + signal.SIGTERM
+    finally:
+        os.close(wakeup)
+        os.close(wake)
     assert time.monotonic() - began < 5
+
+
+def run_guard(*argv: str, grace: float = 5.0, python: tuple[str, ...] = (sys.executable,)) -> subprocess.Popen[bytes]:
+    """The guard as exec starts it on a host (isolated python, its source on stdin), stdin left open."""
+    from orchestrator import remote
+
+    program = remote.module_source("guard").encode()
+    python_argv = remote.lean_argv(python[0], program, f"{grace:g}", *argv)
+    guard = subprocess.Popen([*python, *python_argv[1:]], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    assert guard.stdin is not None
+    guard.stdin.write(program)
+    guard.stdin.flush()
+    return guard
+
+
+def test_the_end_of_the_guards_stdin_ends_the_command_and_every_process_it_started() -> None:
+    """A dropped connection or a closed channel is the end of the guard's stdin."""
+    guard = run_guard("sh", "-c", "sleep 306 & sleep 307")
+    deadline = time.monotonic() + 30
+    while not (with_arg("306") and with_arg("307")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert guard.stdin is not None
+    guard.stdin.close()
+    assert guard.wait(timeout=10) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while (with_arg("306") or with_arg("307")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not with_arg("306") and not with_arg("307")
+
+
+def test_a_command_that_ignores_sigterm_is_killed_after_the_grace_period() -> None:
+    guard = run_guard("sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done", grace=1.0)
+    assert guard.stdout is not None and guard.stdout.readline() == b"ready\n"
+    began = time.monotonic()
+    guard.send_signal(signal.SIGTERM)
+    assert guard.wait(timeout=10) == 128 + signal.SIGKILL
+    assert 0.9 < time.monotonic() - began < 5
+
+
+def test_the_command_gets_sigpipe_at_its_default_as_under_a_shell() -> None:
+    """Python ignores SIGPIPE; a command started with it ignored prints `Broken pipe` errors."""
+    guard = run_guard("sh", "-c", "yes | head -n 1")
+    assert guard.stdout is not None and guard.stderr is not None
+    out, err = guard.stdout.read(), guard.stderr.read()
+    assert (guard.wait(timeout=30), out, err) == (0, b"y\n", b"")
+
+
+def test_the_guard_imports_only_what_python_has_at_hand() -> None:
+    """It runs once per host for every exec: site, subprocess, threading or signal (enum) would
+    triple the host's CPU for `exec true` (bench/results/exec.md)."""
+    guard = run_guard("true", python=(sys.executable, "-X", "importtime"))
+    assert guard.stderr is not None
+    stderr = guard.stderr.read()
+    # os and what it imports are frozen into the interpreter: no file is read for them.
+    bare = subprocess.run([sys.executable, "-I", "-S", "-X", "importtime", "-c", "import os"], capture_output=True,
+                          timeout=30)
+
+    def imported(stderr: bytes) -> set[str]:
+        lines = stderr.decode().splitlines()
+        return {line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")}
+
+    assert guard.wait(timeout=30) == 0
+    assert imported(stderr) - imported(bare.stderr) - {"import time:"} <= {"_signal", "select", "time"}

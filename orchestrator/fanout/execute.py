@@ -51,7 +51,6 @@ from orchestrator.transport import RemoteProcess, Transport
 from orchestrator.transport.base import ConnectError, reach_hint
 
 STOP_WAIT = 5.0  # after --timeout, how long a stopped command may take to report
-GUARD_MODULES = ["leader", "guard"]
 
 
 @dataclass(frozen=True)
@@ -169,9 +168,9 @@ def start_guarded(transport: Transport, argv: Sequence[str]) -> RemoteProcess:
     Raises:
         InfraError: the command could not be started.
     """
-    payload = remote.bundle("guard", GUARD_MODULES)
-    proc = transport.start(remote.bootstrap_argv(transport.node.python, payload, f"{STOP_WAIT:g}", *argv))
-    proc.write(payload)
+    program = remote.module_source("guard").encode()
+    proc = transport.start(remote.lean_argv(transport.node.python, program, f"{STOP_WAIT:g}", *argv))
+    proc.write(program)
     return proc
 
 

@@ -31,6 +31,13 @@ BOOTSTRAP = SAFE_PATH + "\n" + (
     " m=types.ModuleType(n);sys.modules[n]=m;exec(compile(s,'<distrun:'+n+'>','exec'),m.__dict__)\n"
     "sys.modules[b['main']].main(sys.argv[2:])\n"
 )
+# One program of N bytes from stdin, run with `python -I -S` (isolated, no site: a few ms less
+# of the host's CPU): its `main(argv)` gets the arguments after N. For a program run once per
+# host per command (remote/guard.py), that imports only what Python has built in.
+LEAN_BOOTSTRAP = (
+    "import sys;g={'__name__':'distrun'};"
+    "exec(compile(sys.stdin.buffer.read(int(sys.argv[1])),'<distrun>','exec'),g);g['main'](sys.argv[2:])"
+)
 
 _PACKAGES = ["orchestrator", "orchestrator.remote"]
 HOST_DIR = "~/.distrun"  # each host's distrun directory (remote/config.py's default host_dir)
@@ -86,6 +93,12 @@ def bundle(main: str, modules: list[str], extra: dict[str, str] | None = None) -
 def bootstrap_argv(python: str, payload: bytes, *tags: str) -> list[str]:
     """argv that runs a bundle with the host's python; `tags` show up in `ps` (job id, role)."""
     return [python, "-c", BOOTSTRAP, str(len(payload)), *tags]
+
+
+def lean_argv(python: str, program: bytes, *args: str) -> list[str]:
+    """argv that runs `program` (one module's source, stdlib built-ins only) with the host's
+    python, isolated and without site; the program's source follows on stdin."""
+    return [python, "-I", "-S", "-c", LEAN_BOOTSTRAP, str(len(program)), *args]
 
 
 def module_argv(python: str, module: str, dash_p: bool) -> list[str]:
