@@ -177,6 +177,30 @@ def test_programs_that_end_right_after_importing_torch_end_while_the_server_star
     assert codes == [3] * 8
 
 
+def test_a_forked_child_that_runs_to_the_end_leaves_its_parent_serving(tmp_path):
+    """A child of os.fork() that ends as the program does (no os._exit) shut the server it shares
+    with its parent down: the parent's server thread then aborted the parent (exit 134)."""
+    sockets = Path("/tmp") / f"dw-{os.getpid()}-fork"
+    sockets.mkdir(mode=0o700)
+    script = tmp_path / "forks.py"
+    script.write_text("import os, sys, torch\npid = os.fork()\nif pid:\n    os.waitpid(pid, 0)\n"
+                      "    print('ready', flush=True)\n    sys.stdin.read()\n")
+    env = {**os.environ, "DISTRUN_WORKER_SOCKETS": str(sockets), "RANK": "0"}
+    rank = subprocess.Popen([sys.executable, "-u", ENTRY, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
+        got = fetch(str(sockets / "rank0.sock"))
+        _, stderr = rank.communicate("", timeout=60)
+    finally:
+        rank.kill()
+        for leftover in sockets.iterdir():
+            leftover.unlink()
+        sockets.rmdir()
+    assert "flight" in got
+    assert (rank.returncode, stderr) == (0, "")
+
+
 def test_a_torch_without_the_control_plane_runs_the_program_unchanged(tmp_path):
     script = tmp_path / "old.py"
     script.write_text("import torch, sys\nprint('ran', sorted(m for m in sys.modules if m.startswith('torch')))\n")

@@ -27,7 +27,7 @@ import sys
 SOCKETS = "DISTRUN_WORKER_SOCKETS"
 SERVER_SOCKET = "TORCH_WORKER_SERVER_SOCKET"
 SERVE_WAIT = 10.0  # seconds torch's server may take to serve before it is shut down
-_serving = []  # the entered worker_main() and its socket, closed when the program ends
+_serving = []  # the entered worker_main(), its socket and process, closed when the program ends
 
 
 def _serve_control_plane():
@@ -54,7 +54,7 @@ def _serve_control_plane():
         os.environ[SERVER_SOCKET] = path
         serving = worker_main()
         _quiet(serving.__enter__)
-        _serving.append((serving, path))
+        _serving.append((serving, path, os.getpid()))
     except Exception:
         pass
     finally:
@@ -195,9 +195,22 @@ def _await_serving(path):
         pass  # no socket or no answer: shut down all the same (its thread may have ended)
 
 
+def _never_finalized(serving):
+    """Keep a forked child's copy of the parent's server alive to the child's end. A child that
+    runs on to the end of the program (os.fork(), no os._exit) would shut it down when the
+    interpreter frees it: that shuts the listening socket it shares with the parent (whose server
+    thread then aborts the parent) and waits for a server thread the child does not have."""
+    import ctypes
+
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(serving))
+
+
 def _close_control_plane():
     while _serving:
-        serving, path = _serving.pop()
+        serving, path, pid = _serving.pop()
+        if pid != os.getpid():
+            _never_finalized(serving)
+            continue
         try:
             _await_serving(path)
             _quiet(serving.__exit__, None, None, None)
