@@ -43,8 +43,12 @@ def checkout(rev: str, into: Path) -> Path:
     return target
 
 
-def before_all_flag(argv: list[str]) -> list[str]:
-    """A distrun command line for a checkout older than `--all` (where every host was the default)."""
+def before_all_flag(argv: list[str], checkout: Path) -> list[str]:
+    """A distrun command line for the `checkout`: without `--all` where it is older than that
+    flag (every host was then the default)."""
+    select = checkout / "orchestrator" / "spec" / "select.py"
+    if select.exists() and "class SelectionGuard" in select.read_text():  # it came with --all
+        return argv
     return [arg for arg in argv if arg != "--all"]
 
 

@@ -197,9 +197,9 @@ def run_scale(cluster: object, tmp: Path, rounds: int, baseline: tuple[str, Path
             old = f"doctor {baseline[0]}"
             cells[old] = Cell()
             argv, env = lines["doctor"]
-            runs[old] = measured(old, before_all_flag(argv), env, cells[old], listeners, cwd=baseline[1],
+            runs[old] = measured(old, before_all_flag(argv, baseline[1]), env, cells[old], listeners, cwd=baseline[1],
                                  may_fail=True)
-            measured(old, before_all_flag(argv), env, Cell(), listeners, cwd=baseline[1], may_fail=True)()
+            measured(old, before_all_flag(argv, baseline[1]), env, Cell(), listeners, cwd=baseline[1], may_fail=True)()
         for tool, (argv, env) in lines.items():
             measured(tool, argv, env, Cell(), listeners)()
         alternate(runs, rounds)

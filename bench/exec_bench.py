@@ -209,7 +209,7 @@ def run_scale(cluster: object, tmp: Path, rounds: int, baseline: tuple[str, Path
         if baseline is not None:
             # `python -m` imports the package from the working directory: the old checkout's.
             argv, env = lines["distrun"]
-            runs[f"distrun {baseline[0]}"] = (before_all_flag(argv), env, baseline[1])
+            runs[f"distrun {baseline[0]}"] = (before_all_flag(argv, baseline[1]), env, baseline[1])
         for argv, env, cwd in runs.values():
             measured(argv, env, listeners, Cell(), cwd)()
         cells = {tool: Cell() for tool in runs}
