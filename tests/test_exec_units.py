@@ -294,3 +294,15 @@ def test_the_guard_imports_only_what_python_has_at_hand() -> None:
 
     assert guard.wait(timeout=30) == 0
     assert imported(stderr) - imported(bare.stderr) - {"import time:"} <= {"_signal", "select", "time"}
+
+
+def test_a_host_python_older_than_3_8_is_one_line_naming_it_and_the_fix() -> None:
+    from orchestrator import remote
+
+    older = ("import sys;sys.version_info=(3,7,3,'final',0);g={'__name__':'distrun'};"
+             "exec(sys.stdin.read(),g);g['main'](['5','true'])")
+    ran = subprocess.run([sys.executable, "-I", "-S", "-c", older], input=remote.module_source("guard"),
+                         capture_output=True, text=True, timeout=30)
+    assert ran.returncode == 126
+    assert ran.stderr == ("distrun: exec needs Python 3.8 or later on this host, and its python is 3.7.3: point the "
+                          "node's `python:` in the inventory at a newer one\n")

@@ -23,6 +23,7 @@ exec.md). Python 3.8 or newer.
 import _signal
 import os
 import select
+import sys
 import time
 
 ENDING = (_signal.SIGTERM, _signal.SIGHUP, _signal.SIGINT)
@@ -117,6 +118,11 @@ def _read_some(fd):
 
 
 def main(argv):
+    if sys.version_info < (3, 8):  # noqa: UP036 (the host's python): no posix_spawnp, no setsid for it
+        found = ".".join(map(str, sys.version_info[:3]))
+        os.write(2, f"distrun: exec needs Python 3.8 or later on this host, and its python is {found}: point "
+                 "the node's `python:` in the inventory at a newer one\n".encode())
+        os._exit(126)
     grace, command = float(argv[0]), argv[1:]
     wakeup, wake = os.pipe()
     os.set_blocking(wakeup, False)
