@@ -186,6 +186,11 @@ class JobDir:
         return self.root / "telemetry.jsonl"
 
     @property
+    def collectives(self) -> Path:
+        """The ranks' Flight Recorder rounds as they came (`fr` events): {"t", "node", "ranks", "skipped"} a line."""
+        return self.root / "collectives.jsonl"
+
+    @property
     def controller_log(self) -> Path:
         return self.root / "controller.log"
 

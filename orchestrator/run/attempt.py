@@ -102,6 +102,7 @@ class Attempt:
         self.verdict: Verdict | None = None  # set when this attempt failed: whether and where the next runs
         self.telemetry_lock = threading.Lock()
         self.telemetry_file = self.dir.open(self.dir.telemetry, "a", encoding="utf-8")  # closed in run()
+        self.collectives_file = self.dir.open(self.dir.collectives, "a", encoding="utf-8")  # closed in run()
         self.wake = threading.Event()
         self.hosts = [HostRun(h, self.sink, self._on_telemetry, wake=self.wake) for h in plan.hosts]
         self.by_node = {h.node: h for h in self.hosts}  # a lookup per host per second is O(n²) as a scan
@@ -140,6 +141,10 @@ class Attempt:
     def _on_telemetry(self, node: str, event: dict[str, Any]) -> None:
         """A host's telemetry sample, or its ranks' Flight Recorders (`fr`: progress and stragglers)."""
         if event.get("ev") == "fr":
+            kept = {"t": round(time.time(), 3), "node": node, **{k: v for k, v in event.items() if k != "ev"}}
+            with self.telemetry_lock:
+                self.collectives_file.write(json.dumps(kept) + "\n")
+                self.collectives_file.flush()
             progress = self.monitor.flight(node, event)
             self.stalls.completed(progress.get("collectives") or 0)
             if time.monotonic() - self.progress_saved >= PROGRESS_EVERY:
@@ -196,6 +201,7 @@ class Attempt:
             self.monitor.stop()
             self.sink.close()
             self.telemetry_file.close()
+            self.collectives_file.close()
 
     def _heartbeats(self) -> None:
         """Heartbeat every host each HEARTBEAT_EVERY seconds, apart from the run loop, so that a
