@@ -201,6 +201,42 @@ def test_fetch_gets_a_live_ranks_dump_and_says_why_for_a_missing_or_dead_socket(
     assert fetch(path)["flight_error"].startswith("ConnectionRefusedError")  # the dead rank's file is left
 
 
+NCCL_RANK = """\
+import json, os, sys, torch
+from torch._C._distributed_c10d import _register_handler
+from torch.distributed.elastic.control_plane import worker_main
+
+def nccl_record(request, response):  # NCCL's record under its handler, as a CUDA build serves it
+    entry = {"collective_seq_id": 5, "profiling_name": "nccl:all_reduce", "state": "completed",
+             "time_created_ns": 1000, "time_discovered_completed_ns": 2000, "process_group": ["0", "default_pg"]}
+    asked = request.get_param("includecollectives")
+    response.set_content(json.dumps({"version": "2.10", "asked": asked, "entries": [entry]}), "application/json")
+
+_register_handler("dump_nccl_trace_json", nccl_record)
+os.environ["TORCH_WORKER_SERVER_SOCKET"] = sys.argv[1]
+with worker_main():
+    print("ready", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_fetch_reads_nccls_record_when_the_cpu_record_has_no_collective(own_tmp):
+    """On NCCL, torch's `fr_trace_json` has no entries (a lent H200, torch 2.11): the rank's record is
+    behind `dump_nccl_trace_json`. A real rank serves an NCCL-shaped record under that handler."""
+    path = str(own_tmp / "rank0.sock")
+    rank = subprocess.Popen([sys.executable, "-c", NCCL_RANK, path], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env={**os.environ, "TORCH_FR_BUFFER_SIZE": "100"}, text=True)
+    try:
+        assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
+        got = fetch(path)
+    finally:
+        rank.kill()
+        rank.wait()
+    flight = got["flight"]
+    assert flight["asked"] == "true"  # type: ignore[index]
+    assert [e["profiling_name"] for e in flight["entries"]] == ["nccl:all_reduce"]  # type: ignore[index]
+
+
 HUNG_RANK = """\
 import os, sys, time, torch, torch.distributed as dist
 from torch.distributed.elastic.control_plane import worker_main
