@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 

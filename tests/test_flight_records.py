@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from orchestrator.diagnose import ranks
-from orchestrator.diagnose.failures import Failure, FailureKind
+from orchestrator.diagnose.failures import Failure
 from orchestrator.diagnose.flight import BadRecord, Lag, lags
 from orchestrator.diagnose.watchdog import diagnose
 from orchestrator.fanout.group import GroupResult
