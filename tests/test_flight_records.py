@@ -7,7 +7,7 @@ left; the reason line says what the Flight Recorder found.
 The hosts' answers are remote/stack.py's JSON lines, built from the real fr_trace_json records in
 tests/data/flight (tests/test_flight.py's `dump_upto`) and py-spy's thread format, given to the real
 `look` (stack.gather, ranks.look, watchdog.diagnose) by a backend that answers for the hosts. The fetch
-tests serve a real Unix socket. tests/cluster/test_flight_records_cluster.py runs the same on hosts.
+tests serve a real Unix socket. tests/faults/test_ranks_faults.py runs the same on the lab.
 """
 
 from __future__ import annotations
