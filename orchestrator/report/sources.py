@@ -35,6 +35,18 @@ def rank_lines(root: Path, rank: int, last: int) -> list[tuple[float, str, str]]
     return list(kept)
 
 
+def plan_ranks(plan: dict[str, Any], timeline: Timeline) -> dict[int, str]:
+    """rank -> host: the plan's hosts in node-rank order, their ranks as torchrun's static
+    assignment gives them, and where the collectives' records say otherwise, what they say."""
+    ranks: dict[int, str] = {}
+    first = 0
+    for host in sorted(plan.get("hosts") or [], key=lambda h: int(h.get("node_rank") or 0)):
+        nproc = int(host.get("nproc") or 0)
+        ranks.update({rank: str(host.get("node")) for rank in range(first, first + nproc)})
+        first += nproc
+    return {**ranks, **timeline.nodes}
+
+
 def flight_recorder_on(plan: dict[str, Any]) -> bool:
     """Whether the job's ranks ran under distrun's worker entry (not `flight_recorder: false`);
     True without a plan, which says nothing either way."""

@@ -167,13 +167,17 @@ def place(rounds: Rounds) -> Timeline:
 
 
 def progress_points(reads: list[Read]) -> list[tuple[float, int]]:
-    """(time, collectives every rank had completed by then) at each round: each rank's latest read
-    at that time, the least of them."""
+    """(time, collectives every rank had completed by then) after each round (the reads of one
+    time): each rank's latest read, the least of them."""
     latest: dict[int, int] = {}
     points: list[tuple[float, int]] = []
     for read in sorted(reads, key=lambda r: r.t):
         latest[read.rank] = max(latest.get(read.rank, 0), read.done)
-        points.append((read.t, min(latest.values())))
+        point = (read.t, min(latest.values()))
+        if points and points[-1][0] == read.t:
+            points[-1] = point
+        else:
+            points.append(point)
     return points
 
 

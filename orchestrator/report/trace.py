@@ -17,7 +17,7 @@ from typing import Any
 from orchestrator.diagnose.failures import Failure
 from orchestrator.report.events import JobEvent, job_events
 from orchestrator.report.numbers import read_json, read_jsonl
-from orchestrator.report.sources import missing_lines, rank_lines
+from orchestrator.report.sources import missing_lines, plan_ranks, rank_lines
 from orchestrator.report.timeline import Collective, Timeline, place, read_rounds
 from orchestrator.store import JobDir, JobRecord
 
@@ -60,18 +60,14 @@ def _meta(pid: int, tid: int | None, name: str, value: Any) -> Event:
 
 
 def plan_tracks(plan: dict[str, Any], timeline: Timeline) -> Tracks:
-    """The plan's hosts in node-rank order and their ranks (torchrun's static assignment), then any
-    rank or host the collectives name that the plan does not."""
+    """The plan's hosts in node-rank order, then any host the collectives name that the plan does
+    not; each rank on its host (`plan_ranks`)."""
     tracks = Tracks()
-    first = 0
     for host in sorted(plan.get("hosts") or [], key=lambda h: int(h.get("node_rank") or 0)):
-        node, nproc = str(host.get("node")), int(host.get("nproc") or 0)
-        tracks.pid(node)
-        tracks.addresses[node] = str(host.get("host") or "")
-        tracks.ranks.update({rank: node for rank in range(first, first + nproc)})
-        first += nproc
-    for rank, node in sorted(timeline.nodes.items()):
-        tracks.ranks[rank] = node
+        tracks.pid(str(host.get("node")))
+        tracks.addresses[str(host.get("node"))] = str(host.get("host") or "")
+    tracks.ranks = plan_ranks(plan, timeline)
+    for node in tracks.ranks.values():
         tracks.pid(node)
     return tracks
 
