@@ -5,6 +5,7 @@ lines, what is missing said in a line, and the size and time of a 64-rank trace.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -32,7 +33,7 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Store:
     return Store()
 
 
-def recorded_job(store: Store, job_id: str = "quiet-20261128-052154-36216b", **fields: Any) -> JobRecord:
+def recorded_job(store: Store, job_id: str = "quiet-20261128-053528-0e3a2c", **fields: Any) -> JobRecord:
     """The recorded 2-rank run, as its record and job directory (a copy)."""
     end = json.loads((RECORDED / "end.json").read_text())
     attempt = end["attempts"][0]
@@ -140,7 +141,7 @@ def test_a_real_two_rank_run_is_a_valid_trace_with_each_ranks_collectives_in_ord
     check_valid(trace)
     assert missing == []
     processes, threads = names(trace)
-    assert processes == {0: "job quiet-20261128-052154-36216b", 1: "localhost"}
+    assert processes == {0: "job quiet-20261128-053528-0e3a2c", 1: "localhost"}
     assert threads == {(1, 0): "rank 0", (1, 1): "rank 1"}
     by_rank = slices(trace)
     check_in_order(by_rank)
@@ -278,13 +279,14 @@ def test_ranks_that_never_answer_and_a_torch_without_the_control_plane_are_each_
 def test_a_trace_of_64_ranks_and_2000_collectives_is_written_in_a_few_seconds(store, tmp_path):
     record = synthetic_job(store, "big", synthetic_rows(8, 8, 2000, late={}), 8, 8)
 
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     path, events, _ = write_trace(record, store.job_dir(record.id), tmp_path / "big.json")
-    took = time.perf_counter() - began
+    took, cpu = time.perf_counter() - began, time.process_time() - cpu
 
     size = path.stat().st_size
-    print(f"MEASURED 64 ranks x 2000 collectives: {events} events, {size / 1e6:.1f} MB, written in {took:.2f} s")
-    assert events > 64 * 2000 and took < 10.0
+    print(f"MEASURED 64 ranks x 2000 collectives: {events} events, {size / 1e6:.1f} MB, written in {cpu:.2f} s "
+          f"of CPU ({took:.2f} s wall, load {os.getloadavg()[0]:.0f})")
+    assert events > 64 * 2000 and cpu < 4.0  # CPU time: the wall clock of a shared 2-core machine is its load's
     check_in_order(slices(json.loads(path.read_text())))
 
 

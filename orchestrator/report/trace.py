@@ -167,6 +167,6 @@ def write_trace(record: JobRecord, job_dir: JobDir, output: Path) -> tuple[Path,
     trace, missing = build(record, job_dir)
     output = output.expanduser().resolve()
     output.parent.mkdir(parents=True, exist_ok=True)
-    with output.open("w", encoding="utf-8") as out:
-        json.dump(trace, out, separators=(",", ":"), ensure_ascii=False)
+    # json.dumps encodes in C; json.dump to a file goes through the pure-Python encoder, 5x slower.
+    output.write_text(json.dumps(trace, separators=(",", ":"), ensure_ascii=False), encoding="utf-8")
     return output, len(trace["traceEvents"]), missing
