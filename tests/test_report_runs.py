@@ -18,7 +18,7 @@ from orchestrator.report.runs import HEAT_BINS, run_figures
 from orchestrator.report.timeline import place, progress_points, rate_series, read_rounds
 from orchestrator.store import JobState, Store
 from tests.test_report import make_job, metric_rows
-from tests.test_trace import T0, recorded_job, synthetic_job, synthetic_rows
+from tests.test_trace import RECORDED, T0, recorded_job, synthetic_job, synthetic_rows
 
 
 @pytest.fixture
@@ -45,7 +45,12 @@ def test_a_real_run_of_a_program_that_prints_nothing_for_distrun_gets_its_rates_
     record = recorded_job(store)
     page = render([load(store, record)])
 
-    assert runs_row(page, record.id) == [record.id, "31.1", "1724", "86.7", "11", "7.88", "nothing"]
+    rows = [json.loads(line) for line in (RECORDED / "collectives.jsonl").read_text().splitlines()]
+    rank0 = sorted(c for row in rows for c in row["ranks"].get("0", {}).get("c", []))
+    rate = (rank0[-1][0] - rank0[0][0]) / ((rank0[-1][2] - rank0[0][2]) / 1e6)
+    # 10 steps of one all-reduce (the model is one DDP bucket), then rank 0's broadcast: a period of 11.
+    assert [c[1] for c in rank0[-11:]].count("broadcast") == 1
+    assert runs_row(page, record.id) == [record.id, "44.0", "726", f"{rate:.1f}", "11", f"{rate / 11:.2f}", "nothing"]
     assert images(page) == [f"collective rate of {record.id}", f"lateness of {record.id}", f"telemetry of {record.id}"]
     assert "No throughput, loss or memory plot where no job has the numbers" in page
     assert "the program prints no DISTRUN_METRICS lines: its wall time and collective rate are under Runs" in page

@@ -24,7 +24,7 @@ def train(seconds: float, steps: int) -> None:
     more, epoch = torch.ones(1), 0
     while more.item():
         for _ in range(steps):
-            time.sleep(0.01)  # reading the next batch
+            time.sleep(0.03)  # reading the next batch
             optimizer.zero_grad()
             loss = torch.nn.functional.cross_entropy(model(inputs), labels)
             loss.backward()
