@@ -301,3 +301,20 @@ def test_distrun_trace_writes_the_file_and_says_how_to_open_it(store, tmp_path):
     assert f"trace written to {tmp_path / 't.json'}" in done.stdout and "ui.perfetto.dev" in done.stdout
     assert json.loads((tmp_path / "t.json").read_text())["otherData"]["job"] == record.id
     assert wrong.returncode == 2 and "nosuchjob" in wrong.stderr and "Traceback" not in wrong.stderr
+
+
+def test_gpu_samples_are_counters_named_by_gpu_and_a_skewed_hosts_clock_is_shifted(store, tmp_path):
+    record = synthetic_job(store, "gpus", synthetic_rows(2, 1, 100, late={}, every=100), 2, 1)
+    job_dir = store.job_dir(record.id)
+    with job_dir.telemetry.open("a") as out:
+        out.write(json.dumps({"kind": "gpu", "t": T0 + 1, "node": "node1", "gpu": 3, "util": 97.0,
+                              "mem_used_mb": 70000.0}) + "\n")
+    job_dir.facts.write_text(json.dumps({"node0": {"clock_skew": 0.2}, "node1": {"clock_skew": 3.0}}))
+    trace, _ = trace_of(store, record, tmp_path)
+
+    counters = {(e["pid"], e["name"]) for e in trace["traceEvents"] if e["ph"] == "C"}
+    assert {(2, "gpu3 util %"), (2, "gpu3 memory used MB")} <= counters
+    first = {e["tid"]: e["ts"] for e in trace["traceEvents"] if e["ph"] == "X" and e["args"]["seq"] == 1}
+    assert first[0] - first[1] == 3_000_000  # node1 (rank 1) 3 s ahead: put back on the controller's clock
+    late = {e["tid"]: e["args"]["late_ms"] for e in trace["traceEvents"] if e["ph"] == "X" and e["args"]["seq"] == 1}
+    assert late == {0: 3000.0, 1: 0.0}  # lateness on the same clock

@@ -12,7 +12,16 @@ from dataclasses import dataclass, field
 from orchestrator.report.events import JobEvent, job_events
 from orchestrator.report.numbers import JobData
 from orchestrator.report.sources import missing_lines, plan_ranks
-from orchestrator.report.timeline import Timeline, contiguous_ops, place, rate_series, read_rounds, step_period
+from orchestrator.report.timeline import (
+    Timeline,
+    clock_shifts,
+    contiguous_ops,
+    place,
+    rate_series,
+    read_rounds,
+    shifted,
+    step_period,
+)
 from orchestrator.store import JobDir, JobState
 
 HEAT_BINS = 60  # time columns of the lateness heat map
@@ -90,7 +99,7 @@ def best_period(timeline: Timeline) -> int | None:
 def run_figures(data: JobData, job_dir: JobDir) -> RunFigures:
     """The run's figures for the report."""
     record = data.record
-    timeline = place(read_rounds(data.collectives))
+    timeline = place(shifted(read_rounds(data.collectives), clock_shifts(data.facts)))
     start = record.started
     running = record.state in (JobState.PENDING, JobState.RUNNING, JobState.STALLED)
     wall = (time.time() if running or record.ended is None else record.ended) - start

@@ -14,11 +14,12 @@ took after the last one came is not drawn. docs/trace.md says so for the reader.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 STEP_PERIODS = range(1, 65)  # the step periods (collectives a step) looked for
 STEP_MATCH = 0.95  # the share of the sequence a period must repeat to be the step's
+SKEW_SHIFTED_S = 1.0  # a host whose clock is further off the controller's than this is shifted onto it
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,27 @@ def read_rounds(rows: Iterable[Mapping[str, Any]]) -> Rounds:
             if str(key).isdigit():
                 rounds.nodes.setdefault(int(key), node)
                 rounds.skipped[int(key)] = str(why)
+    return rounds
+
+
+def clock_shifts(facts: Mapping[str, Any]) -> dict[str, int]:
+    """µs to add to a host's clock to put it on the controller's, for hosts whose probe found it off
+    by more than SKEW_SHIFTED_S (facts.json's `clock_skew`; nearer than that, the probe's own latency
+    is as large as the skew it measures)."""
+    shifts = {}
+    for node, data in facts.items():
+        skew = data.get("clock_skew") if isinstance(data, dict) else None
+        if isinstance(skew, int | float) and abs(skew) > SKEW_SHIFTED_S:
+            shifts[node] = -int(skew * 1e6)
+    return shifts
+
+
+def shifted(rounds: Rounds, shifts: Mapping[str, int]) -> Rounds:
+    """The rounds with each collective's entry on the controller's clock where its host's is off."""
+    for rank, kept in rounds.collectives.items():
+        shift = shifts.get(rounds.nodes.get(rank, ""), 0)
+        if shift:
+            rounds.collectives[rank] = {seq: replace(c, entered_us=c.entered_us + shift) for seq, c in kept.items()}
     return rounds
 
 

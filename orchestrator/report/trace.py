@@ -18,13 +18,12 @@ from orchestrator.diagnose.failures import Failure
 from orchestrator.report.events import JobEvent, job_events
 from orchestrator.report.numbers import read_json, read_jsonl
 from orchestrator.report.sources import missing_lines, plan_ranks, rank_lines
-from orchestrator.report.timeline import Collective, Timeline, place, read_rounds
+from orchestrator.report.timeline import Collective, Timeline, clock_shifts, place, read_rounds, shifted
 from orchestrator.store import JobDir, JobRecord
 
 JOB_PID = 0  # the job's own track: attempts, stalls, failures that name no host
 LINES_SHOWN = 300  # the most lines of a failed rank drawn (its last)
 LINE_CHARS = 200
-SKEW_SHIFTED_S = 1.0  # a host whose clock is further off the controller's than this is shifted onto it
 COUNTERS = {"host": (("cpu_pct", "cpu %"), ("load1", "load"), ("mem_used_mb", "memory used MB")),
             "gpu": (("util", "util %"), ("mem_used_mb", "memory used MB"))}
 Event = dict[str, Any]
@@ -72,18 +71,7 @@ def plan_tracks(plan: dict[str, Any], timeline: Timeline) -> Tracks:
     return tracks
 
 
-def clock_shifts(facts: dict[str, Any]) -> dict[str, int]:
-    """µs to add to a host's clock to put it on the controller's, for hosts off by more than
-    SKEW_SHIFTED_S (nearer than that, the probe's own latency is as large as the skew it measures)."""
-    shifts = {}
-    for node, data in facts.items():
-        skew = data.get("clock_skew") if isinstance(data, dict) else None
-        if isinstance(skew, int | float) and abs(skew) > SKEW_SHIFTED_S:
-            shifts[node] = -int(skew * 1e6)
-    return shifts
-
-
-def slice_event(c: Collective, pid: int, shift: int) -> Event:
+def slice_event(c: Collective, pid: int) -> Event:
     """A collective as a complete event from the rank's entry to the last rank's."""
     args: dict[str, Any] = {"seq": c.seq, "late_ms": round(c.late_us / 1000, 3), "ranks_recorded": c.ranks_seen}
     if not c.completed:
@@ -91,16 +79,15 @@ def slice_event(c: Collective, pid: int, shift: int) -> Event:
     if c.extra:
         args["extra"] = list(c.extra)
     end = c.end_us if c.end_us is not None else c.entered_us
-    return {"ph": "X", "name": c.op, "cat": "collective", "ts": c.entered_us + shift,
+    return {"ph": "X", "name": c.op, "cat": "collective", "ts": c.entered_us,
             "dur": max(end - c.entered_us, 1), "pid": pid, "tid": c.rank, "args": args}
 
 
-def collective_events(timeline: Timeline, tracks: Tracks, shifts: dict[str, int]) -> Iterator[Event]:
+def collective_events(timeline: Timeline, tracks: Tracks) -> Iterator[Event]:
     for rank, collectives in timeline.ranks.items():
-        node = tracks.ranks.get(rank, "?")
-        pid, shift = tracks.pid(node), shifts.get(node, 0)
+        pid = tracks.pid(tracks.ranks.get(rank, "?"))
         for c in collectives:
-            yield slice_event(c, pid, shift)
+            yield slice_event(c, pid)
 
 
 def instant(name: str, t: float, pid: int, tid: int | None, cat: str, args: dict[str, Any]) -> Event:
@@ -148,10 +135,10 @@ def failed_rank_lines(job_dir: JobDir, failures: list[Failure], tracks: Tracks) 
 def build(record: JobRecord, job_dir: JobDir) -> tuple[dict[str, Any], list[str]]:
     """The trace of a job (the JSON object) and what it lacks, a line each."""
     plan, facts = read_json(job_dir.plan), read_json(job_dir.facts)
-    timeline = place(read_rounds(read_jsonl(job_dir.collectives)))
+    timeline = place(shifted(read_rounds(read_jsonl(job_dir.collectives)), clock_shifts(facts)))
     tracks = plan_tracks(plan, timeline)
     events, failures = job_events(record)
-    body = [*collective_events(timeline, tracks, clock_shifts(facts)), *job_event_instants(events, tracks),
+    body = [*collective_events(timeline, tracks), *job_event_instants(events, tracks),
             *counter_events(read_jsonl(job_dir.telemetry), tracks), *failed_rank_lines(job_dir, failures, tracks)]
     start = min((e["ts"] for e in body), default=int(record.started * 1e6))
     for event in body:
