@@ -318,3 +318,15 @@ def test_gpu_samples_are_counters_named_by_gpu_and_a_skewed_hosts_clock_is_shift
     assert first[0] - first[1] == 3_000_000  # node1 (rank 1) 3 s ahead: put back on the controller's clock
     late = {e["tid"]: e["args"]["late_ms"] for e in trace["traceEvents"] if e["ph"] == "X" and e["args"]["seq"] == 1}
     assert late == {0: 3000.0, 1: 0.0}  # lateness on the same clock
+
+
+def test_a_job_whose_directory_was_pruned_still_traces_its_record(store, tmp_path):
+    failure = {"host": "node0", "kind": "exit", "rank": 0, "exit_code": 1, "time": T0 + 3}
+    record = synthetic_job(store, "pruned", None, 1, 2, state=JobState.FAILED, failures=[failure])
+    shutil.rmtree(store.job_dir(record.id).root)
+    trace, missing = trace_of(store, record, tmp_path)
+
+    check_valid(trace)
+    assert missing == [f"no job directory ({store.job_dir(record.id).root} is gone: `distrun prune` removes it): "
+                       "only the record's alerts, failures and attempts"]
+    assert [e["cat"] for e in trace["traceEvents"] if e["ph"] == "i"] == ["failure"]

@@ -87,6 +87,9 @@ def missing_lines(record: JobRecord, job_dir: JobDir, plan: dict[str, Any], time
     lines = []
     if record.state in (JobState.PENDING, JobState.RUNNING, JobState.STALLED):
         lines.append(f"the job is {record.state.value}: what it recorded so far")
+    if not job_dir.root.is_dir():
+        return [*lines, f"no job directory ({job_dir.root} is gone: `distrun prune` removes it): only the record's "
+                        "alerts, failures and attempts"]
     if not any(timeline.ranks.values()):
         lines.append(no_collectives(job_dir, plan, timeline))
     else:
