@@ -432,7 +432,7 @@ class Attempt:
         root = self._as_exited(root)
         if root.host in {h.node for h in self.hosts} and root.kind is not FailureKind.LOST:
             # Lines that arrived while the others were stopped belong to the root cause's story too.
-            root = replace(root, last_lines=self.host(root.host).last_lines(root.rank) or root.last_lines)
+            root = self.host(root.host).retold(root)
         root = replace(root, after_final=self._final_before(root.time), barrier_hosts=tuple(
             h.node for h in self.hosts if h.node != root.host and h.in_exit_barrier))
         root = replace(root, when=when_failed(root, self._others_finished(root)))
