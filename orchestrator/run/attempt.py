@@ -162,14 +162,17 @@ class Attempt:
         """Start every host, follow the job to its end, stop what is left; the exit code.
 
         Whatever fails in the controller on the way, every host still running is stopped before
-        the error goes on.
+        the error goes on, and the job is recorded as failed for that reason (not lost).
         """
         try:
             self.monitor.start()
             return self._run()
         except BaseException as exc:
+            why = f"distrun failed: {type(exc).__name__}: {exc}"
             if not self.stopped_hosts:
-                self._stop_all(f"distrun failed: {type(exc).__name__}: {exc}")
+                self._stop_all(why)
+            if isinstance(exc, Exception):
+                self._record_own_error(why)
             raise
         finally:
             self.ended.set()
@@ -177,6 +180,13 @@ class Attempt:
             self.sink.close()
             self.telemetry_file.close()
             self.collectives_file.close()
+
+    def _record_own_error(self, why: str) -> None:
+        """The job's end when the controller itself failed and stopped it: failed, for that reason."""
+        detail = Masker(self.plan.secrets.values()).text(
+            f"job {self.plan.job_id} FAILED: {why}; distrun stopped every host's processes")
+        with contextlib.suppress(DistrunError, OSError):
+            self.store.end(self.plan.job_id, JobState.FAILED, int(ExitCode.FAILED), detail)
 
     def _heartbeats(self) -> None:
         """Heartbeat every host each HEARTBEAT_EVERY seconds, apart from the run loop, so that a
