@@ -63,7 +63,7 @@ class HostRun:
     stop_sent: bool = False  # the controller asked this host to stop (before or after its exit)
     workers_at_stop: int | None = None  # the job's processes besides torchrun when the stop came (see supervisor)
     alive_at_stop: list[int] | None = None  # their pids when the stop signalled torchrun (None: it did not)
-    raised_at_stop: list[int] = field(default_factory=list)  # the ranks that had raised (@record) by the stop
+    raised_at_stop: list[int] = field(default_factory=list)  # the ranks that had raised by the stop
     gpus_freed: list[str] = field(default_factory=list)  # GPU memory the end of the job freed (remote/gpu.py)
     restarts: int = 0  # torchrun's restarts of its workers, as its supervisor counted them
     exited: threading.Event = field(default_factory=threading.Event)
