@@ -17,7 +17,7 @@ import pytest
 from orchestrator import remote
 from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.ssh import SUPERVISOR_ONLY
-from orchestrator.remote.stream import STDERR, Batch
+from orchestrator.remote.stream import EVENT, STDERR, Batch
 from orchestrator.remote.workerfail import WorkerRecord, final_exception, first_failure, raised_workers, read_records
 from orchestrator.run import attempt, launch
 from orchestrator.store import JobState, Store
@@ -113,6 +113,18 @@ def test_a_root_cause_without_record_takes_its_error_from_the_traceback_its_rank
     failure = exit_event(host, rc=1, workers=[NO_RECORD]).failure(60.0)
     assert (failure.rank, failure.describe(), failure.message) == (1, "exit code 1", "ValueError: planted")
     assert "  error: ValueError: planted" in failure.render() and failure.traceback[-1] == "ValueError: planted"
+
+
+def test_a_root_cause_seen_before_its_traceback_arrived_is_retold_with_it(tmp_path):
+    """torchrun's records (the `failing` event) go ahead of the rank's queued lines."""
+    host = host_run(tmp_path)
+    host.on_data(EVENT + json.dumps({"ev": "failing", "workers": [NO_RECORD]}).encode() + b"\n")
+    early = host.failure(60.0)
+    assert (early.rank, early.message) == (1, "")
+    for line in (*TRACEBACK[:-1], "ValueError: planted"):
+        host.sink.batch("node1", Batch(1, STDERR, 1, f"{line}\n".encode()))
+    told = host.retold(early)
+    assert (told.message, told.last_lines[-1], told.time) == ("ValueError: planted", "ValueError: planted", early.time)
 
 
 def test_a_host_whose_rank_failed_before_the_stop_without_record_says_so_with_its_own_error(tmp_path):

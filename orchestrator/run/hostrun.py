@@ -275,8 +275,9 @@ class HostRun:
         """This host's `failure` with its rank's last lines as they are now (lines that arrived while the
         others were stopped belong to its story too), and the exception they end with if it had none."""
         lines = self.last_lines(failure.rank) or failure.last_lines
-        said = {} if failure.message or failure.rank is None else own_error(
-            self.sink.last_lines(self.node, failure.rank, ERROR_LINES), failure.signal)
+        said: dict[str, Any] = {}
+        if failure.kind in (FailureKind.EXIT, FailureKind.SIGNAL) and failure.rank is not None and not failure.message:
+            said = own_error(self.sink.last_lines(self.node, failure.rank, ERROR_LINES), failure.signal)
         return replace(failure, last_lines=lines, **said)
 
     @property
