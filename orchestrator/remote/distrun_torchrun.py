@@ -116,10 +116,12 @@ def tolerate_bad_error_files(process_failure: Any) -> None:
 def main() -> None:
     path = records_path(sys.argv[1:])
     try:
-        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
-        tolerate_bad_error_files(ProcessFailure)
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     except Exception:
         ChildFailedError = ()  # type: ignore[assignment,misc]
+    with contextlib.suppress(Exception):  # a torch without it reads error files as it always did
+        from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+        tolerate_bad_error_files(ProcessFailure)
     try:
         runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
     except ChildFailedError as exc:
