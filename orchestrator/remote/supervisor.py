@@ -17,8 +17,9 @@ pids of the job's processes alive when the stop signalled torchrun, so that each
 record (its pid) tells whether it ended before the stop ([]: torchrun alone, in its exit barrier:
 a torchrun whose workers are all gone is first given OWN_END seconds to end on its own, as it does
 once it has recorded their failure; null: torchrun ended on its own, or no stop came). A torchrun
-that the stop ended records no worker: `workers` then holds those that had raised through elastic's
-`@record` before the stop (their error files, pid 0); `raised_at_stop` lists those ranks either way.
+that the stop ended records no worker: `workers` then holds those that had raised before the stop
+(an elastic `@record` error file, or a traceback their stderr ended with; pid 0: remote/workerfail.py's
+`raised_workers`); `raised_at_stop` lists those ranks either way.
 It also carries `stop_cause` (a `StopCause`: who had the supervisor end the job; null when
 nobody did) and `workers`: torchrun's record of each failed worker (remote/workerfail.py),
 the job's secrets masked.

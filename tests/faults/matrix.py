@@ -57,6 +57,8 @@ class Fault(str, Enum):
     MASTER_LOST = "master host lost"
     GROUPS_BELOW_MIN = "SIGKILL of one worker, fewer than min_replicas groups left"
     LIGHTHOUSE_KILLED = "SIGKILL of the lighthouse"
+    ERROR_FILE_MALFORMED = "one worker writes a truncated error file and exits 1"
+    RAISED_NO_RECORD = "one worker raises (no @record)"
 
 
 class Outcome(str, Enum):
@@ -195,6 +197,11 @@ CELLS: tuple[Cell, ...] = (
     Cell(Fault.STDOUT_STALLED, Phase.TRAINING, STALL + 15, Outcome.SUCCEEDED),
     Cell(Fault.HOST_DISK_FULL, Phase.TRAINING, 30, Outcome.SUCCEEDED),
     Cell(Fault.CONTROLLER_DISK_FULL, Phase.TRAINING, 30, Outcome.SUCCEEDED, lines_kept=False),
+    # torchrun itself crashed reading such a file, and the rank's record was lost (issue 46.5).
+    Cell(Fault.ERROR_FILE_MALFORMED, Phase.TRAINING, REPORTED_BOUND, Outcome.FAILED, RANK_FAILED),
+    # The error line comes from the rank's own traceback (issue 46.18).
+    Cell(Fault.RAISED_NO_RECORD, Phase.TRAINING, REPORTED_BOUND, Outcome.FAILED,
+         Cause(RANK_HOST, "exit", "exit code 1; error: RuntimeError: rank 3 raised on purpose", rank=RANK)),
     # ---------------------------------------------------------------- stopping
     Cell(Fault.LINK_CUT, Phase.STOPPING, SILENT_BOUND, Outcome.FAILED, RANK_FAILED, bystander=False),
     Cell(Fault.SSHD_KILLED, Phase.STOPPING, CLOSED_BOUND, Outcome.FAILED, RANK_FAILED, bystander=False),

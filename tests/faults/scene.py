@@ -584,6 +584,14 @@ def _worker_segv(scene: Scene) -> None:
     _kill(worker(scene.cluster, RANK, scene.job_id), signal.SIGSEGV)
 
 
+def _error_file_malformed(scene: Scene) -> None:
+    _kill(worker(scene.cluster, RANK, scene.job_id), signal.SIGUSR1)
+
+
+def _raised_no_record(scene: Scene) -> None:
+    _kill(worker(scene.cluster, RANK, scene.job_id), signal.SIGUSR2)
+
+
 def _controller_killed(scene: Scene) -> None:
     assert scene.controller is not None
     scene.controller.proc.kill()
@@ -646,6 +654,8 @@ FAULTS: dict[Fault, Callable[[Scene], None]] = {
     Fault.CONTROLLER_DISK_FULL: _controller_disk_full,
     Fault.DATABASE_LOCKED: _database_locked,
     Fault.MASTER_LOST: _master_lost,
+    Fault.ERROR_FILE_MALFORMED: _error_file_malformed,
+    Fault.RAISED_NO_RECORD: _raised_no_record,
 }
 
 
