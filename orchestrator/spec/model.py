@@ -47,6 +47,7 @@ class NodeSpec:
     labels: tuple[str, ...] = ()
     proxy_jump: str | None = None
     transport: TransportKind = TransportKind.SSH
+    slots: int | None = None  # a DeepSpeed hostfile's processes on this host (spec/hostfile.py)
     line: int = 0
 
 
