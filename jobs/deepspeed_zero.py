@@ -64,6 +64,8 @@ class ModelShape:
     width: int
     layers: int
     classes: int
+    model: str = "mlp"
+    image_size: int = 32
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -71,9 +73,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="DeepSpeed config (JSON)")
     parser.add_argument("--stage", type=int, choices=(0, 1, 2, 3), help="ZeRO stage (default: the config's)")
-    parser.add_argument("--width", type=int, default=1024, help="features of every hidden layer")
-    parser.add_argument("--layers", type=int, default=8, help="hidden linear layers")
-    parser.add_argument("--classes", type=int, default=16)
+    parser.add_argument("--model", choices=("mlp", "resnet50", "tiny"), default="mlp",
+                        help="mlp: residual linear layers; resnet50, tiny: jobs/resnet_model.py on images")
+    parser.add_argument("--width", type=int, default=1024, help="mlp: features of every hidden layer")
+    parser.add_argument("--layers", type=int, default=8, help="mlp: hidden linear layers")
+    parser.add_argument("--classes", type=int, help="default: 16 for mlp, 1000 for the image models")
+    parser.add_argument("--image-size", type=int, default=32, help="resnet50, tiny: images are 3xSxS")
+    parser.add_argument("--batch-size", type=int, help="samples per rank per step (default: the config's)")
+    parser.add_argument("--optimizer", choices=("adamw", "sgd"), default="adamw",
+                        help="torch's AdamW, or SGD with momentum 0.9 and weight decay 1e-4 (train_resnet50.py's)")
     parser.add_argument("--steps", type=int, default=40, help="optimizer steps in the whole run")
     parser.add_argument("--lr", type=float, default=3e-4, help="AdamW learning rate")
     parser.add_argument("--log-every", type=int, default=5)
@@ -84,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--print-checksum", action="store_true")
     args = parser.parse_args(argv)
+    if args.classes is None:
+        args.classes = 16 if args.model == "mlp" else 1000
     if args.checkpoint_every and args.checkpoint_dir is None:
         parser.error(f"--checkpoint-every needs --checkpoint-dir or ${CHECKPOINT_DIR_ENV}")
     if min(args.steps, args.log_every, args.width, args.layers, args.classes) < 1:
@@ -111,6 +121,9 @@ def ds_config(args: argparse.Namespace) -> dict[str, Any]:
         quick_exit(2)
     if args.stage is not None:
         config.setdefault("zero_optimization", {})["stage"] = args.stage
+    if args.batch_size is not None:
+        config["train_micro_batch_size_per_gpu"] = args.batch_size
+        config.pop("train_batch_size", None)
     return config
 
 
@@ -139,6 +152,10 @@ class Block(nn.Module):
 
 def build_model(shape: ModelShape, seed: int) -> nn.Module:
     torch.manual_seed(seed)
+    if shape.model != "mlp":
+        import resnet_model
+
+        return resnet_model.build_model(shape.model, shape.classes)
     blocks = [Block(shape.width) for _ in range(shape.layers)]
     return nn.Sequential(*blocks, nn.LayerNorm(shape.width), nn.Linear(shape.width, shape.classes))
 
@@ -151,6 +168,10 @@ class Teacher:
 
     def __init__(self, shape: ModelShape, seed: int, bank: int = 64) -> None:
         generator = torch.Generator().manual_seed(seed + 1)
+        if shape.model != "mlp":  # images and labels drawn as train_resnet50.py's SyntheticImages draws them
+            self.inputs = torch.randn(bank, 3, shape.image_size, shape.image_size, generator=generator)
+            self.labels = torch.randint(shape.classes, (bank,), generator=generator)
+            return
         self.inputs = torch.randn(bank, shape.width, generator=generator)
         projection = torch.randn(shape.width, shape.classes, generator=generator)
         self.labels = (self.inputs @ projection).argmax(dim=1)
@@ -290,16 +311,22 @@ def init(args: argparse.Namespace) -> tuple[dict[str, Any], torch.device]:
     return config, device
 
 
+def make_optimizer(model: nn.Module, args: argparse.Namespace) -> torch.optim.Optimizer:
+    if args.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
+    return torch.optim.AdamW(model.parameters(), lr=args.lr)
+
+
 def save_due(args: argparse.Namespace, step: int) -> bool:
     return step == args.steps or bool(args.checkpoint_every and step % args.checkpoint_every == 0)
 
 
 def train(args: argparse.Namespace) -> None:
     config, device = init(args)
-    shape = ModelShape(args.width, args.layers, args.classes)
+    shape = ModelShape(args.width, args.layers, args.classes, args.model, args.image_size)
     model = build_model(shape, args.seed)
     count = sum(p.numel() for p in model.parameters())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    optimizer = make_optimizer(model, args)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     rank, world = dist.get_rank(), dist.get_world_size()
     stage = engine.zero_optimization_stage()
