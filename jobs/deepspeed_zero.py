@@ -121,6 +121,8 @@ def ds_config(args: argparse.Namespace) -> dict[str, Any]:
         quick_exit(2)
     if args.stage is not None:
         config.setdefault("zero_optimization", {})["stage"] = args.stage
+    if args.optimizer == "sgd":  # ZeRO-1 and 2 refuse an optimizer outside DeepSpeed's tested list unless told
+        config.setdefault("zero_allow_untested_optimizer", True)
     if args.batch_size is not None:
         config["train_micro_batch_size_per_gpu"] = args.batch_size
         config.pop("train_batch_size", None)

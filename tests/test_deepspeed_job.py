@@ -4,6 +4,7 @@ and a checkpoint of another model is refused in one line."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -77,3 +78,27 @@ def test_checkpoint_of_another_model_is_refused(first_run: tuple[Path, subproces
     assert refused and "'width': 128" in refused[0] and "use another --checkpoint-dir" in refused[0]
     assert f'File "{SCRIPT}"' not in result.stdout + result.stderr, "the rank died in a traceback"
     assert "exitcode  : 2" in result.stderr
+
+
+def test_compare_rows_run_ddps_model_data_and_optimizer_under_each_zero_stage() -> None:
+    from orchestrator.spec import load_job
+
+    ddp = load_job(REPO / "jobs" / "compare" / "ddp.yaml").args
+    for stage in (1, 2, 3):
+        args = load_job(REPO / "jobs" / "compare" / f"zero{stage}.yaml").args
+        pairs = dict(zip(args[::2], args[1::2], strict=True))
+        assert pairs["--stage"] == str(stage) and pairs["--optimizer"] == "sgd" and pairs["--lr"] == "0.002"
+        for flag in ("--model", "--image-size", "--batch-size", "--steps", "--log-every", "--warmup-steps"):
+            assert pairs[flag] == ddp[ddp.index(flag) + 1], flag
+
+
+def test_sgd_is_allowed_by_zero_and_the_batch_size_overrides_the_config() -> None:
+    spec = importlib.util.spec_from_file_location("deepspeed_zero", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["deepspeed_zero"] = module
+    spec.loader.exec_module(module)
+    config = module.ds_config(module.parse_args(["--optimizer", "sgd", "--batch-size", "4", "--stage", "2"]))
+    assert config["zero_allow_untested_optimizer"] is True and config["train_micro_batch_size_per_gpu"] == 4
+    assert config["zero_optimization"]["stage"] == 2
+    assert "zero_allow_untested_optimizer" not in module.ds_config(module.parse_args([]))
