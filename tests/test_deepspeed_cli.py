@@ -55,3 +55,14 @@ def test_hostfile_slots_are_the_processes_per_host(tmp_path: Path) -> None:
                                                                            ("worker-2", "worker-2", 1, 4)]
     assert [resolve_nproc(auto, n, None) for n in inventory.nodes] == [3, 1]
     assert [resolve_nproc(fixed, n, None) for n in inventory.nodes] == [2, 2]
+
+
+def test_a_hostfile_inventory_written_back_as_yaml_keeps_its_slots(tmp_path: Path) -> None:
+    """The fault-tolerance lighthouse writes its hosts out as a YAML inventory (run/ft/lighthouse.py)."""
+    from orchestrator.run.ft.lighthouse import inventory_text
+    from orchestrator.spec import inventory_from_text
+
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("worker-1 slots=3\n")
+    again = inventory_from_text(inventory_text(load_inventory(hostfile).nodes), "again.yaml")
+    assert [(n.name, n.slots) for n in again.nodes] == [("worker-1", 3)]

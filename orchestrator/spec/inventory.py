@@ -160,6 +160,7 @@ def _node_readers(src: Source) -> dict[str, Reader]:
         "iface": src.text,
         "env": lambda node, path: _env_values(src, node, path),
         "gpus": lambda node, path: src.integer(node, path, 0),
+        "slots": lambda node, path: src.integer(node, path, 1),
         "labels": src.strings,
         "proxy_jump": src.text,
         "transport": lambda node, path: src.enum(node, path, TransportKind),
