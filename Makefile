@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	@echo "[3/4] installing torch 2.13.0 (the longest step: about a minute on a fresh machine)"
 	$(BIN)/pip install --progress-bar on torch==2.13.0
 	@echo "[4/4] installing distrun and what its tests use"
-	$(BIN)/pip install --progress-bar on -e '.[train,test]'
+	$(BIN)/pip install --progress-bar on -e '.[train,test,deepspeed]'
 	touch $@
 
 ## demo: train ResNet-50 with 2 processes on this machine (no setup beyond this command)

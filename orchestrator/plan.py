@@ -151,9 +151,12 @@ def shell_word(word: str, job_id: str) -> str:
 
 
 def resolve_nproc(job: JobSpec, node: NodeSpec, facts: HostFacts | None) -> int:
-    """`nproc_per_node: auto` = the host's GPUs, else the inventory's `gpus`, else 2 CPU processes."""
+    """`nproc_per_node: auto` = the node's `slots` (a DeepSpeed hostfile's), else the host's GPUs, else the
+    inventory's `gpus`, else 2 CPU processes."""
     if job.nproc_per_node is not None:
         return job.nproc_per_node
+    if node.slots:
+        return node.slots
     if facts is not None and facts.gpus:
         return facts.gpus
     return node.gpus or CPU_NPROC

@@ -178,7 +178,7 @@ class SshBackend(Backend):
         (from the facts of the probe round that planned the job: no second probe)."""
         from orchestrator.hostcheck.preflight import launch_preflight
 
-        launch_preflight(plan, {name: t.node for name, t in self.group.transports.items()}, self.facts)
+        launch_preflight(plan, {name: t.node for name, t in self.group.transports.items()}, self.facts, job=ctx.job)
 
     def stage(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
         """With `sync: true`, bring every host's workdir up to date with this directory; then refuse

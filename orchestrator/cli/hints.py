@@ -30,6 +30,17 @@ PDSH_FLAGS = {
     "-w": "pdsh's host list; distrun's is --nodes RANGE, e.g. --nodes 'node[0-3]'",
     "-a": "pdsh's every host; distrun's is --all",
 }
+# The `deepspeed` launcher's flags (its --master_port and --master_addr are torchrun's, below).
+DEEPSPEED_NODES = "DeepSpeed's node count; distrun's is --nnodes K"
+DEEPSPEED_GPUS = "DeepSpeed's processes per host; distrun's is --nproc-per-node N, or slots=N in a hostfile given as -i"
+DEEPSPEED_FLAGS = {
+    "--hostfile": "DeepSpeed's hostfile; distrun reads it as the inventory: -i HOSTFILE",
+    "--include": "DeepSpeed's host selection; distrun's is --nodes RANGE, e.g. --nodes 'worker-[0-1]', "
+                 "and -x/--exclude RANGE leaves hosts out",
+    "--num_nodes": DEEPSPEED_NODES, "--num-nodes": DEEPSPEED_NODES,
+    "--num_gpus": DEEPSPEED_GPUS, "--num-gpus": DEEPSPEED_GPUS,
+    "--launcher": "DeepSpeed's pdsh, openmpi or slurm runner; distrun's is --backend ssh|local|slurm",
+}
 # Launch flags of torchrun and Slurm that distrun spells otherwise or sets itself.
 LAUNCH_FLAGS = {
     "-N": "Slurm's node count; distrun's is --nnodes K",
@@ -39,6 +50,7 @@ LAUNCH_FLAGS = {
     "--rdzv-backend": RDZV_HINT, "--rdzv_backend": RDZV_HINT,
     "--max-restarts": RESTARTS_HINT, "--max_restarts": RESTARTS_HINT,
     **PDSH_FLAGS,
+    **DEEPSPEED_FLAGS,
 }
 
 

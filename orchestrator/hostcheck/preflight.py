@@ -9,16 +9,19 @@ from orchestrator.facts import HostFacts
 from orchestrator.hostcheck.checks import (
     Context,
     Status,
+    check_deepspeed,
     check_entry,
+    check_extension_locks,
     check_port_free,
     check_port_reachable,
     check_python,
     check_torch,
+    uses_deepspeed,
 )
 from orchestrator.hostcheck.firewall import with_forward_note
 from orchestrator.hostcheck.render import render_check
 from orchestrator.plan import LaunchPlan
-from orchestrator.spec.model import NodeSpec
+from orchestrator.spec.model import JobSpec, NodeSpec
 
 PORT_CHECKS = frozenset({"port-free", "port-reachable"})
 
@@ -42,23 +45,28 @@ class PortError(PreflightError):
 
 
 def launch_preflight(plan: LaunchPlan, nodes: Mapping[str, NodeSpec], facts: Mapping[str, HostFacts],
-                     master_addr_error: str | None = None) -> None:
+                     master_addr_error: str | None = None, job: JobSpec | None = None) -> None:
     """Python and torch alike on every host, the job's script or module there; on several hosts, the
     rendezvous port was free on the master and every other host connected to it (the launch's probe
-    round tested all of it).
+    round tested all of it). For a job that imports DeepSpeed, deepspeed alike on every host and no
+    stale torch extension build lock, on which the job would wait for ever at start.
 
     Args:
         plan: The job's plan (its hosts, master and address).
         nodes: The plan's hosts' inventory entries, by name.
         facts: What the launch's probe round found on each host.
         master_addr_error: Why no address of the master could be chosen, if so.
+        job: The job (its script tells whether it uses DeepSpeed); None: not known.
 
     Raises:
         PreflightError: listing every failed check as doctor shows it (EntryMissingError, exit 2,
             when the entry is one of them).
     """
-    ctx = Context(tuple(nodes[h.node] for h in plan.hosts), plan.master_node, plan.master_addr, master_addr_error)
+    ctx = Context(tuple(nodes[h.node] for h in plan.hosts), plan.master_node, plan.master_addr, master_addr_error,
+                  job=job)
     checks = [check_python(facts, ctx), check_torch(facts, ctx), check_entry(facts, ctx)]
+    if uses_deepspeed(job):
+        checks += [check_deepspeed(facts, ctx), check_extension_locks(facts, ctx)]
     if len(plan.hosts) > 1:
         checks += [check_port_free(facts, ctx), check_port_reachable(facts, ctx)]
     failed = [c for c in with_forward_note(checks) if c.status is Status.ERROR]
