@@ -57,7 +57,6 @@ from orchestrator.remote.frpoll import run as poll_flight_recorders
 from orchestrator.remote.ftforward import forward_lighthouse
 from orchestrator.remote.gpu import GpuHolders
 from orchestrator.remote.leader import Leader
-from orchestrator.remote.private import make_private_dirs
 from orchestrator.remote.programs import expand_job_words, write_programs
 from orchestrator.remote.provenance import (
     Root,
@@ -71,7 +70,7 @@ from orchestrator.remote.provenance import (
 )
 from orchestrator.remote.rdzvconn import endpoint
 from orchestrator.remote.relay import Relay
-from orchestrator.remote.safedirs import UnsafeDirError, expand_var, make_safe_dir
+from orchestrator.remote.safedirs import UnsafeDirError, expand_var, make_job_dirs, make_safe_dir
 from orchestrator.remote.sockdir import remove_fallback, socket_dir
 from orchestrator.remote.stream import StreamWriter
 from orchestrator.remote.tail import restart_count
@@ -271,8 +270,12 @@ class Supervisor:
         self.leader: Leader | None = None
         self.ender: threading.Thread | None = None
         self.dir = os.path.expanduser(os.path.join(cfg.host_dir, "jobs", self.job_id))
-        with contextlib.suppress(OSError):  # a full disk: the host-side copy warns and the job goes on
-            make_private_dirs(self.dir)
+        try:
+            make_job_dirs(cfg.host_dir, self.job_id, self.node)  # UnsafeDirError: nothing of the job runs
+        except UnsafeDirError:
+            raise
+        except OSError:
+            pass  # a full disk: the host-side copy warns and the job goes on
         self.relay = Relay(cfg, out, self.dir, self.warn)
         self.record_path = os.path.join(self.relay.raw_dir, RECORDS)  # torchrun's failed workers
 
@@ -528,6 +531,17 @@ def start_telemetry(cfg: SupervisorConfig, out: StreamWriter, done: threading.Ev
     return thread
 
 
+def start(cfg: SupervisorConfig, out: StreamWriter) -> Supervisor | None:
+    """The supervisor of `cfg`'s job, or None when a directory it would run programs from or write
+    into is unsafe (remote/safedirs.py's `make_job_dirs`): the `exit` event then says why in one
+    line, marked `refused` (the controller's usage error, exit 2), and nothing of the job ran."""
+    try:
+        return Supervisor(cfg, out)
+    except UnsafeDirError as exc:
+        out.end("exit", 10.0, rc=2, error=str(exc), refused=True)
+        return None
+
+
 def main(argv: list[str]) -> None:
     stdin = sys.stdin.buffer
     out = StreamWriter(sys.stdout.buffer)
@@ -538,6 +552,7 @@ def main(argv: list[str]) -> None:
         out.end("exit", 10.0, rc=2, error=f"no configuration received ({exc})" if first.strip() else
                 "no configuration received")
         sys.exit(2)
-    code = Supervisor(cfg, out).run(stdin)
+    supervisor = start(cfg, out)
+    code = supervisor.run(stdin) if supervisor is not None else 2
     # The control thread may sit in a blocking read of stdin; leave without joining it.
     os._exit(code)

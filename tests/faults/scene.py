@@ -685,7 +685,7 @@ def small_disk(scene: Scene) -> Iterator[None]:
     mount namespace), or DISTRUN_HOME on this machine; the job database exists before it fills."""
     if scene.cell.fault is Fault.HOST_DISK_FULL:
         mounted = scene.cluster.host_run(NODE2, ["sh", "-c", f"mkdir -p {HOST_DIR} && "
-                                                 f"mount -t tmpfs -o size=2m distrun-faults {HOST_DIR}"])
+                                                 f"mount -t tmpfs -o size=2m,mode=0700 distrun-faults {HOST_DIR}"])
         assert mounted.returncode == 0, mounted.stderr
         try:
             yield
