@@ -71,7 +71,7 @@ from orchestrator.remote.provenance import (
 from orchestrator.remote.rdzvconn import endpoint
 from orchestrator.remote.relay import Relay
 from orchestrator.remote.safedirs import UnsafeDirError, expand_var, make_job_dirs, make_safe_dir
-from orchestrator.remote.sockdir import remove_fallback, socket_dir
+from orchestrator.remote.sockdir import record_fallback, remove_recorded, remove_sockets, socket_dir
 from orchestrator.remote.stream import StreamWriter
 from orchestrator.remote.tail import restart_count
 from orchestrator.remote.workerfail import RECORDS, WorkerRecord, raised_workers, read_records
@@ -343,6 +343,9 @@ class Supervisor:
         else:
             env["DISTRUN_WORKER_SOCKETS"] = made
             self.sockets = (wanted, made)
+            if made != os.path.expanduser(wanted):
+                with contextlib.suppress(OSError):  # a full disk: only a SIGKILL would leave it then
+                    record_fallback(self.dir, self.node, made)
 
     def start_flight_polls(self) -> None:
         """Read the ranks' Flight Recorders every few seconds (remote/frpoll.py) where they serve them."""
@@ -500,7 +503,8 @@ class Supervisor:
         self.restarts = restart_count(self.relay.raw_dir)
         self.relay.finish()
         if self.sockets is not None:
-            remove_fallback(*self.sockets)
+            remove_sockets(*self.sockets)
+            remove_recorded(self.dir, self.job_id, self.node)
         self.done.set()
         if sampler is not None:
             sampler.join(timeout=2)
