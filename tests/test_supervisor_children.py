@@ -1,6 +1,7 @@
 """A rank's children end with the job whatever their environment (issue 46.3): a child started with an
 environment of its own (no distrun markers), in a session of its own or not, or detached as a
-daemon, is the job's by descent from the supervisor, and is ended at the job's end and on a stop;
+daemon, is the job's by descent from the supervisor, and is ended at the job's end and on a stop,
+and after a SIGKILLed supervisor by the cleanup that follows (the supervisor records its adoptions);
 a process beside the job (this user's with the job's markers, another user's) is never touched."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 
 from orchestrator import remote
 from orchestrator.backends.ssh import SUPERVISOR_ONLY
+from orchestrator.remote import cleanup
 from tests.test_security_round2 import as_impostor
 from tests.test_supervisor_lifecycle import config, decode
 
@@ -117,3 +119,37 @@ def test_a_ranks_children_with_their_own_environment_end_with_the_job_and_nothin
     left = tagged(tag) - bystanders
     assert left == set(), f"6 children expected gone when the supervisor returned ({took:.1f} s), left: {left}"
     assert tagged(tag) == bystanders  # this user's process with the job's markers, another user's: untouched
+
+
+def test_a_daemon_the_supervisor_adopted_goes_with_the_stop_that_follows_its_sigkill(
+        tmp_path: Path, beside: tuple[str, set[int]], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """SIGKILLed, the supervisor's adoptions go to init; it recorded them (each heartbeat), so the
+    cleanup the controller runs next (`distrun stop`'s) still ends them."""
+    tag, bystanders = beside
+    monkeypatch.setenv("HOME", str(tmp_path))
+    daemon = [sys.executable, "-c", "import time; time.sleep(611)", tag]
+    rank = ("import subprocess, sys, time\n"
+            f"subprocess.run(['setsid', '-f', *{daemon!r}], env={{'PATH': '/usr/bin:/bin'}}, check=True,"
+            " stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+            "print('children started', flush=True)\ntime.sleep(600)\n")
+    cfg = config(tmp_path, [sys.executable, "-c", rank], host_dir="~/.distrun")
+    payload = remote.bundle("supervisor", SUPERVISOR_ONLY)
+    argv = remote.bootstrap_argv(sys.executable, payload, "distrun-supervisor", str(cfg["job_id"]), "n0")
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(payload + json.dumps(cfg).encode() + b"\n")
+    proc.stdin.flush()
+    out = b""
+    while b"children started" not in out:
+        chunk = os.read(proc.stdout.fileno(), 65536)
+        assert chunk, out[-2000:]
+        out += chunk
+    assert wait_until(lambda: len(tagged(tag) - bystanders) == 1, 10)
+    time.sleep(2.5)  # two heartbeats: the adoption is recorded
+    proc.kill()
+    proc.wait()
+    assert len(tagged(tag) - bystanders) == 1  # the daemon outlived its supervisor
+    cleanup.main([str(cfg["job_id"]), "n0", "1"])
+    assert json.loads(capsys.readouterr().out)["found"] >= 2  # the rank and the daemon
+    assert wait_until(lambda: tagged(tag) == bystanders, 5), tagged(tag) - bystanders

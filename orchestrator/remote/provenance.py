@@ -11,7 +11,8 @@ session of its own or not), is reparented to it and stays provable; a stop (`sup
 it proves to its roots, so one whose torchrun exits while no supervisor is left to adopt it stays
 provable to the end of that stop. Programs run beside the job later (`stack`, the `stop`
 cleanup) read the roots from the record the supervisor wrote into the host's private job
-directory (`record`, `recorded`). Stdlib-only (runs on the hosts).
+directory (`record`, `recorded`); the supervisor adds to it, each heartbeat, what it adopted, so
+that a SIGKILLed supervisor's adoptions (reparented to init) are still found. Stdlib-only (runs on the hosts).
 """
 
 from __future__ import annotations
@@ -133,6 +134,16 @@ def descendants(roots: Iterable[Root], exclude: int) -> list[Root]:
     table, known = _table(), {}
     return [Root(pid, start) for pid, (_, start) in table.items()
             if pid != exclude and _below(pid, table, wanted, known) and _owned(pid)]
+
+
+def children(pid: int) -> list[int]:
+    """The children of `pid` (every thread's, from /proc/PID/task/*/children); none when unknown."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                found += [int(child) for child in fh.read().split()]
+    return found
 
 
 def own_roots() -> list[Root]:

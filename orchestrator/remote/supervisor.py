@@ -61,6 +61,7 @@ from orchestrator.remote.programs import expand_job_words, write_programs
 from orchestrator.remote.provenance import (
     Root,
     become_subreaper,
+    children,
     descendants,
     own_roots,
     proven_root,
@@ -260,6 +261,7 @@ class Supervisor:
         self.restarts = 0  # torchrun's restarts of its workers, counted once it has ended
         self.sockets: tuple[str, str] | None = None  # the ranks' socket directory: (as asked, as made)
         self.workers_at_stop: int | None = None
+        self.roots: list[Root] = []  # this supervisor, its torchrun, and what it adopted (recorded)
         self.stop_at: float | None = None  # when the stop reached a running torchrun (time.time())
         self.alive_at_stop: list[int] | None = None  # the job's pids alive when the stop signalled torchrun
         self.raised_at_stop: list[WorkerRecord] = []  # workers that had raised (@record) when the stop came
@@ -327,9 +329,20 @@ class Supervisor:
     def record_roots(self) -> None:
         """Record this supervisor and its torchrun (pid and start time) for the programs that find
         the job's processes later (remote/provenance.py); a full disk leaves them none to find."""
-        roots = [r for r in (root_of(os.getpid()), root_of(self.child.pid)) if r is not None]  # type: ignore[union-attr]
+        self.roots = [r for r in (root_of(os.getpid()), root_of(self.child.pid)) if r is not None]  # type: ignore[union-attr]
         with contextlib.suppress(OSError):
-            record(record_path(self.dir, self.node), roots)
+            record(record_path(self.dir, self.node), self.roots)
+
+    def record_adopted(self) -> None:
+        """Record beside them each process the supervisor adopted as subreaper (a rank's detached
+        child, a worker whose torchrun died): SIGKILLed, the supervisor's adoptions go to init, and
+        the cleanup that follows finds them (and what descends from them) only by this record."""
+        new = [r for r in (root_of(pid) for pid in children(os.getpid()) if pid != self.child.pid)  # type: ignore[union-attr]
+               if r is not None and r not in self.roots]
+        if new:
+            self.roots += new
+            with contextlib.suppress(OSError):
+                record(record_path(self.dir, self.node), self.roots)
 
     def resolve_sockets(self, env: dict[str, str]) -> None:
         """DISTRUN_WORKER_SOCKETS made on this host (remote/sockdir.py), or dropped with a note."""
@@ -367,10 +380,12 @@ class Supervisor:
         self.stop("controller connection closed", StopCause.CHANNEL)
 
     def watchdog(self) -> None:
-        """Send our heartbeat; end the job when the controller's heartbeat stops. Neither waits on
-        stdout: the heartbeat is queued (StreamWriter), the decision reads only the clock."""
+        """Send our heartbeat, and record what the supervisor adopted; end the job when the
+        controller's heartbeat stops. Neither waits on stdout: the heartbeat is queued
+        (StreamWriter), the decision reads only the clock."""
         while not self.done.wait(HEARTBEAT_EVERY):
             self.out.event("hb")
+            self.record_adopted()
             if self.hb_timeout is not None and time.monotonic() - self.last_hb > self.hb_timeout:
                 self.stop(f"controller heartbeat silent for more than {self.hb_timeout:g} s", StopCause.HEARTBEAT)
 
