@@ -28,10 +28,14 @@ def main() -> None:
                         help="on SIGTERM, go on for this long first (not on the failing rank's host)")
     parser.add_argument("--chatty", type=int, default=0, help="extra lines printed with each tick")
     parser.add_argument("--spin", type=float, default=0.0, help="keep a core busy this long after each tick")
+    parser.add_argument("--children", action="store_true",
+                        help="start 3 children with an environment of their own (no distrun markers)")
     args = parser.parse_args()
     rank = int(os.environ["RANK"])
     signal.signal(signal.SIGUSR1, lambda *_: bad_error_file())
     signal.signal(signal.SIGUSR2, lambda *_: raise_on_purpose(rank))
+    if args.children:
+        start_children()
     # The failing rank's own torchrun stops its other ranks before it reports the failure, and
     # would wait 30 s for one that lingers: only the hosts distrun stops take their time.
     per_host = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -51,6 +55,20 @@ def main() -> None:
         spin(args.spin)
         time.sleep(args.every)
     sys.stdout.write(f"done {rank}\n")
+
+
+def start_children() -> None:
+    """Three children that would run for 611 s, none with distrun's markers, as programs start
+    helpers: a plain one, one in a session of its own, one detached (its parent exits at once, so it
+    is reparented to the supervisor). The job's id is in their argv, where the matrix finds them."""
+    import subprocess
+
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    child = [sys.executable, "-c", "import time; time.sleep(611)", "child-of", os.environ["DISTRUN_JOB_ID"]]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "stdin": subprocess.DEVNULL}
+    subprocess.Popen(child, env=env, **quiet)
+    subprocess.Popen(child, env=env, start_new_session=True, **quiet)
+    subprocess.run(["setsid", "-f", *child], env=env, check=True, **quiet)
 
 
 def spin(seconds: float) -> None:
