@@ -1,0 +1,88 @@
+"""Ctrl-C at the command line before a job starts: a real SIGINT sent to the real CLI process, by
+`python -m orchestrator` and by the console script's own shape, at several delays (while the commands
+load, while the hosts are being connected to). One line, exit 130, no traceback, and at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli.main import INTERRUPTED
+from tests.helpers import REPO
+
+# What pip writes as the `distrun` console script (the entry point of pyproject.toml).
+CONSOLE_SCRIPT = """\
+import re
+import sys
+from orchestrator.cli.main import main
+if __name__ == "__main__":
+    sys.argv[0] = re.sub(r"(-script\\.pyw|\\.exe)?$", "", sys.argv[0])
+    sys.exit(main())
+"""
+PROMPT = 5.0  # seconds from the SIGINT to the exit: not the hosts' connect timeout (30 here)
+
+
+@pytest.fixture
+def silent_host(tmp_path: Path) -> Iterator[Path]:
+    """An inventory whose one host takes the TCP connection and never says a word of SSH, so that
+    the launch waits in its preflight (connecting) for as long as the test needs."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        port = listener.getsockname()[1]
+        inventory = tmp_path / "inventory.yaml"
+        inventory.write_text(f"defaults: {{user: root, port: {port}, host_key_policy: accept-new}}\n"
+                             "nodes:\n  - {name: node0, host: 127.0.0.1}\n")
+        yield inventory
+
+
+def interrupted_after(argv: list[str], delay: float, home: Path) -> tuple[int, str, float]:
+    """Start the CLI, SIGINT it after `delay` seconds; its exit code, stderr and seconds to exit."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DISTRUN_HOME": str(home), "DISTRUN_SSH_TIMEOUT": "30",
+           "XDG_CONFIG_HOME": str(home / "no-config")}
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(delay)
+    assert proc.poll() is None, proc.communicate()[1]
+    proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err, time.monotonic() - sent
+
+
+@pytest.mark.parametrize("entry", ["module", "console-script"])
+@pytest.mark.parametrize("delay", [0.5, 1.5, 3.0])
+def test_ctrl_c_before_the_job_starts_is_one_line_exit_130_at_once(entry: str, delay: float, silent_host: Path,
+                                                                     tmp_path: Path) -> None:
+    script = tmp_path / "distrun"
+    script.write_text(CONSOLE_SCRIPT)
+    command = [sys.executable, "-m", "orchestrator"] if entry == "module" else [sys.executable, str(script)]
+
+    code, err, took = interrupted_after([*command, "launch", "jobs/tiny.yaml", "-i", str(silent_host)], delay,
+                                        tmp_path / "home")
+
+    assert (code, err.strip()) == (130, INTERRUPTED), err
+    assert took < PROMPT, took
+
+
+def test_ctrl_c_while_the_commands_load_is_the_same_line(tmp_path: Path) -> None:
+    """Loading the commands takes seconds on a loaded host (3.7 s at load 22); here one of their
+    imports is made that slow: a `click` first on the path that sleeps 3 s as it loads."""
+    slow = tmp_path / "slow"
+    slow.mkdir()
+    (slow / "click.py").write_text("import time\ntime.sleep(3)\nraise SystemExit('not reached')\n")
+    env = {**os.environ, "PYTHONPATH": f"{slow}:{REPO}", "DISTRUN_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "ps"], cwd=REPO, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+
+    assert (proc.returncode, err.strip()) == (130, INTERRUPTED), err
