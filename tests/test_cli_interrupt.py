@@ -5,6 +5,7 @@ load, while the hosts are being connected to). One line, exit 130, no traceback,
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -13,6 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from orchestrator.cli.main import INTERRUPTED
@@ -86,3 +88,16 @@ def test_ctrl_c_while_the_commands_load_is_the_same_line(tmp_path: Path) -> None
     _, err = proc.communicate(timeout=30)
 
     assert (proc.returncode, err.strip()) == (130, INTERRUPTED), err
+
+
+def test_ctrl_c_while_a_detached_launch_waits_says_its_controller_goes_on(silent_host: Path, tmp_path: Path) -> None:
+    code, err, took = interrupted_after([sys.executable, "-m", "orchestrator", "launch", "jobs/tiny.yaml", "-i",
+                                         str(silent_host), "--detach"], 3.0, tmp_path / "home")
+
+    said = re.fullmatch(r"distrun: interrupted; job (\S+) goes on in the background \(`distrun stop \1` ends it\)",
+                        err.strip())
+    assert code == 130 and said and took < PROMPT, err
+    controllers = [p for p in psutil.process_iter(["cmdline"]) if said[1] in (p.info["cmdline"] or [])]
+    assert controllers, "the background controller the line speaks of"
+    for controller in controllers:
+        controller.kill()

@@ -138,6 +138,9 @@ def _detach(request: LaunchRequest, as_json: bool) -> int:
             stdin=subprocess.DEVNULL, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True,
         )
+    # A Ctrl-C from here on leaves that controller running in its own session: the line says so (cli/main.py).
+    click.get_current_context().ensure_object(dict)["interrupted"] = (
+        f"distrun: interrupted; job {job_id} goes on in the background (`distrun stop {job_id}` ends it)")
     deadline = time.monotonic() + DETACH_WAIT
     while time.monotonic() < deadline:
         if _recorded(store, job_id):
