@@ -27,8 +27,8 @@ EPILOG = """\b
 Exit codes:
   0    success
   1    the job failed (or a doctor check, or a command run by exec)
-  2    bad input or usage (nothing was started)
-  3    infrastructure: a host unreachable, authentication failed, a port busy
+  2    bad input or usage, a port in use (nothing was started)
+  3    infrastructure: a host unreachable, authentication failed, a port cut off
   130  interrupted (Ctrl-C)
   143  terminated (SIGTERM)
 
