@@ -19,8 +19,9 @@ from orchestrator.store import JobRecord, JobState, Store, process_start
 from tests.helpers import distrun
 
 # Options whose long name means something else on some commands, so their words differ there.
-# logs --since: lines, not jobs; stack --node/--rank: whose stacks to dump (one), not which lines to show
-MEANS_OTHER_THINGS = {"--all": {"ps"}, "--dry-run": {"prune"}, "--since": {"logs"}, "--node": {"stack"},
+# logs --since: lines, not jobs; stack --node/--rank: whose stacks to dump (one), not which lines to show;
+# stop --all: every running job (stop takes no inventory)
+MEANS_OTHER_THINGS = {"--all": {"ps", "stop"}, "--dry-run": {"prune"}, "--since": {"logs"}, "--node": {"stack"},
                       "--rank": {"stack"}}
 CLOSED_PORT_INVENTORY = ("defaults: {user: root, port: 1, host_key_policy: strict}\n"
                          "nodes:\n  - {name: node0, host: 127.0.0.1}\n  - {name: node1, host: 127.0.0.1}\n")
@@ -69,7 +70,14 @@ def test_an_option_has_the_same_words_on_every_command() -> None:
     differing = {opt: by_command for opt, by_command in words.items() if len(set(by_command.values())) > 1}
     assert differing == {}
     assert {"launch", "doctor", "exec", "stop", "bench"} <= set(words["--nodes"])
-    assert set(words["--nodes"]) == set(words["--exclude"]) == set(words["--label"]) == set(words["--all"])
+    assert set(words["--nodes"]) == set(words["--exclude"]) == set(words["--label"]) == set(words["--all"]) | {"stop"}
+
+
+def test_stop_all_says_every_running_job_not_an_inventory_stop_does_not_take() -> None:
+    all_help = help_text("stop").split("Options:")[1].split("--all", 1)[1].split("--json")[0]
+
+    assert "running job" in all_help and "inventory" not in all_help
+    assert "-i" not in {opt for p in cli.commands["stop"].params for opt in p.opts}
 
 
 def test_help_names_values_as_users_read_them_never_clicks_types_or_ranges() -> None:
