@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import click
 from click.shell_completion import CompletionItem
 
-from orchestrator.cli.hints import launch_flag_hint, node_count_hint
+from orchestrator.cli.hints import launch_flag_hint, near_options, node_count_hint
 from orchestrator.console import terminal
 from orchestrator.console.terminal import ColorMode
 from orchestrator.errors import DistrunError
@@ -194,7 +194,7 @@ class LaunchCommand(click.Command):
             habit = launch_flag_hint(exc.option_name)
             if habit:
                 raise click.UsageError(f"{exc.option_name}: not an option of distrun launch ({habit})", ctx) from None
-            close = [p for p in exc.possibilities or () if p not in ctx.help_option_names]
+            close = near_options(exc.option_name, ctx)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             target = next((a for a in given if a.endswith((".py", ".yaml", ".yml"))), "train.py")
             raise click.UsageError(
