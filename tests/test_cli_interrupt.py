@@ -5,7 +5,9 @@ load, while the hosts are being connected to). One line, exit 130, no traceback,
 from __future__ import annotations
 
 import os
+import pty
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -18,7 +20,7 @@ import psutil
 import pytest
 
 from orchestrator.cli.main import INTERRUPTED
-from tests.helpers import REPO
+from tests.helpers import REPO, wait_for
 
 # What pip writes as the `distrun` console script (the entry point of pyproject.toml).
 CONSOLE_SCRIPT = """\
@@ -91,13 +93,55 @@ def test_ctrl_c_while_the_commands_load_is_the_same_line(tmp_path: Path) -> None
 
 
 def test_ctrl_c_while_a_detached_launch_waits_says_its_controller_goes_on(silent_host: Path, tmp_path: Path) -> None:
-    code, err, took = interrupted_after([sys.executable, "-m", "orchestrator", "launch", "jobs/tiny.yaml", "-i",
-                                         str(silent_host), "--detach"], 3.0, tmp_path / "home")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DISTRUN_HOME": str(tmp_path / "home"), "DISTRUN_SSH_TIMEOUT": "30",
+           "XDG_CONFIG_HOME": str(tmp_path / "no-config")}
+    argv = [sys.executable, "-m", "orchestrator", "launch", "jobs/tiny.yaml", "-i", str(silent_host), "--detach"]
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    launcher = psutil.Process(proc.pid)
+    assert wait_for(lambda: any("--detached-child" in c.cmdline() for c in launcher.children()), 60)
+    controllers = launcher.children()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
 
     said = re.fullmatch(r"distrun: interrupted; job (\S+) goes on in the background \(`distrun stop \1` ends it\)",
                         err.strip())
-    assert code == 130 and said and took < PROMPT, err
-    controllers = [p for p in psutil.process_iter(["cmdline"]) if said[1] in (p.info["cmdline"] or [])]
-    assert controllers, "the background controller the line speaks of"
+    assert proc.returncode == 130 and said, err
+    assert all(c.is_running() and said[1] in c.cmdline() for c in controllers), "the controller the line speaks of"
     for controller in controllers:
         controller.kill()
+
+
+def test_ctrl_c_on_a_terminal_erases_the_progress_line_before_saying_so(tmp_path: Path) -> None:
+    """`connected 1/2` (one host answered, the other is silent) is erased, not followed by the line."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        inventory = tmp_path / "inventory.yaml"
+        inventory.write_text(f"defaults: {{user: root, port: {listener.getsockname()[1]}}}\nnodes:\n"
+                             "  - {name: node0, host: 127.0.0.1}\n"
+                             "  - {name: here, host: localhost, transport: local}\n")
+        controller, terminal = pty.openpty()
+        env = {**os.environ, "PYTHONPATH": str(REPO), "DISTRUN_HOME": str(tmp_path / "home"), "TERM": "xterm",
+               "DISTRUN_SSH_TIMEOUT": "30", "XDG_CONFIG_HOME": str(tmp_path / "no-config")}
+        argv = [sys.executable, "-m", "orchestrator", "launch", "jobs/tiny.yaml", "-i", str(inventory)]
+        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=terminal, stderr=terminal)
+        os.close(terminal)
+        shown = b""
+        try:
+            while b"connected 1/2" not in shown and select.select([controller], [], [], 30)[0]:
+                shown += os.read(controller, 65536)
+            proc.send_signal(signal.SIGINT)
+            while select.select([controller], [], [], 10)[0]:
+                try:
+                    chunk = os.read(controller, 65536)
+                except OSError:  # EIO: the CLI closed the terminal
+                    break
+                if not chunk:
+                    break
+                shown += chunk
+        finally:
+            os.close(controller)
+            proc.kill()
+
+    assert proc.wait(10) == 130
+    assert shown.endswith(b"connected 1/2\r\x1b[2K" + INTERRUPTED.encode() + b"\r\n"), shown

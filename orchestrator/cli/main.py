@@ -46,7 +46,9 @@ def _on_sigint(said: dict[str, Any], frame: FrameType | None) -> None:
         signal.default_int_handler(signal.SIGINT, frame)
     with contextlib.suppress(Exception):  # the main thread may be inside a write to stdout
         sys.stdout.flush()
-    os.write(sys.stderr.fileno(), f"{said.get('interrupted', INTERRUPTED)}\n".encode())
+    # On a terminal, first erase what a progress line (`connected 1/3`) left on the cursor's line.
+    erase = "\r\x1b[2K" if os.isatty(sys.stderr.fileno()) else ""
+    os.write(sys.stderr.fileno(), f"{erase}{said.get('interrupted', INTERRUPTED)}\n".encode())
     os._exit(int(ExitCode.INTERRUPTED))
 
 
