@@ -4,14 +4,17 @@ load, while the hosts are being connected to). One line, exit 130, no traceback,
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pty
 import re
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,3 +148,45 @@ def test_ctrl_c_on_a_terminal_erases_the_progress_line_before_saying_so(tmp_path
 
     assert proc.wait(10) == 130
     assert shown.endswith(b"connected 1/2\r\x1b[2K" + INTERRUPTED.encode() + b"\r\n"), shown
+
+
+def test_ctrl_c_typed_into_the_live_view_is_not_echoed_and_leaves_nothing_of_it(tmp_path: Path) -> None:
+    """Ctrl-C typed on the launch's own terminal (its controlling tty, as a person's): the tty does
+    not echo `^C` into the live view (at its right edge it wrapped the cursor, and the view's title
+    stayed on screen), the view is cleared before the last line, and the tty's setting comes back."""
+    script = tmp_path / "train.py"
+    script.write_text("import time\nprint('training', flush=True)\ntime.sleep(300)\n")
+    job = tmp_path / "job.yaml"
+    job.write_text(f"name: sleepy\nscript: {script}\nnproc_per_node: 1\nbackend: local\n")
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DISTRUN_HOME": str(tmp_path / "home"), "TERM": "xterm-256color",
+           "XDG_CONFIG_HOME": str(tmp_path / "no-config")}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "launch", str(job)], cwd=REPO, env=env,
+                            stdin=terminal, stdout=terminal, stderr=terminal, start_new_session=True,
+                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    os.close(terminal)
+    shown = b""
+    try:
+        while b"training" not in shown and select.select([controller], [], [], 60)[0]:
+            shown += os.read(controller, 65536)
+        time.sleep(2)  # the live view redraws a few times
+        os.write(controller, b"\x03")
+        while select.select([controller], [], [], 30)[0]:
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: the CLI closed the terminal
+                break
+            if not chunk:
+                break
+            shown += chunk
+        echoes_control = bool(termios.tcgetattr(controller)[3] & termios.ECHOCTL)
+    finally:
+        os.close(controller)
+        proc.kill()
+
+    assert proc.wait(10) == 130
+    assert b"^C" not in shown
+    assert re.search(rb"(\x1b\[1A\x1b\[2K){7}job sleepy-\S+ stopped \(SIGINT\)[^\n]*\r\n$", shown), shown[-400:]
+    assert echoes_control, "the terminal's ECHOCTL is back"

@@ -113,7 +113,9 @@ def launch(ctx: click.Context, target: str, inventory: str | None, selection: Ho
     )
     if detach and not dry_run:
         sys.exit(_detach(request, as_json))
-    sys.exit(launch_job(request))
+    with terminal.no_control_echo():  # a `^C` echoed into the live view would leave its title behind
+        code = launch_job(request)
+    sys.exit(code)
 
 
 def _detach(request: LaunchRequest, as_json: bool) -> int:
