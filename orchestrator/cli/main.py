@@ -16,7 +16,7 @@ import traceback
 from types import FrameType
 from typing import Any
 
-from orchestrator.console import interrupts
+from orchestrator.console import interrupts, terminal
 from orchestrator.errors import ExitCode
 
 # What a Ctrl-C says when it comes before the command started anything on a host: while the
@@ -34,7 +34,7 @@ def main() -> None:
         _run(said)
     except KeyboardInterrupt:
         if said.get("command") in SAID_FOR:
-            print(said.get("interrupted", INTERRUPTED), file=sys.stderr, flush=True)
+            terminal.say_at_once(said.get("interrupted", INTERRUPTED))
         sys.exit(int(ExitCode.INTERRUPTED))
     sys.exit(0)
 
@@ -46,9 +46,7 @@ def _on_sigint(said: dict[str, Any], frame: FrameType | None) -> None:
         signal.default_int_handler(signal.SIGINT, frame)
     with contextlib.suppress(Exception):  # the main thread may be inside a write to stdout
         sys.stdout.flush()
-    # On a terminal, first erase what a progress line (`connected 1/3`) left on the cursor's line.
-    erase = "\r\x1b[2K" if os.isatty(sys.stderr.fileno()) else ""
-    os.write(sys.stderr.fileno(), f"{erase}{said.get('interrupted', INTERRUPTED)}\n".encode())
+    terminal.say_at_once(said.get("interrupted", INTERRUPTED))
     os._exit(int(ExitCode.INTERRUPTED))
 
 
@@ -65,7 +63,6 @@ def _run(said: dict[str, Any]) -> None:
     from orchestrator.cli.group import COMPLETE_VAR, cli
     from orchestrator.cli.hints import one_line
     from orchestrator.cli.options import default_map
-    from orchestrator.console import terminal
     from orchestrator.errors import DistrunError
     from orchestrator.spec.config import load_config
 

@@ -26,8 +26,6 @@ from contextlib import contextmanager, suppress
 from enum import Enum
 from typing import TextIO
 
-from orchestrator.remote.redact import escape_controls
-
 _SGR = re.compile("(\x1b\\[[0-9;]*m)")
 
 
@@ -61,6 +59,10 @@ def colour(stream: TextIO | None) -> bool:
 
 def safe_text(text: str) -> str:
     """`text` as it may reach a terminal: control characters escaped but newline, tab and SGR colours."""
+    # Imported here, not when this module loads: cli/main.py imports it before it takes Ctrl-C, and
+    # orchestrator.remote's package (the bundle's resources) costs tens of ms there.
+    from orchestrator.remote.redact import escape_controls
+
     if "\x1b" not in text:
         return escape_controls(text)
     bare = _SGR.sub("", text)
@@ -173,3 +175,12 @@ def no_control_echo(stream: TextIO | None = None) -> Iterator[None]:
     finally:
         with suppress(termios.error, OSError):
             termios.tcsetattr(fd, termios.TCSANOW, before)
+
+
+def say_at_once(line: str) -> None:
+    """Write `line` to stderr in one system call, past Python's buffers (a signal handler's line: the
+    main thread may be inside a write); on a terminal, first erase what a progress line
+    (`connected 1/3`) left on the cursor's line."""
+    fd = sys.stderr.fileno()
+    erase = "\r\x1b[2K" if os.isatty(fd) else ""
+    os.write(fd, f"{erase}{line}\n".encode())
