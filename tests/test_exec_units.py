@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -160,6 +161,11 @@ def test_a_command_that_starts_after_ctrl_c_is_ended_at_once():
     assert ended == ["early", "late"]
 
 
+def seconds(whole: int) -> str:
+    """A `sleep` argument no other process on this machine has: `whole` seconds and a random fraction."""
+    return f"{whole}.{secrets.randbelow(10**9):09d}"
+
+
 def with_arg(marker: str) -> list[int]:
     """Pids of processes whose command line has `marker` as an argument."""
     found = []
@@ -175,27 +181,30 @@ def with_arg(marker: str) -> list[int]:
 def test_timeout_ends_the_command_and_every_process_it_started(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DISTRUN_INVENTORY", raising=False)
     out, err = io.StringIO(), io.StringIO()
-    script = "echo started; sleep 301 & sleep 302"
+    first, second = seconds(301), seconds(302)
+    script = f"echo started; sleep {first} & sleep {second}"
     assert exec_on_hosts(ExecRequest(argv=("sh", "-c", script), timeout=1.0), out=out, err=err) == ExitCode.FAILED
     assert "started" in out.getvalue() and "timed out after 1 s" in out.getvalue()
     deadline = time.monotonic() + 10
-    while (with_arg("301") or with_arg("302")) and time.monotonic() < deadline:
+    while (with_arg(first) or with_arg(second)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not with_arg("301") and not with_arg("302"), "the command (or its child) outlived --timeout"
+    assert not with_arg(first) and not with_arg(second), "the command (or its child) outlived --timeout"
 
 
 def test_ctrl_c_ends_the_command_and_every_process_it_started() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "exec", "--", "sh", "-c", "sleep 303 & sleep 304"],
+    first, second = seconds(303), seconds(304)
+    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "exec", "--", "sh", "-c",
+                             f"sleep {first} & sleep {second}"],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 30
-    while not (with_arg("303") and with_arg("304")) and time.monotonic() < deadline:
+    while not (with_arg(first) and with_arg(second)) and time.monotonic() < deadline:
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=30)
     deadline = time.monotonic() + 10
-    while (with_arg("303") or with_arg("304")) and time.monotonic() < deadline:
+    while (with_arg(first) or with_arg(second)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert proc.returncode == 130 and not with_arg("303") and not with_arg("304")
+    assert proc.returncode == 130 and not with_arg(first) and not with_arg(second)
 
 
 def test_a_command_killed_by_a_signal_exits_as_a_shell_says(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -248,17 +257,18 @@ def run_guard(*argv: str, grace: float = 5.0, python: tuple[str, ...] = (sys.exe
 
 def test_the_end_of_the_guards_stdin_ends_the_command_and_every_process_it_started() -> None:
     """A dropped connection or a closed channel is the end of the guard's stdin."""
-    guard = run_guard("sh", "-c", "sleep 306 & sleep 307")
+    first, second = seconds(306), seconds(307)
+    guard = run_guard("sh", "-c", f"sleep {first} & sleep {second}")
     deadline = time.monotonic() + 30
-    while not (with_arg("306") and with_arg("307")) and time.monotonic() < deadline:
+    while not (with_arg(first) and with_arg(second)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert guard.stdin is not None
     guard.stdin.close()
     assert guard.wait(timeout=10) == 128 + signal.SIGTERM
     deadline = time.monotonic() + 10
-    while (with_arg("306") or with_arg("307")) and time.monotonic() < deadline:
+    while (with_arg(first) or with_arg(second)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not with_arg("306") and not with_arg("307")
+    assert not with_arg(first) and not with_arg(second)
 
 
 def test_a_command_that_ignores_sigterm_is_killed_after_the_grace_period() -> None:

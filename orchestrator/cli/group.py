@@ -19,7 +19,7 @@ from orchestrator.cli.hosts import doctor, exec_command
 from orchestrator.cli.jobs import logs, metrics, prune, ps, stack, stop, top
 from orchestrator.cli.launch import launch
 from orchestrator.cli.options import color_option
-from orchestrator.cli.reports import bench, report
+from orchestrator.cli.reports import bench, report, trace
 from orchestrator.console import terminal
 from orchestrator.errors import UsageError
 
@@ -65,7 +65,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
     ctx.ensure_object(dict).update(debug=debug, command=ctx.invoked_subcommand)
 
 
-for command in (launch, ps, logs, stop, stack, top, metrics, exec_command, doctor, report, bench, prune):
+for command in (launch, ps, logs, stop, stack, top, metrics, exec_command, doctor, report, bench, trace, prune):
     cli.add_command(command)
 
 

@@ -6,7 +6,9 @@ one, its Flight Recorder record (flight.py), on every host at once, and returns 
 main thread is, its Flight Recorder position (the last collective it entered and the last it
 completed, and when it entered its last), and when its last line reached the controller. `Look.keep`
 writes what it found into the job directory (stacks/, flight/). A host without py-spy, ptrace
-refused, a rank that serves no Flight Recorder: each is said in one line, and the rest still counts.
+refused, a rank that serves no Flight Recorder or serves something that is not a record (the socket
+is the rank's program's: its answer is checked before it is read): each is said in one line, and
+the rest still counts.
 """
 
 from __future__ import annotations
@@ -46,15 +48,17 @@ class Position:
 
     @classmethod
     def of(cls, dump: Mapping[str, Any]) -> Position | None:
-        """The position in a dump (fr_trace_json's JSON); None when it recorded no collective."""
-        entries = [e for e in dump.get("entries") or () if not e.get("is_p2p") and int(e.get("collective_seq_id") or 0)]
+        """The position in a dump (fr_trace_json's JSON); None when it recorded no collective.
+
+        Raises:
+            flights.BadRecord: the dump is not a record distrun can read.
+        """
+        entries = [e for e in flights.entries(dump) if not e.p2p and e.seq > 0]
         if not entries:
             return None
-        newest = max(entries, key=lambda e: int(e.get("time_created_ns") or 0))
-        done = [int(e["collective_seq_id"]) for e in entries
-                if e.get("retired") or e.get("state") == flights.COMPLETED]
-        return cls(int(newest["collective_seq_id"]), max(done, default=0), str(newest.get("profiling_name") or "?"),
-                   int(newest.get("time_created_ns") or 0) / NS)
+        newest = max(entries, key=lambda e: e.created_ns)
+        return cls(newest.seq, max((e.seq for e in entries if e.done), default=0), newest.name,
+                   newest.created_ns / NS)
 
     def text(self) -> str:
         """`in #31 gloo:all_reduce (completed #30)`."""
@@ -149,10 +153,21 @@ def look(backend: stacks.ReachesRanks, record: JobRecord, nodes: Sequence[str] |
         found.setdefault(rank, RankNow(rank, node))
     ranks = {}
     for rank, now in found.items():
-        position = Position.of(dumps.dumps[rank]) if rank in dumps.dumps else None
-        why = dumps.errors.get(rank, "" if position else "no collective recorded")
-        ranks[rank] = RankNow(rank, now.node, now.stack, position, "" if position else why, lines.get(rank))
+        position, why = position_of(dumps, rank)
+        ranks[rank] = RankNow(rank, now.node, now.stack, position, why, lines.get(rank))
     return Look(gathered, ranks)
+
+
+def position_of(dumps: stacks.Flight, rank: int) -> tuple[Position | None, str]:
+    """A rank's position, or None and why there is none. A dump that is not a record becomes its
+    why, and leaves the dumps (so nothing else reads it)."""
+    try:
+        position = Position.of(dumps.dumps[rank]) if rank in dumps.dumps else None
+    except flights.BadRecord as exc:
+        del dumps.dumps[rank]
+        dumps.errors[rank] = str(exc)
+        return None, str(exc)
+    return position, "" if position else dumps.errors.get(rank, "no collective recorded")
 
 
 def keep_stacks(gathered: stacks.Gathered, folder: Path) -> None:

@@ -2,9 +2,12 @@
 
 `gather` has the job's backend run remote/stack.py beside the ranks of each host (py-spy there);
 `fold` groups ranks whose stacks are the same once addresses are ignored, the odd ones out
-first; `render` and `to_json` show the groups. The hang watchdog (watchdog.py) keeps the same
-text in the job directory (stacks/) and names the odd group in its failure. What reaches the hosts
-is `ReachesRanks`, which every backend that can run a program beside a job's ranks is.
+first. Ranks are compared by one thread each (`RankStack.focus`: the thread in torch.distributed,
+the main thread first, else the main thread): a logger or TensorBoard thread that one rank runs
+and the others do not makes no rank odd; `render` and `to_json` show the groups. The hang watchdog
+(watchdog.py) keeps the same text in the job directory (stacks/) and names the odd group in its failure.
+What reaches the hosts is `ReachesRanks`, which every backend that can run a program beside a job's
+ranks is.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from orchestrator import remote
 from orchestrator.console.display import rank_ranges
 from orchestrator.errors import InfraError, UsageError, one_line
+from orchestrator.remote.flightrec import not_a_record
+from orchestrator.remote.flightrec import one_line as flight_one_line
 from orchestrator.remote.redact import Masker
 
 if TYPE_CHECKING:
@@ -85,24 +90,34 @@ class RankStack:
     error: str = ""
 
     def key(self) -> tuple[Any, ...]:
+        """What two ranks must share to be in one group: the focus thread (other threads ignored)."""
         if self.error:
             return ("error", ADDRESS.sub("0x?", self.error))
-        return tuple(sorted(t.key() for t in self.threads))
+        focus = self.focus()
+        return () if focus is None else focus.key()
 
     def in_collective(self) -> bool:
-        """Whether the main thread is inside torch.distributed (a collective, a barrier, a store wait)."""
-        thread = self.main_thread()
-        return thread is not None and any(COLLECTIVE.search(f.file) for f in thread.frames)
+        """Whether the focus thread is inside torch.distributed (a collective, a barrier, a store wait)."""
+        thread = self.focus()
+        return thread is not None and in_torch_distributed(thread)
 
     def main_thread(self) -> Thread | None:
         named = [t for t in self.threads if t.name == MAIN_THREAD]
         return named[0] if named else (self.threads[0] if self.threads else None)
 
+    def focus(self) -> Thread | None:
+        """The thread that says where the rank is: the main thread if it is in torch.distributed, else
+        a thread that is (a program that trains in a thread of its own), else the main thread."""
+        main = self.main_thread()
+        if main is None or in_torch_distributed(main):
+            return main
+        return next((t for t in self.threads if in_torch_distributed(t)), main)
+
     def where(self) -> str:
         """A few words for where the rank is: `all_reduce ← main (worker.py:50)`; the error if no dump."""
         if self.error:
             return self.error
-        thread = self.main_thread()
+        thread = self.focus()
         if thread is None or not thread.frames:
             return "no Python frames"
         inner = thread.frames[0]
@@ -110,6 +125,10 @@ class RankStack:
         if own is None or own is inner:
             return inner.text()
         return f"{inner.name} ← {own.text()}"
+
+
+def in_torch_distributed(thread: Thread) -> bool:
+    return any(COLLECTIVE.search(f.file) for f in thread.frames)
 
 
 @dataclass
@@ -142,17 +161,23 @@ class Flight:
     seconds: float = 0.0
 
     def add_host(self, node: str, stdout: str) -> None:
-        """The dumps in one host's answer (remote/stack.py's JSON line; nothing when it is not JSON)."""
+        """The dumps in one host's answer (remote/stack.py's JSON line; nothing when it is not JSON). A
+        rank's answer that is not a record distrun can read is kept as why it gave none, one line."""
         try:
             data = json.loads(stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
             return
         for entry in data.get("ranks", []):
-            self.nodes[int(entry["rank"])] = node
-            if isinstance(entry.get("flight"), dict):
-                self.dumps[int(entry["rank"])] = entry["flight"]
+            rank = int(entry["rank"])
+            self.nodes[rank] = node
+            if "flight" in entry:
+                why = not_a_record(entry["flight"])
+                if why is None:
+                    self.dumps[rank] = entry["flight"]
+                else:
+                    self.errors[rank] = f"the answer is not a record: {why}"
             elif entry.get("flight_error"):
-                self.errors[int(entry["rank"])] = str(entry["flight_error"])
+                self.errors[rank] = flight_one_line(str(entry["flight_error"]))
             self.seconds = max(self.seconds, float(entry.get("flight_seconds") or 0.0))
 
 

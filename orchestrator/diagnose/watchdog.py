@@ -2,17 +2,19 @@
 stopped), and with `hang_timeout` hung.
 
 Progress is a line from any rank (DISTRUN_METRICS lines included; torchrun's own lines are not
-a rank's) reaching the controller, or a collective a rank's Flight Recorder shows entered; the
-watchdog is armed by the first line, so a slow start (imports, rendezvous) is never a stall.
+a rank's, nor are the warnings distrun folds as harmless, logs/fold.py) reaching the controller,
+or a collective a rank's Flight Recorder shows entered; the watchdog is armed by the first line,
+so a slow start (imports, rendezvous) is never a stall.
 `stall_after: S` (default 300 s): after S seconds without progress `look_at_stall` looks at every
 rank (ranks.py: stacks, Flight Recorder); where a collective was entered lately the job still moves,
 else the stall is kept (`Stalls`): the job shows `stalled` (live view, `ps`) with the odd rank named,
 its stacks and dumps in the job directory, until it progresses again. With `hang_timeout: T` a job
 that made none for T/3 seconds is shown `stalled` too; after T seconds `diagnose` dumps every rank's
 stack into the job directory (stacks/), with the Flight Recorder dump of every rank that serves one
-(flight/, flight.py), and returns the failure of kind `hang`: the rank whose stack differs from the
-majority's, that stack, where the others wait, and the ranks that have not entered the collective
-the others wait in (`verdict`, which a stall's explanation shares). The run loop (run/attempt.py)
+(flight/, flight.py), and returns the failure of kind `hang` (`verdict`, which a stall's explanation
+shares): the rank the Flight Recorder finds behind the collective the others wait in (or that gave
+no record while they wait: a stopped rank cannot answer), else the rank whose stack differs from the
+majority's; its stack, where the others wait, and what the records say. The run loop (run/attempt.py)
 calls `Watchdog.check` from its run loop, and `diagnose` and `look_at_stall` in threads of their
 own, so the hosts keep being heartbeaten while their ranks are dumped.
 """
@@ -254,38 +256,81 @@ def unseen(reason: str, exc: DistrunError) -> Failure:
 
 def verdict(seen: ranks.Look, job_dir: JobDir, reason: str, addresses: dict[str, str]) -> Failure:
     """The rank that is not where the others are, from what a look found (kept in the job directory's
-    stacks/ and flight/), as the hang's failure: reason, odd stack, where the others wait, lags."""
+    stacks/ and flight/), as the hang's failure: reason, odd stack, where the others wait, lags.
+
+    The ranks' positions in their collectives (the Flight Recorder) decide which rank is odd, where
+    they name one; the stacks say where it is. Without a Flight Recorder that names a rank, the
+    stacks alone decide (`stack_failure`)."""
     gathered = seen.gathered
-    lags = flights.lags(gathered.flight.dumps)
+    flight = gathered.flight
+    lags = flights.lags(flight.dumps, silent=sorted(set(flight.nodes) - set(flight.dumps)))
     stack_notes, flight_notes = seen.keep(job_dir, lags)
-    failure = stack_failure(gathered, reason, addresses, stack_notes)
-    failure = replace(failure, flight=tuple(lags), stack=failure.stack + tuple(flight_findings(gathered.flight)
-                                                                              + flight_notes))
-    failure = with_flight_rank(failure, gathered.flight.nodes, addresses)
+    blamed = [rank for rank in flights.blamed(lags) if rank in flight.nodes]
+    if blamed:
+        failure = flight_failure(gathered, blamed, lags, reason, addresses, stack_notes)
+    else:
+        failure = stack_failure(gathered, reason, addresses, stack_notes)
+    failure = replace(failure, flight=tuple(lags), stack=failure.stack + tuple(flight_findings(flight) + flight_notes))
     if failure.host or (gathered.ranks and not gathered.failed):
         return failure  # named, or every rank's stack shows them all in one place: py-spy is there
     return replace(failure, stack=(*failure.stack, HOW_TO_FIND))
 
 
-def with_flight_rank(failure: Failure, nodes: dict[int, str], addresses: dict[str, str]) -> Failure:
-    """The failure on the one rank its Flight Recorder lags find behind, where the stacks named no
-    rank (every rank alike, or py-spy missing); as it was otherwise (no host named stays unnamed).
+def flight_failure(gathered: stacks.Gathered, blamed: Sequence[int], lags: Sequence[flights.Lag], reason: str,
+                   addresses: dict[str, str], notes: Sequence[str] = ()) -> Failure:
+    """The hang on the ranks the Flight Recorder finds the likeliest cause (`blamed`): the reason says
+    what their records say, the stacks where they are and where the others wait.
 
     Args:
-        failure: The hang, its `flight` filled in.
-        nodes: Each rank's node.
+        gathered: What the look found.
+        blamed: The ranks to name (each in `gathered.flight.nodes`).
+        lags: What the records say.
+        reason: The reason's start ("hang: no progress from any rank for 15 s").
         addresses: Each node's address.
+        notes: What could not be kept.
     """
-    behind = {rank for lag in failure.flight for rank in lag.behind}
-    if failure.rank is not None or len(behind) != 1 or min(behind) not in nodes:
-        return failure
-    rank = min(behind)
-    return replace(failure, host=nodes[rank], rank=rank, address=addresses.get(nodes[rank], ""))
+    nodes = gathered.flight.nodes
+    hosts = list(dict.fromkeys(nodes[rank] for rank in blamed))
+    odd = [r for r in gathered.ranks if r.rank in blamed]
+    lines = [line for group in stacks.fold(odd) for line in
+             [f"stack of {group.label()} ({group.sample.where()}):", *stacks.stack_lines(group.sample)]]
+    lines += where_the_others_wait(stacks.fold([r for r in gathered.ranks if r.rank not in blamed]))
+    lines += [f"{node}: no stacks: {why}" for node, why in gathered.failed.items()] + list(notes)
+    return Failure(hosts[0], FailureKind.HANG, rank=blamed[0] if len(blamed) == 1 else None,
+                   reason=f"{reason}; {flights.label(blamed)} on {', '.join(hosts)} is not where the others "
+                          f"wait: {flight_words(blamed, lags)}",
+                   address=addresses.get(hosts[0], ""), stack=tuple(lines))
+
+
+def flight_words(blamed: Sequence[int], lags: Sequence[flights.Lag]) -> str:
+    """What the Flight Recorder says of the blamed ranks, for the reason: `it has not entered
+    collective #31 gloo:all_reduce`, `it gave no Flight Recorder record`, `it is still in collective #104`."""
+    lag = next(lag for lag in lags if set(lag.blamed()) & set(blamed))
+    one = len(blamed) == 1
+    what = f"collective #{lag.seq} {lag.collective}"
+    if lag.behind:
+        return f"{'it has' if one else 'they have'} not entered {what} (Flight Recorder)"
+    if lag.silent:
+        return f"{'it' if one else 'they'} gave no Flight Recorder record while the others wait in {what}"
+    earlier = ", ".join(f"#{seq}" for seq in dict.fromkeys(lag.blocked_in))
+    return f"{'it is' if one else 'they are'} still in collective {earlier}, behind {what} (Flight Recorder)"
+
+
+def where_the_others_wait(groups: Sequence[stacks.StackGroup]) -> list[str]:
+    """Where each group of the other ranks waits, the majority last."""
+    lines = []
+    for group in groups:
+        verb = "wait" if len(group.ranks) > 1 else "waits"
+        mark = " (the majority)" if group is groups[-1] and len(groups) > 1 else ""
+        lines.append(f"{group.label()}{mark} {verb} in: {group.sample.where()}")
+    return lines
 
 
 def stack_failure(gathered: stacks.Gathered, reason: str, addresses: dict[str, str],
                   notes: Sequence[str] = ()) -> Failure:
-    """The hang as the stacks tell it; `notes` (stacks not kept) go after the hosts that gave none."""
+    """The hang as the stacks tell it; `notes` (stacks not kept) go after the hosts that gave none.
+    A group is the odd one only when it alone is the smallest (and, among the smallest, alone
+    outside torch.distributed): a tie is never broken by rank order, and names no rank."""
     groups = stacks.fold(gathered.ranks)
     lines = [f"{node}: no stacks: {why}" for node, why in gathered.failed.items()] + list(notes)
     if not groups:
@@ -295,12 +340,21 @@ def stack_failure(gathered: stacks.Gathered, reason: str, addresses: dict[str, s
         verb = "wait" if len(only.ranks) > 1 else "waits"
         return Failure("", FailureKind.HANG, reason=f"{reason}; every rank waits in the same place",
                        stack=(f"{only.label()} {verb} in: {only.sample.where()}", *lines))
-    odd, majority = groups[0], groups[-1]
+    odd = groups[0]
+    if odd_key(odd) == odd_key(groups[1]):
+        return Failure("", FailureKind.HANG, reason=f"{reason}; the ranks wait in {len(groups)} places, "
+                                                    "none of them the odd one out",
+                       stack=(*where_the_others_wait(groups), *lines))
     return Failure(odd.sample.node, FailureKind.HANG,
                    rank=odd.sample.rank if len(odd.ranks) == 1 else None,
                    reason=f"{reason}; {odd.label()} on {', '.join(odd.hosts())} is not where the others wait",
                    address=addresses.get(odd.sample.node, ""),
-                   stack=tuple(odd_lines(odd, groups[1:], majority) + lines))
+                   stack=tuple(odd_lines(odd, groups[1:]) + lines))
+
+
+def odd_key(group: stacks.StackGroup) -> tuple[int, bool]:
+    """What makes a group the odd one out: fewer ranks, then being outside torch.distributed."""
+    return len(group.ranks), group.sample.in_collective()
 
 
 def flight_findings(flight: stacks.Flight) -> list[str]:
@@ -313,11 +367,7 @@ def flight_findings(flight: stacks.Flight) -> list[str]:
     return [f"{flights.label(numbers)}: no Flight Recorder dump ({why})" for why, numbers in whys.items()]
 
 
-def odd_lines(odd: stacks.StackGroup, rest: Sequence[stacks.StackGroup], majority: stacks.StackGroup) -> list[str]:
+def odd_lines(odd: stacks.StackGroup, rest: Sequence[stacks.StackGroup]) -> list[str]:
     """The odd group's stack, then where every other group waits (the majority last)."""
-    lines = [f"stack of {odd.label()} ({odd.sample.where()}):", *stacks.stack_lines(odd.sample)]
-    for group in rest:
-        verb = "wait" if len(group.ranks) > 1 else "waits"
-        mark = " (the majority)" if group is majority and len(rest) > 1 else ""
-        lines.append(f"{group.label()}{mark} {verb} in: {group.sample.where()}")
-    return lines
+    return [f"stack of {odd.label()} ({odd.sample.where()}):", *stacks.stack_lines(odd.sample),
+            *where_the_others_wait(rest)]

@@ -18,7 +18,8 @@ root causes, before distrun's own. `ShutdownFold` decides, line by line, what st
 Folded lines are counted per host, for one line each: `[node0] 52 lines of shutdown output
 (distrun logs ID --node node0)`.
 
-`HarmlessFold` keeps known-harmless warnings that repeat (`HARMLESS`) to their first, counted,
+`HarmlessFold` keeps known-harmless warnings that repeat (`HARMLESS`) to their first, counted (nor
+are they a rank's progress for the stall and hang watchdog: `only_harmless`),
 and folds c10d's TCPStore `recvValueWithTimeout` warning with the C++ stack under it (what a
 host's torchrun prints when the store's host ended first, in the exit barrier of a job that
 succeeded) into one line saying what it was: the launch's screen and `logs -f` fold them alike.
@@ -40,8 +41,9 @@ CHAINED = ("During handling of the above exception", "The above exception was th
 TORCHRUN_FAILING = ("ChildFailedError", "Error waiting on exit barrier", "SignalException",
                     "failed (exitcode:", "Sending process")
 HELD_LINES = 200  # per folded rank: enough for a whole traceback should it be the root cause's
-# Warnings known to be harmless and to repeat: shown once per job, then counted.
+# Warnings known to be harmless and to repeat: shown once per job, then counted; never a rank's progress.
 HARMLESS = ("The hostname of the client socket cannot be retrieved",)
+HARMLESS_BYTES = tuple(pattern.encode() for pattern in HARMLESS)
 # torchrun's banner when OMP_NUM_THREADS is unset, four lines from every host: the first host's shows.
 OMP_BANNER = re.compile(r"torch/distributed/run\.py:\d+\] (?:\*{5,}|Setting OMP_NUM_THREADS environment variable.*)?"
                         r"\s*$")
@@ -51,6 +53,14 @@ STORE_WARNING = "recvValueWithTimeout failed"
 CPP_STACK = re.compile(r"^(?:Exception raised from |frame #\d+: |\s*$)")
 STORE_FOLDED = ("distrun: c10d's TCPStore warning (recvValueWithTimeout: the store's host had ended, as at "
                 "torchrun's exit barrier) and its C++ stack not shown; the job's files keep them\n")
+
+
+def only_harmless(data: bytes) -> bool:
+    """Whether every line of `data` is a known-harmless warning (`HARMLESS`): what distrun folds as
+    harmless is no sign that a rank moves (c10d prints it while the ranks connect, before any step)."""
+    if not any(pattern in data for pattern in HARMLESS_BYTES):
+        return False
+    return all(any(pattern in line for pattern in HARMLESS_BYTES) for line in data.splitlines() if line.strip())
 
 
 @dataclass

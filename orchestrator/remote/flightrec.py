@@ -5,7 +5,9 @@ each rank serves torch's control plane (`worker_main()`, entered by distrun's wo
 remote/distrun_worker.py) on `$DISTRUN_WORKER_SOCKETS/rank<RANK>.sock` (jobs/README.md). The plan
 names the directory under the host-side job directory with a `~`;
 the supervisor makes it (remote/sockdir.py), and remote/stack.py fetches each rank's
-`fr_trace_json` from it when the hang watchdog asks (`fetch`). Stdlib-only: shipped to the hosts.
+`fr_trace_json` from it when the hang watchdog asks (`fetch`). An answer is believed only when it
+is a record distrun can read (`not_a_record`: what a rank serves is the rank's program's, not
+distrun's, and may be anything), and every error is one line. Stdlib-only: shipped to the hosts.
 """
 
 from __future__ import annotations
@@ -24,8 +26,14 @@ if TYPE_CHECKING:
     import http.client
 
 FETCH_TIMEOUT = 5.0
+ERROR_CHARS = 200  # the most characters of an error's text, on one line
+CPU_HANDLER = "fr_trace_json"
+NCCL_HANDLER = "dump_nccl_trace_json?includecollectives=true"
 MAX_ANSWER = 64 << 20  # a rank's dump is a few MiB at most; a larger answer is not a rank's
 CHUNK = 1 << 16
+# The fields of an fr_trace_json entry that distrun reads, and the JSON type each must have where present.
+ENTRY_FIELDS: dict[str, type] = {"collective_seq_id": int, "time_created_ns": int, "profiling_name": str,
+                                 "state": str, "retired": bool, "is_p2p": bool, "process_group": list}
 
 
 @functools.lru_cache(maxsize=None)  # noqa: UP033 - functools.cache is 3.9's; hosts may run 3.8
@@ -71,8 +79,12 @@ def _socket_of_ours(path: str) -> str | None:
 
 def fetch(path: str, timeout: float = FETCH_TIMEOUT, peer: Callable[[int], bool] | None = None,
           limit: int = MAX_ANSWER) -> dict[str, object]:
-    """A rank's Flight Recorder dump (torch's `fr_trace_json` handler) as {"flight": its JSON}, or
-    {"flight_error": why}.
+    """A rank's Flight Recorder dump as {"flight": its JSON}, or {"flight_error": why}.
+
+    torch keeps two records: gloo's (and every CPU backend's) behind the `fr_trace_json` handler,
+    NCCL's behind `dump_nccl_trace_json` (on NCCL, `fr_trace_json` answers with no entries: seen on
+    torch 2.11 + NCCL 2.28, bench/results/gpu.md). The first is asked first; when it holds no
+    collective, NCCL's is asked too, within the same time, and kept if it holds some.
 
     Args:
         path: The rank's socket: a socket of this user's, never a link.
@@ -80,6 +92,19 @@ def fetch(path: str, timeout: float = FETCH_TIMEOUT, peer: Callable[[int], bool]
         peer: Whether the pid serving the socket may be believed (None: any of this user's).
         limit: The most bytes an answer may have.
     """
+    deadline = time.monotonic() + timeout
+    got = _ask(path, CPU_HANDLER, timeout, peer, limit)
+    flight = got.get("flight")
+    if not isinstance(flight, dict) or flight.get("entries"):
+        return got
+    nccl = _ask(path, NCCL_HANDLER, max(0.1, deadline - time.monotonic()), peer, limit)
+    answer = nccl.get("flight")
+    return nccl if isinstance(answer, dict) and answer.get("entries") else got
+
+
+def _ask(path: str, handler: str, timeout: float, peer: Callable[[int], bool] | None,
+         limit: int) -> dict[str, object]:
+    """One handler's JSON answer on a rank's socket as {"flight": its JSON}, or {"flight_error": why}."""
     why = _socket_of_ours(path)
     if why is not None:
         return {"flight_error": why}
@@ -92,19 +117,68 @@ def fetch(path: str, timeout: float = FETCH_TIMEOUT, peer: Callable[[int], bool]
         why = _unbelieved(connection.peer, peer)
         if why is not None:
             return {"flight_error": why}
-        connection.request("POST", "/handler/fr_trace_json")
+        connection.request("POST", f"/handler/{handler}")
         response = connection.getresponse()
         body = _read_capped(response, limit, deadline)
     except (OSError, http.client.HTTPException, ValueError) as exc:
-        return {"flight_error": f"{type(exc).__name__}: {exc}"}
+        return {"flight_error": one_line(f"{type(exc).__name__}: {exc}")}
     finally:
         connection.close()
     if response.status != 200:
-        return {"flight_error": f"HTTP {response.status}: {body[:200].decode(errors='replace')}"}
+        return {"flight_error": f"HTTP {response.status}: {one_line(body.decode(errors='replace'))}"}
     try:
-        return {"flight": json.loads(body)}
+        dump = json.loads(body)
     except ValueError:
         return {"flight_error": "the answer is not JSON"}
+    why = not_a_record(dump)
+    return {"flight_error": f"the answer is not a record: {why}"} if why else {"flight": dump}
+
+
+def one_line(text: str, limit: int = ERROR_CHARS) -> str:
+    """`text` on one line (newlines and other control characters as spaces), at most `limit` characters."""
+    flat = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+
+
+def not_a_record(dump: object) -> str | None:
+    """Why `dump` is not a Flight Recorder record distrun can read, or None: fr_trace_json's JSON is an
+    object whose `entries` (if any) is a list of objects, each with a collective_seq_id, and with the
+    fields distrun reads (ENTRY_FIELDS) of the JSON type torch writes them as."""
+    if not isinstance(dump, dict):
+        return f"a JSON {_kind(dump)}, not an object"
+    entries = dump.get("entries", [])
+    if not isinstance(entries, list):
+        return f"its entries are a JSON {_kind(entries)}, not a list"
+    for index, entry in enumerate(entries):
+        why = _not_an_entry(entry)
+        if why is not None:
+            return f"entry {index} {why}"
+    return None
+
+
+def _not_an_entry(entry: object) -> str | None:
+    """Why one entry of a record is not one distrun can read, or None."""
+    if not isinstance(entry, dict):
+        return f"is {_shown(entry)}, not an object"
+    if "collective_seq_id" not in entry:
+        return "has no collective_seq_id (a record of another schema)"
+    for key, kind in ENTRY_FIELDS.items():
+        value = entry.get(key)
+        if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+            return f"has {key} {_shown(value)}, not a JSON {_kind(kind())}"
+    if not all(isinstance(part, str) for part in entry.get("process_group") or ()):
+        return f"has process_group {_shown(entry['process_group'])}, not a list of strings"
+    return None
+
+
+def _kind(value: object) -> str:
+    """The JSON name of a value's type."""
+    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "list", dict: "object"}
+    return "null" if value is None else names.get(type(value), type(value).__name__)
+
+
+def _shown(value: object) -> str:
+    return one_line(json.dumps(value) if isinstance(value, (str, list, dict)) else repr(value), 40)
 
 
 def _unbelieved(served_by: tuple[int, int] | None, peer: Callable[[int], bool] | None) -> str | None:

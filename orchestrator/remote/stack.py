@@ -13,6 +13,11 @@ DISTRUN_WORKER_SOCKETS (remote/flightrec.py), where the rank serves it, and beli
 process serving the socket is that rank (or another of the job's processes); py-spy stops a rank while
 it dumps it, and a stopped rank cannot answer.
 
+A rank stopped from outside (state T in /proc/PID/stat: SIGSTOP, SIGTSTP; t: held by a tracer)
+cannot be read by py-spy (it fails with "unexpected waitpid result") nor answer for its Flight
+Recorder: its stack is what the kernel says of it instead (`stopped`: its state and its kernel
+wait channel, /proc/PID/wchan), and neither py-spy nor the fetch is tried.
+
 Prints one JSON line: {"pyspy": path or null, "ranks": [{"rank", "local_rank", "pid",
 "threads" (py-spy's --json output) or "error", with --flight "flight" (fr_trace_json's JSON) or
 "flight_error", "flight_seconds"}]}.
@@ -36,6 +41,8 @@ from orchestrator.remote.supervisor import job_processes
 HOST_JOBS = "~/.distrun/jobs"
 
 DUMP_TIMEOUT = 20.0
+STOPPED_STATES = {"T": "stopped by a signal (SIGSTOP, SIGTSTP)", "t": "stopped by a tracer (a debugger)"}
+RECHECK_S = 0.2  # a rank seen stopped is looked at again after this: py-spy itself holds a rank a moment
 
 
 RANK_VARS = (b"RANK", b"LOCAL_RANK", b"DISTRUN_WORKER_SOCKETS")
@@ -69,6 +76,35 @@ def dump(pyspy: str, pid: int, native: bool) -> dict[str, object]:
         return {"error": "py-spy printed no JSON"}
 
 
+def proc_state(pid: int) -> tuple[str, str]:
+    """A process's state letter (/proc/PID/stat's third field) and kernel wait channel (/proc/PID/wchan;
+    "" where the kernel does not say); ("", "") when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "", ""
+    try:
+        with open(f"/proc/{pid}/wchan", encoding="ascii", errors="replace") as fh:
+            wchan = fh.read().strip()
+    except OSError:
+        wchan = ""
+    return state, "" if wchan == "0" else wchan
+
+
+def stopped(pid: int) -> str | None:
+    """What a stopped rank's stack is instead of py-spy's (which cannot read it): its state and its
+    kernel wait channel; None when it runs (or sleeps), or was stopped only for a moment."""
+    if proc_state(pid)[0] not in STOPPED_STATES:
+        return None
+    time.sleep(RECHECK_S)
+    state, wchan = proc_state(pid)
+    if state not in STOPPED_STATES:
+        return None
+    return (f"stopped: state {state} in /proc/{pid}/stat ({STOPPED_STATES[state]}), kernel wait channel "
+            f"{wchan or 'not shown'}; py-spy cannot read a stopped process")
+
+
 def flight(env: dict[str, str], pid: int, roots: list[Root]) -> dict[str, object]:
     """The rank's Flight Recorder dump (or why there is none) and how long fetching it took; only a
     socket served by the rank `pid` itself (or another of the job's processes) is believed."""
@@ -94,6 +130,12 @@ def dump_ranks(job_id: str, node: str, native: bool, with_flight: bool = False) 
 
     def one(entry: dict[str, object]) -> None:
         pid = int(str(entry["pid"]))
+        why = stopped(pid)
+        if why is not None:
+            entry["error"] = why
+            if with_flight:
+                entry.update(flight_error=f"it cannot answer: {why.split(';')[0]}", flight_seconds=0.0)
+            return
         if with_flight:
             entry.update(flight(envs[pid], pid, roots))
         if pyspy is not None:

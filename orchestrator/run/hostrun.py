@@ -21,6 +21,7 @@ from orchestrator.diagnose.at_exit import raised_before_signal
 from orchestrator.diagnose.ending import Ending, HostEnd, describe, ending
 from orchestrator.diagnose.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, oom_reason
 from orchestrator.logs import LogSink
+from orchestrator.logs.fold import only_harmless
 from orchestrator.logs.format import note
 from orchestrator.plan import HostPlan
 from orchestrator.remote.stream import Batch, FrameReader
@@ -103,7 +104,7 @@ class HostRun:
         self._reader.close()
 
     def on_batch(self, batch: Batch) -> None:
-        if batch.rank is not None:
+        if batch.rank is not None and not only_harmless(batch.data):
             self.last_progress = time.monotonic()  # a rank's lines, DISTRUN_METRICS lines included: the job moves
             self.rank_lines[batch.rank] = time.time()
         self.sink.batch(self.node, batch)

@@ -18,10 +18,15 @@ MakeCluster = Callable[..., Cluster]
 CLUSTER_FIXTURES = frozenset({"cluster3", "make_cluster", "slurm_cluster"})
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark tests that use a cluster fixture at collection, so `-m "not cluster"` deselects them."""
+    for item in items:
+        if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(requires_cluster)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Mark tests that use a cluster fixture, and skip marked tests where none can run."""
-    if CLUSTER_FIXTURES & set(getattr(item, "fixturenames", ())):
-        item.add_marker(requires_cluster)
+    """Skip cluster tests where no cluster can be built here."""
     reason = skip_reason()
     if reason is not None and item.get_closest_marker("cluster") is not None:
         pytest.skip(reason)
