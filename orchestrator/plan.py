@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from orchestrator import remote
@@ -25,6 +25,7 @@ from orchestrator.spec.model import (
 DEFAULT_PORT = 29500
 CPU_NPROC = 2
 MASK = "***"
+JOB_ID_MARK = "{job_id}"  # in checkpoint_dir: the job's id (each job its own directory)
 PROBE_MARK = "<probe>"  # in a dry run made without reaching the hosts: a value only their probe gives
 # What a probe fills in -> the torchrun option that carries it.
 PROBED_OPTIONS = {"master_addr": "--master-addr", "master_port": "--master-port", "nproc": "--nproc-per-node"}
@@ -308,6 +309,8 @@ def build_plan(
     spares: tuple[str, ...] = (),
 ) -> LaunchPlan:
     """Build every host's torchrun argv and environment; the master is node rank 0."""
+    if job.checkpoint_dir:  # `{job_id}` in it: a directory of this job's own, the same for all its attempts
+        job = replace(job, checkpoint_dir=job.checkpoint_dir.replace(JOB_ID_MARK, job_id))
     ordered = [master] + [n for n in nodes if n.name != master.name]
     hosts = []
     for rank, node in enumerate(ordered):

@@ -39,9 +39,15 @@ class EntryMissingError(PreflightError):
 
 
 class PortError(PreflightError):
-    """The rendezvous port is busy on the master or not reachable from another host: exit 3."""
+    """The rendezvous port is not reachable from another host (a firewall, a route): exit 3."""
 
     exit_code = ExitCode.INFRA
+
+
+class PortBusyError(PreflightError):
+    """The rendezvous port is in use on the master: the operator picks another, exit 2 (as --metrics-port)."""
+
+    exit_code = ExitCode.USAGE
 
 
 def launch_preflight(plan: LaunchPlan, nodes: Mapping[str, NodeSpec], facts: Mapping[str, HostFacts],
@@ -70,6 +76,8 @@ def launch_preflight(plan: LaunchPlan, nodes: Mapping[str, NodeSpec], facts: Map
     if len(plan.hosts) > 1:
         checks += [check_port_free(facts, ctx), check_port_reachable(facts, ctx)]
     failed = [c for c in with_forward_note(checks) if c.status is Status.ERROR]
+    if [c.name for c in failed] == ["port-free"]:
+        raise PortBusyError(f"rendezvous port: {failed[0].detail}; nothing was started (fix: {failed[0].hint})")
     if failed:
         width = max(len(c.name) for c in failed)
         rows = [line for c in failed for line in render_check(c, width)]
@@ -78,7 +86,9 @@ def launch_preflight(plan: LaunchPlan, nodes: Mapping[str, NodeSpec], facts: Map
 
 
 def _error_for(failed: set[str]) -> type[PreflightError]:
-    """A missing entry is bad input (2), above a port that is busy or cut off (3), above the rest (1)."""
+    """A missing entry or a busy port is bad input (2), above a port cut off (3), above the rest (1)."""
     if "entry" in failed:
         return EntryMissingError
+    if "port-free" in failed:
+        return PortBusyError
     return PortError if failed & PORT_CHECKS else PreflightError

@@ -16,7 +16,7 @@ from typing import cast
 
 from orchestrator.errors import UsageError
 from orchestrator.spec.config import load_config
-from orchestrator.spec.fields import Reader, Source, describe, suggestion
+from orchestrator.spec.fields import Reader, Source, describe, near_file, suggestion
 from orchestrator.spec.hostfile import hostfile_inventory, looks_like_hostfile
 from orchestrator.spec.model import HostKeyPolicy, Inventory, NodeSpec, TransportKind
 from orchestrator.spec.yamlsrc import Map, Node, Seq, collect_lines, join_path, load_yaml
@@ -134,7 +134,7 @@ def _read(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as err:
-        raise UsageError(f"cannot read inventory {path}: {err.strerror or err}") from None
+        raise UsageError(f"cannot read inventory {path}: {err.strerror or err}{near_file(str(path))}") from None
 
 
 def _inventory(root: Node | None, file: str) -> Inventory:
