@@ -40,7 +40,7 @@ def test_make_demo_installs_what_a_job_needs_not_the_tests_and_without_setuptool
     assert editable == [f"PYTHONWARNINGS=\"ignore:Editable installation\" {tmp_path}/venv/bin/pip install "
                         "--progress-bar on -e '.[train]'"]
     assert not any("test]" in line or "mkdocs" in line for line in demo)
-    assert any("-e '.[train,test]'" in line for line in test)
+    assert any("-e '.[train,test,deepspeed]'" in line for line in test)
 
 
 def test_every_target_the_makefile_documents_is_phony() -> None:
