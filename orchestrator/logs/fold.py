@@ -18,8 +18,11 @@ root causes, before distrun's own. `ShutdownFold` decides, line by line, what st
 Folded lines are counted per host, for one line each: `[node0] 52 lines of shutdown output
 (distrun logs ID --node node0)`.
 
-`HarmlessFold` keeps known-harmless warnings that repeat (`HARMLESS`) to their first, counted (nor
-are they a rank's progress for the stall and hang watchdog: `only_harmless`),
+`HarmlessFold` keeps known-harmless warnings that repeat (`HARMLESS`) to their first, counted, and
+keeps off the screen altogether the ones every launch prints (`SILENT`: c10d's "hostname of the
+client socket cannot be retrieved", which says only that a connecting host has no reverse DNS); the
+job's files and `distrun logs` keep both, and neither is a rank's progress for the stall and hang
+watchdog (`only_harmless`),
 and folds c10d's TCPStore `recvValueWithTimeout` warning with the C++ stack under it (what a
 host's torchrun prints when the store's host ended first, in the exit barrier of a job that
 succeeded) into one line saying what it was: the launch's screen and `logs -f` fold them alike.
@@ -42,8 +45,11 @@ TORCHRUN_FAILING = ("ChildFailedError", "Error waiting on exit barrier", "Signal
                     "failed (exitcode:", "Sending process")
 HELD_LINES = 200  # per folded rank: enough for a whole traceback should it be the root cause's
 # Warnings known to be harmless and to repeat: shown once per job, then counted; never a rank's progress.
-HARMLESS = ("The hostname of the client socket cannot be retrieved",)
-HARMLESS_BYTES = tuple(pattern.encode() for pattern in HARMLESS)
+HARMLESS: tuple[str, ...] = ()
+# Known-harmless warnings that every launch prints (torch's TCPStore server, for each host that connects
+# from an address without reverse DNS): never on the screen, kept in the job's files; never progress.
+SILENT = ("The hostname of the client socket cannot be retrieved",)
+HARMLESS_BYTES = tuple(pattern.encode() for pattern in (*HARMLESS, *SILENT))
 # torchrun's banner when OMP_NUM_THREADS is unset, four lines from every host: the first host's shows.
 OMP_BANNER = re.compile(r"torch/distributed/run\.py:\d+\] (?:\*{5,}|Setting OMP_NUM_THREADS environment variable.*)?"
                         r"\s*$")
@@ -82,7 +88,7 @@ class HarmlessFold:
 
     def take(self, node: str, text: str) -> str:
         """`text` (whole lines) without the repeats of known-harmless output."""
-        if (not any(pattern in text for pattern in HARMLESS) and "torch/distributed/run.py:" not in text
+        if (not any(pattern in text for pattern in (*HARMLESS, *SILENT)) and "torch/distributed/run.py:" not in text
                 and STORE_WARNING not in text and node not in self.in_stack):
             return text
         kept = []
@@ -91,6 +97,8 @@ class HarmlessFold:
             if self._store_stack(node, line):
                 if fresh:
                     kept.append(STORE_FOLDED)
+                continue
+            if any(pattern in line for pattern in SILENT):
                 continue
             what = self._repeat(node, line)
             if what is None:

@@ -12,7 +12,8 @@ Noise (files keep everything):
   (SignalException, "Sending process ... closing signal") are folded into one counted line per
   host, `[node0] 52 lines of shutdown output (distrun logs ID --node node0)`; the first failed
   rank's traceback stays, whole (or the root cause's, shown when it is known);
-- known-harmless warnings that repeat (fold.py's `HARMLESS`) are shown once, then counted;
+- known-harmless warnings that repeat (fold.py's `HARMLESS`) are shown once, then counted, and those
+  every launch prints (`SILENT`) not at all;
 - a rank's `DISTRUN_METRICS` and `DISTRUN_CHECKSUM` lines are data for the live view, the summary
   and the files, not for reading: kept off the screen unless asked (`launch --metrics-lines`).
 
