@@ -57,7 +57,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from orchestrator import registry  # noqa: E402
-from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Submitted  # noqa: E402
+from orchestrator.backends.base import Backend, LaunchContext, Submitted  # noqa: E402
 from orchestrator.backends.run import EXIT_WAIT, RunView  # noqa: E402
 from orchestrator.diagnose.failures import Failure  # noqa: E402
 from orchestrator.plan import LaunchPlan, build_plan  # noqa: E402
@@ -65,6 +65,7 @@ from orchestrator.remote.linestore import read_index  # noqa: E402
 from orchestrator.remote.stream import EVENT, STDOUT, Batch, encode  # noqa: E402
 from orchestrator.remote.supervisor import StopCause  # noqa: E402
 from orchestrator.run import launch  # noqa: E402
+from orchestrator.run.request import LaunchRequest  # noqa: E402
 from orchestrator.spec.model import NodeSpec  # noqa: E402
 from orchestrator.store import JobRecord, Store  # noqa: E402
 from orchestrator.transport.base import unread_bytes  # noqa: E402

@@ -17,7 +17,7 @@ import click
 import pytest
 
 from orchestrator import backends, registry
-from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Learnt, Settled, Stopped, Submitted
+from orchestrator.backends.base import Backend, LaunchContext, Learnt, Settled, Stopped, Submitted
 from orchestrator.backends.options import Option, OptionType, from_command_line
 from orchestrator.backends.run import HostEvents, RunView
 from orchestrator.backends.slurm import SlurmBackend
@@ -32,6 +32,7 @@ from orchestrator.remote.workerfail import from_process_failure
 from orchestrator.run import launch, recorded
 from orchestrator.run.hostrun import HostRun
 from orchestrator.run.recorded import for_record, refresh_lost
+from orchestrator.run.request import LaunchRequest
 from orchestrator.spec import job_from_text
 from orchestrator.spec.model import NodeSpec
 from orchestrator.store import JobRecord, JobState, Store

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.base import LaunchRequest
 from orchestrator.errors import InfraError, SpecError, UsageError
 from orchestrator.report.compare import BenchRequest, expand, run_bench
 from orchestrator.run import launch
+from orchestrator.run.request import LaunchRequest
 from orchestrator.store import JobState, Store
 from tests.helpers import distrun
 from tests.test_report import make_job, metric_rows, table

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.base import LaunchRequest
 from orchestrator.errors import UsageError
+from orchestrator.run.request import LaunchRequest
 from orchestrator.spec import HostSelection, job_from_text, load_job
 from orchestrator.spec.overrides import apply_overrides, is_script, job_for_launch, job_from_script, job_to_yaml
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.base import LaunchRequest
 from orchestrator.cli.main import cli
 from orchestrator.cli.options import default_map
 from orchestrator.cli.timespec import parse_duration, parse_since
@@ -15,6 +14,7 @@ from orchestrator.console import terminal
 from orchestrator.console.terminal import ColorMode, ProgressCounter
 from orchestrator.errors import SpecError, UsageError
 from orchestrator.run.recording import Launching
+from orchestrator.run.request import LaunchRequest
 from orchestrator.spec import resolve_inventory_path
 from orchestrator.spec.config import config_path, load_config
 from orchestrator.spec.model import JobSpec

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from orchestrator import remote
-from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.ssh import SUPERVISOR_ONLY
 from orchestrator.remote.stream import EVENT, STDERR, Batch
 from orchestrator.remote.workerfail import WorkerRecord, final_exception, first_failure, raised_workers, read_records
 from orchestrator.run import attempt, launch
+from orchestrator.run.request import LaunchRequest
 from orchestrator.store import JobState, Store
 from tests.helpers import REPO, wait_for
 from tests.test_failure_records import TORCHRUN, exit_event, first_of, host_run, run_torchrun

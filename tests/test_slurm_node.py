@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.slurm import batch_job, follow_lines, write_files
 from orchestrator.backends.slurm_script import BatchJob, SlurmFiles, SlurmOptions, node_config, render_script
 from orchestrator.backends.ssh import plan_supervisor_config
 from orchestrator.remote.config import SupervisorConfig
 from orchestrator.remote.slurm_node import exit_status, expand, fill_supervisor_config
+from orchestrator.run.request import LaunchRequest
 from orchestrator.spec import load_job
 from orchestrator.store import JobDir
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.slurm import batch_job, write_files
 from orchestrator.backends.slurm_script import SlurmOptions, node_argv, render_script
+from orchestrator.run.request import LaunchRequest
 from orchestrator.spec import load_job
 from orchestrator.store import JobDir
 from tests.helpers import REPO, distrun

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator import registry
-from orchestrator.backends.base import LaunchRequest
 from orchestrator.diagnose.failures import Failure, FailureKind
 from orchestrator.run import launch
+from orchestrator.run.request import LaunchRequest
 from orchestrator.store import JobState, Store
 from tests.helpers import REPO, job_lines
 

@@ -13,7 +13,6 @@ import time
 import click
 
 from orchestrator import registry, remote
-from orchestrator.backends.base import LaunchRequest
 from orchestrator.cli.options import (
     LaunchCommand,
     NodeCount,
@@ -26,6 +25,7 @@ from orchestrator.cli.options import (
 from orchestrator.console import terminal
 from orchestrator.console.session import ORIGIN_ENV, origin_here
 from orchestrator.errors import UsageError
+from orchestrator.run.request import LaunchRequest
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.overrides import job_for_launch
 from orchestrator.spec.select import HostSelection

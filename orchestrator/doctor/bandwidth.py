@@ -18,13 +18,13 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
-from orchestrator.backends.base import LaunchRequest
 from orchestrator.backends.ssh import SshBackend
 from orchestrator.errors import InfraError
 from orchestrator.fanout.group import GroupError
 from orchestrator.plan import LaunchPlan
 from orchestrator.run.launch import run_attempts
 from orchestrator.run.recording import Launching
+from orchestrator.run.request import LaunchRequest
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec, Select, Telemetry
 from orchestrator.store import Store, new_job_id
 from orchestrator.transport import Transport

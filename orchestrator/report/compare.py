@@ -13,11 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from orchestrator.backends.base import LaunchRequest
 from orchestrator.console.terminal import show
 from orchestrator.errors import DistrunError, ExitCode, UsageError
 from orchestrator.report.numbers import JobData
 from orchestrator.report.page import write_report
+from orchestrator.run.request import LaunchRequest
 from orchestrator.spec import load_job
 from orchestrator.spec.select import HostSelection, SelectionGuard
 from orchestrator.store import JobRecord, JobState, Store, new_job_id

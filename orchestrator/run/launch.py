@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator import backends, metrics, registry
-from orchestrator.backends.base import Backend, LaunchContext, LaunchRequest, Refused, Settled, terminal_for
+from orchestrator.backends.base import Backend, LaunchContext, Refused, Settled
 from orchestrator.console.display import fold_hosts
 from orchestrator.console.interrupts import on_signals
 from orchestrator.console.terminal import show
@@ -32,6 +32,7 @@ from orchestrator.remote.redact import Masker
 from orchestrator.run.attempt import POLL, Attempt
 from orchestrator.run.ft import replicas
 from orchestrator.run.recording import Launching
+from orchestrator.run.request import LaunchRequest, terminal_for
 from orchestrator.run.restarts import AttemptHistory, Verdict
 from orchestrator.run.spare_pool import SparePool
 from orchestrator.run.summary import masked_attempts

@@ -8,9 +8,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from orchestrator.backends.base import LaunchContext, LaunchRequest, Learnt, Settled, Submitted
+from orchestrator.backends.base import LaunchContext, Learnt, Settled, Submitted
 from orchestrator.console import terminal
 from orchestrator.plan import LaunchPlan
+from orchestrator.run.request import LaunchRequest
 from orchestrator.spec.model import JobSpec
 from orchestrator.store import JobRecord, JobState, Store, process_start
 

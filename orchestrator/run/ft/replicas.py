@@ -30,7 +30,6 @@ from typing import IO
 
 from rich.console import Group
 
-from orchestrator.backends.base import LaunchRequest
 from orchestrator.console.terminal import show
 from orchestrator.errors import DistrunError, ExitCode, UsageError
 from orchestrator.run.ft import lighthouse
@@ -40,6 +39,7 @@ from orchestrator.run.ft.state import GROUPS_FILE
 from orchestrator.run.ft.story import story
 from orchestrator.run.ft.timeline import QuorumTail, Timeline
 from orchestrator.run.ft.view import STOPPED, GroupRow, LiveGroups, group_row, render
+from orchestrator.run.request import LaunchRequest
 from orchestrator.run.restarts import AttemptRecord
 from orchestrator.run.spare_pool import POOL_ENV
 from orchestrator.spec import resolve_inventory_path, select_with_spares
