@@ -17,7 +17,7 @@ from orchestrator.spec.model import HostKeyPolicy, NodeSpec
 from orchestrator.transport.base import ConnectError, ConnectFailure
 from orchestrator.transport.known_hosts import HostKeyChecker, KnownHosts, key_description
 from orchestrator.transport.ssh import SSHTransport, command_line
-from orchestrator.transport.ssh_config import Endpoint, connect_timeout, load_ssh_config, resolve_route
+from orchestrator.transport.ssh_config import SshTarget, connect_timeout, load_ssh_config, resolve_route
 
 HOSTILE = ["; rm -rf /tmp/x", "$(touch /tmp/pwned)", "`id`", "it's \"quoted\"", "a\nb", "ünï €", "*", "", "-n"]
 
@@ -91,15 +91,15 @@ def ssh_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_ssh_config_alias_supplies_address_user_port_identity_and_jump(ssh_config: Path) -> None:
     route = resolve_route(NodeSpec(name="g1", host="gpu1"), load_ssh_config())
     gpu_key = os.path.expanduser("~/.ssh/gpu_key")
-    assert route.target == Endpoint("10.9.0.11", 2222, "alice", (gpu_key,), False, identities_from_config=True)
-    assert route.jumps == (Endpoint("10.9.0.2", 22, "bob", ("/keys/jump",), False, identities_from_config=True),)
+    assert route.target == SshTarget("10.9.0.11", 2222, "alice", (gpu_key,), False, identities_from_config=True)
+    assert route.jumps == (SshTarget("10.9.0.2", 22, "bob", ("/keys/jump",), False, identities_from_config=True),)
 
 
 def test_inventory_values_override_ssh_config(ssh_config: Path) -> None:
     node = NodeSpec(name="g1", host="gpu1", user="root", port=22, identity_file="/k/id", proxy_jump="ops@10.1.1.1:2200")
     route = resolve_route(node, load_ssh_config())
-    assert route.target == Endpoint("10.9.0.11", 22, "root", ("/k/id",), use_default_keys=False)
-    assert route.jumps == (Endpoint("10.1.1.1", 2200, "ops", ("/k/id",), use_default_keys=False),)
+    assert route.target == SshTarget("10.9.0.11", 22, "root", ("/k/id",), use_default_keys=False)
+    assert route.jumps == (SshTarget("10.1.1.1", 2200, "ops", ("/k/id",), use_default_keys=False),)
 
 
 def test_jump_chain_is_followed_in_order(ssh_config: Path) -> None:
@@ -118,7 +118,7 @@ def test_unparsable_jump_is_a_usage_error(ssh_config: Path) -> None:
 def test_missing_ssh_config_means_plain_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DISTRUN_SSH_CONFIG", str(tmp_path / "absent"))
     route = resolve_route(NodeSpec(name="n", host="10.0.0.5", user="root"), load_ssh_config())
-    assert route.hops == (Endpoint("10.0.0.5", 22, "root", (), use_default_keys=True),)
+    assert route.hops == (SshTarget("10.0.0.5", 22, "root", (), use_default_keys=True),)
 
 
 @pytest.mark.parametrize("raw", ["0", "-1", "soon"])
@@ -138,7 +138,7 @@ def host_keys() -> tuple[paramiko.PKey, paramiko.PKey]:
     return paramiko.ECDSAKey.generate(), paramiko.ECDSAKey.generate()
 
 
-SERVER = Endpoint("10.0.0.7", 22, "root", ())
+SERVER = SshTarget("10.0.0.7", 22, "root", ())
 
 
 def test_unknown_key_is_refused_under_strict_with_fingerprint_and_fix(tmp_path: Path, host_keys) -> None:
@@ -176,14 +176,14 @@ def test_changed_key_is_refused_even_under_accept_new(tmp_path: Path, host_keys)
 
 def test_non_standard_port_is_recorded_in_brackets(tmp_path: Path, host_keys) -> None:
     path = tmp_path / "known_hosts"
-    HostKeyChecker(str(path), HostKeyPolicy.ACCEPT_NEW).check("n", Endpoint("h", 2222, "u", ()), host_keys[0])
+    HostKeyChecker(str(path), HostKeyPolicy.ACCEPT_NEW).check("n", SshTarget("h", 2222, "u", ()), host_keys[0])
     assert path.read_text().startswith("[h]:2222 ")
 
 
 def test_accept_new_from_many_threads_writes_whole_lines(tmp_path: Path, host_keys) -> None:
     path = tmp_path / "known_hosts"
     checker = HostKeyChecker(str(path), HostKeyPolicy.ACCEPT_NEW)
-    threads = [threading.Thread(target=checker.check, args=("n", Endpoint(f"10.0.1.{i}", 22, "u", ()), host_keys[0]))
+    threads = [threading.Thread(target=checker.check, args=("n", SshTarget(f"10.0.1.{i}", 22, "u", ()), host_keys[0]))
                for i in range(32)]
     for thread in threads:
         thread.start()
@@ -198,7 +198,7 @@ def line(names: str, key: paramiko.PKey, marker: str = "") -> str:
 
 
 def refusal(path: Path, key: paramiko.PKey, policy: HostKeyPolicy = HostKeyPolicy.STRICT,
-            server: Endpoint = SERVER) -> ConnectError:
+            server: SshTarget = SERVER) -> ConnectError:
     with pytest.raises(ConnectError) as refused:
         HostKeyChecker(str(path), policy).check("node1 (10.0.0.7:22)", server, key)
     return refused.value
@@ -220,7 +220,7 @@ def test_revoked_wildcard_refuses_the_key_on_every_host_but_not_other_keys(tmp_p
     path = tmp_path / "known_hosts"
     path.write_text(line("*", host_keys[1], "@revoked") + line("10.0.0.7", host_keys[0]))
     assert refusal(path, host_keys[1], HostKeyPolicy.ACCEPT_NEW,
-                   Endpoint("10.9.9.9", 22, "u", ())).failure is ConnectFailure.HOST_KEY_REVOKED
+                   SshTarget("10.9.9.9", 22, "u", ())).failure is ConnectFailure.HOST_KEY_REVOKED
     HostKeyChecker(str(path), HostKeyPolicy.STRICT).check("n", SERVER, host_keys[0])
     assert len(path.read_text().splitlines()) == 2
 
@@ -301,7 +301,7 @@ def test_the_file_is_parsed_once_for_any_number_of_hosts(tmp_path: Path, host_ke
     monkeypatch.setattr(KnownHosts, "parse", lambda text: parses.append(1) or parse(text))
     for i in range(200):
         checker = HostKeyChecker(str(path), HostKeyPolicy.STRICT)
-        server = Endpoint(f"10.0.2.{i}", 22, "u", ())
+        server = SshTarget(f"10.0.2.{i}", 22, "u", ())
         assert checker.known_types("n", server) == [host_keys[0].get_name()]
         checker.check("n", server, host_keys[0])
     assert len(parses) == 1
@@ -332,7 +332,7 @@ def test_accept_new_does_not_read_the_file_again_after_its_own_appends(tmp_path:
     parse = KnownHosts.parse
     monkeypatch.setattr(KnownHosts, "parse", lambda text: parses.append(1) or parse(text))
     for i in range(50):
-        HostKeyChecker(str(path), HostKeyPolicy.ACCEPT_NEW).check("n", Endpoint(f"10.0.3.{i}", 22, "u", ()),
+        HostKeyChecker(str(path), HostKeyPolicy.ACCEPT_NEW).check("n", SshTarget(f"10.0.3.{i}", 22, "u", ()),
                                                                   host_keys[0])
     assert len(parses) == 2  # the missing file, then the file once created
     assert len(path.read_text().splitlines()) == 50

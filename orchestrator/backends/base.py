@@ -20,13 +20,13 @@ A launch calls, in this order (`run.launch.launch` and `run.attempt.Attempt`):
     start(run) -> [Failure]               start every host's supervisor, or follow what a scheduler
                                           started; each host's events go to run.events (by node name)
     failures(run) -> [Failure]            polled: every host's failure as seen now
-    conclude(run, failures) -> Ending     the backend's last word: a scheduler may have ended the job
+    conclude(run, failures) -> Conclusion     the backend's last word: a scheduler may have ended the job
     stop(run, nodes)                      end what still runs on those hosts (after a failure or Ctrl-C)
     finish(run) -> [lines]                release what the job held; extra lines for its summary
     release()                             always, when the backend is left (it is a context manager)
 
 A backend never writes the job's record: its hooks return what happened (`Submitted`, a plan,
-`Settled`, `Ending`), what it learns while a hook waits or the job runs goes to `ctx.learn`
+`Settled`, `Conclusion`), what it learns while a hook waits or the job runs goes to `ctx.learn`
 (`Learnt`), a refusal after the job exists is `Refused`, and the layers above record each. It
 writes files only into its own job's directory (`ctx.files`).
 
@@ -162,7 +162,7 @@ class Refused(UsageError):
 
 
 @dataclass(frozen=True)
-class Ending:
+class Conclusion:
     """How a job that distrun did not interrupt ended, as its backend concludes.
 
     Attributes:
@@ -324,9 +324,9 @@ class Backend(ABC):
         """Every host's failure as seen now (exit, closed channel, silence), in host order."""
         return run.failures()
 
-    def conclude(self, run: RunView, failures: list[Failure]) -> Ending:
+    def conclude(self, run: RunView, failures: list[Failure]) -> Conclusion:
         """The backend's verdict once every host ended or one failed; by default the failures seen."""
-        return Ending(failures)
+        return Conclusion(failures)
 
     @abstractmethod
     def stop(self, run: RunView, nodes: list[str]) -> None:

@@ -28,7 +28,7 @@ from orchestrator import remote, telemetry
 from orchestrator.backends.base import (
     Asked,
     Backend,
-    Ending,
+    Conclusion,
     LaunchContext,
     Learnt,
     Refused,
@@ -442,17 +442,18 @@ class SlurmBackend(Backend):
                       for h in run.plan.hosts if not run.exited(h.node) and h.node not in seen]
         return found
 
-    def conclude(self, run: RunView, failures: list[Failure]) -> Ending:
+    def conclude(self, run: RunView, failures: list[Failure]) -> Conclusion:
         """Slurm's final state decides: cancelled outside distrun is a stop; TIMEOUT, NODE_FAIL and the
         like are failures of the job, named after the node that failed first (else the batch host)."""
         job = self._settled()
         if job is not None and job.state == "CANCELLED" and not self.cancelled:
-            return Ending(stopped=f"job {run.plan.job_id} stopped: Slurm job {self.slurm_id} was cancelled; "
+            return Conclusion(stopped=f"job {run.plan.job_id} stopped: Slurm job {self.slurm_id} was cancelled; "
                           "every node's processes ended")
         if job is not None and job.state in ENDED_BY_SLURM:
             node = root_cause(failures).host if failures else self.batch_host
-            return Ending([Failure(node, FailureKind.INFRA, reason=f"Slurm ended the job: {job.state} ({job.reason})")])
-        return Ending(failures)
+            reason = f"Slurm ended the job: {job.state} ({job.reason})"
+            return Conclusion([Failure(node, FailureKind.INFRA, reason=reason)])
+        return Conclusion(failures)
 
     def _settled(self) -> SlurmJob | None:
         """Slurm's view once the job has ended there, waiting at most SETTLE seconds.

@@ -32,7 +32,7 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 DROPPED_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX | stat.S_IWGRP | stat.S_IWOTH
 
 
-class Refused(Exception):
+class MemberRefused(Exception):
     """A member this program will not write; the message names it and says why."""
 
 
@@ -72,21 +72,21 @@ def allowed(member: tarfile.TarInfo, root: str) -> tuple[list[str], int]:
     """The path parts and mode to write `member` with.
 
     Raises:
-        Refused: not a regular file or directory, or a path that leaves `root`.
+        MemberRefused: not a regular file or directory, or a path that leaves `root`.
     """
     parts = [part for part in member.name.split("/") if part not in ("", ".")]
     if member.name.startswith("/") or ".." in parts or not parts:
-        raise Refused(f"refusing {member.name!r}: the path leaves {root}")
+        raise MemberRefused(f"refusing {member.name!r}: the path leaves {root}")
     data_filter = getattr(tarfile, "data_filter", None)
     if data_filter is not None:
         try:
             member = data_filter(member, root)
         except tarfile.FilterError as err:
-            raise Refused(f"refusing {member.name!r}: {err}") from None
+            raise MemberRefused(f"refusing {member.name!r}: {err}") from None
         except OSError as err:  # its path changed while the filter resolved it
-            raise Refused(f"refusing {member.name!r}: {err.strerror or err}") from None
+            raise MemberRefused(f"refusing {member.name!r}: {err.strerror or err}") from None
     if not (member.isfile() or member.isdir()):
-        raise Refused(f"refusing {member.name!r}: only regular files and directories are synced")
+        raise MemberRefused(f"refusing {member.name!r}: only regular files and directories are synced")
     # Directories are made 0755 (less the umask) and existing ones are left as they are.
     return parts, masked(member.mode) if member.isfile() else 0o755
 
@@ -95,7 +95,7 @@ def open_dirs(root_fd: int, parts: list[str]) -> int:
     """Open (making them as needed) the directories `parts` below `root_fd`, never through a link.
 
     Raises:
-        Refused: one of them is a symbolic link or not a directory.
+        MemberRefused: one of them is a symbolic link or not a directory.
     """
     fd = os.dup(root_fd)
     for index, part in enumerate(parts):
@@ -106,7 +106,8 @@ def open_dirs(root_fd: int, parts: list[str]) -> int:
         except OSError as err:
             os.close(fd)
             where = "/".join(parts[: index + 1])
-            raise Refused(f"refusing to write below {where!r}: not a directory of its own ({err.strerror})") from None
+            raise MemberRefused(f"refusing to write below {where!r}: not a directory of its own "
+                                f"({err.strerror})") from None
         os.close(fd)
         fd = child
     return fd
@@ -136,7 +137,7 @@ def unpack(stream: BinaryIO, root: str) -> int:
     """Write the files of the tar on `stream` below `root`; returns how many were written.
 
     Raises:
-        Refused: a member that may not be written; the files before it are written.
+        MemberRefused: a member that may not be written; the files before it are written.
     """
     root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     count = 0
@@ -151,7 +152,7 @@ def unpack(stream: BinaryIO, root: str) -> int:
                         write_file(dir_fd, parts[-1], data, mode, member.mtime)
                         count += 1
                 except OSError as err:
-                    raise Refused(f"cannot write {member.name!r}: {err.strerror or err}") from None
+                    raise MemberRefused(f"cannot write {member.name!r}: {err.strerror or err}") from None
                 finally:
                     os.close(dir_fd)
     finally:
@@ -167,7 +168,7 @@ def main(argv: list[str]) -> None:
         return
     try:
         written = unpack(sys.stdin.buffer, root)
-    except Refused as err:
+    except MemberRefused as err:
         sys.stderr.write(f"distrun: {err}\n")
         sys.exit(2)
     sys.stdout.write(json.dumps({"written": written}) + "\n")

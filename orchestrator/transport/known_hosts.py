@@ -24,7 +24,7 @@ from typing import BinaryIO
 
 from orchestrator.spec.model import HostKeyPolicy
 from orchestrator.transport.base import ConnectError, ConnectFailure
-from orchestrator.transport.ssh_config import Endpoint, error_reason, paramiko
+from orchestrator.transport.ssh_config import SshTarget, error_reason, paramiko
 
 _known_hosts_lock = threading.Lock()
 
@@ -232,7 +232,7 @@ class HostKeyChecker:
         _parsed[self.path] = _Parsed(stamp, KnownHosts.parse(text))
         return _parsed[self.path].hosts
 
-    def known_types(self, label: str, endpoint: Endpoint) -> list[str]:
+    def known_types(self, label: str, endpoint: SshTarget) -> list[str]:
         """The key types recorded for the server, to ask it for one of those first.
 
         Raises:
@@ -241,7 +241,7 @@ class HostKeyChecker:
         entries = self.known(label).lookup(endpoint.known_hosts_name)
         return list(dict.fromkeys(e.key.get_name() for e in entries if e.marker is Marker.HOST_KEY))
 
-    def check(self, label: str, endpoint: Endpoint, key: paramiko.PKey) -> None:
+    def check(self, label: str, endpoint: SshTarget, key: paramiko.PKey) -> None:
         """Accept the server's key, record it (accept-new), or refuse it.
 
         Raises:
@@ -258,7 +258,7 @@ class HostKeyChecker:
             )
         self._record(label, endpoint, key)
 
-    def _trusts(self, label: str, endpoint: Endpoint, key: paramiko.PKey, entries: list[KnownKey]) -> bool:
+    def _trusts(self, label: str, endpoint: SshTarget, key: paramiko.PKey, entries: list[KnownKey]) -> bool:
         """True when a recorded key is the server's; False when the file knows nothing of the host.
 
         Raises:
@@ -294,10 +294,10 @@ class HostKeyChecker:
             )
         return False
 
-    def _keyscan(self, endpoint: Endpoint) -> str:
+    def _keyscan(self, endpoint: SshTarget) -> str:
         return f"ssh-keyscan -p {endpoint.port} {endpoint.hostname} >> {self.shown_path}"
 
-    def _record(self, label: str, endpoint: Endpoint, key: paramiko.PKey) -> None:
+    def _record(self, label: str, endpoint: SshTarget, key: paramiko.PKey) -> None:
         """Append the key, unless another thread or process recorded this host meanwhile.
 
         Raises:

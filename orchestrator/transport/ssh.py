@@ -27,8 +27,8 @@ from orchestrator.transport.base import ConnectError, ConnectFailure, RemoteProc
 from orchestrator.transport.known_hosts import HostKeyChecker
 from orchestrator.transport.ssh_config import (
     DEFAULT_IDENTITIES,
-    Endpoint,
     Route,
+    SshTarget,
     connect_timeout,
     error_reason,
     load_ssh_config,
@@ -186,7 +186,7 @@ class SSHTransport(Transport):
         return f"{self.name} (jump host {route.hops[index].address})"
 
     @staticmethod
-    def _tcp(endpoint: Endpoint, label: str, timeout: float) -> socket.socket:
+    def _tcp(endpoint: SshTarget, label: str, timeout: float) -> socket.socket:
         try:
             sock = socket.create_connection((endpoint.hostname, endpoint.port), timeout=timeout)
         except TimeoutError as exc:
@@ -201,7 +201,7 @@ class SSHTransport(Transport):
         return sock
 
     @staticmethod
-    def _tunnel(jump: paramiko.Transport, endpoint: Endpoint, label: str, timeout: float) -> paramiko.Channel:
+    def _tunnel(jump: paramiko.Transport, endpoint: SshTarget, label: str, timeout: float) -> paramiko.Channel:
         try:
             return jump.open_channel(
                 "direct-tcpip", (endpoint.hostname, endpoint.port), ("127.0.0.1", 0), timeout=timeout
@@ -259,7 +259,7 @@ class SSHTransport(Transport):
         self._links = []
 
 
-def _login(sock: socket.socket | paramiko.Channel, endpoint: Endpoint, label: str, checker: HostKeyChecker,
+def _login(sock: socket.socket | paramiko.Channel, endpoint: SshTarget, label: str, checker: HostKeyChecker,
            timeout: float) -> paramiko.Transport:
     """Handshake, check the host key, authenticate; the transport is closed on failure.
 
@@ -310,7 +310,7 @@ def _handshake(link: paramiko.Transport, label: str, timeout: float) -> None:
                            ConnectFailure.UNREACHABLE) from cause
 
 
-def _authenticate(link: paramiko.Transport, endpoint: Endpoint, label: str) -> None:
+def _authenticate(link: paramiko.Transport, endpoint: SshTarget, label: str) -> None:
     tried: list[str] = []
     for source, key in _identities(endpoint, label):
         tried.append(source)
@@ -330,7 +330,7 @@ def _authenticate(link: paramiko.Transport, endpoint: Endpoint, label: str) -> N
     )
 
 
-def _identities(endpoint: Endpoint, label: str) -> Iterator[tuple[str, paramiko.PKey]]:
+def _identities(endpoint: SshTarget, label: str) -> Iterator[tuple[str, paramiko.PKey]]:
     """(what to call it, key) for each key to offer: named files, then ssh-agent, then defaults.
 
     Raises:

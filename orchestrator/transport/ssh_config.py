@@ -50,7 +50,7 @@ _JUMP = re.compile(r"^(?:ssh://)?(?:(?P<user>[^@]+)@)?(?:\[(?P<ip6>[^\]]+)\]|(?P
 
 
 @dataclass(frozen=True)
-class Endpoint:
+class SshTarget:
     """One SSH server to log in to, after the inventory and ~/.ssh/config are combined."""
 
     hostname: str
@@ -75,14 +75,14 @@ class Endpoint:
 class Route:
     """The servers to pass through to reach a node: jump hosts first, the node last."""
 
-    hops: tuple[Endpoint, ...]
+    hops: tuple[SshTarget, ...]
 
     @property
-    def target(self) -> Endpoint:
+    def target(self) -> SshTarget:
         return self.hops[-1]
 
     @property
-    def jumps(self) -> tuple[Endpoint, ...]:
+    def jumps(self) -> tuple[SshTarget, ...]:
         return self.hops[:-1]
 
 
@@ -139,7 +139,7 @@ def resolve_route(node: NodeSpec, config: paramiko.SSHConfig) -> Route:
     entry = config.lookup(node.host)
     named = (node.identity_file,) if node.identity_file else ()
     configured = () if named else tuple(entry.get("identityfile", ()))
-    target = Endpoint(
+    target = SshTarget(
         hostname=entry.get("hostname", node.host),
         port=node.port or int(entry.get("port", DEFAULT_PORT)),
         user=node.user or entry.get("user") or getpass.getuser(),
@@ -154,14 +154,14 @@ def resolve_route(node: NodeSpec, config: paramiko.SSHConfig) -> Route:
     return Route((*jumps, target))
 
 
-def _jump_endpoint(spec: str, config: paramiko.SSHConfig, target: Endpoint) -> Endpoint:
+def _jump_endpoint(spec: str, config: paramiko.SSHConfig, target: SshTarget) -> SshTarget:
     match = _JUMP.match(spec)
     if match is None:
         raise UsageError(f"proxy_jump {spec!r}: expected [user@]host[:port]")
     host = match["ip6"] or match["host"]
     entry = config.lookup(host)
     own = tuple(entry.get("identityfile", ()))
-    return Endpoint(
+    return SshTarget(
         hostname=entry.get("hostname", host),
         port=int(match["port"] or entry.get("port", DEFAULT_PORT)),
         user=match["user"] or entry.get("user") or getpass.getuser(),
