@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator.console.display import fold_hosts
-from orchestrator.console.hostrange import MAX_HOSTS, HostRangeError, expand_hosts
+from orchestrator.spec.hostrange import MAX_HOSTS, HostRangeError, expand_hosts
 
 
 @pytest.mark.parametrize(("text", "names"), [

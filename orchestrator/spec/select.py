@@ -1,7 +1,7 @@
 """Choose the inventory hosts a command uses: `--nodes`, `-x/--exclude`, `--label`, `--all`.
 
 The flags mean the same on every command, and each takes clush/pdsh host ranges
-(`node[0-7,12]`, `node[0-3],gpu-b`; see orchestrator/console/hostrange.py):
+(`node[0-7,12]`, `node[0-3],gpu-b`; see orchestrator/spec/hostrange.py):
 
 - `--nodes R` (repeatable): exactly these hosts; every name must be in the inventory.
 - `-x/--exclude R` (repeatable): not these hosts; every name must be in the inventory.
@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.console.display import fold_hosts
-from orchestrator.console.hostrange import HostRangeError, expand_hosts
 from orchestrator.errors import SpecError, UsageError
 from orchestrator.spec.fields import suggestion
+from orchestrator.spec.hostrange import HostRangeError, expand_hosts
 from orchestrator.spec.model import Inventory, JobSpec, NodeSpec
 
 DEFAULT_CONFIRM_ABOVE = 8
