@@ -94,8 +94,8 @@ class Detector:
     def observe(self, node: str, record: dict[str, Any]) -> list[Straggler]:
         """Take one metrics record of `node`; returns the stragglers it lets us name."""
         sample = rank_sample(node, record)
-        if sample is None:
-            return []
+        if sample is None or (self.world_size is not None and not 0 <= sample[1].rank < self.world_size):
+            return []  # a rank value not of the job is not a rank
         step, value = sample
         with self.lock:
             if step <= self.judged:
@@ -122,9 +122,15 @@ class Detector:
                 if streak.slow >= self.intervals and not streak.named:
                     streak.named = True
                     named.append(Straggler(sample.node, rank, step, sample.step_s, median, streak.slow))
+        # Only ranks in a run of slow intervals keep a streak: a rank without evidence this interval
+        # starts again, so each interval costs its own ranks, never every rank ever seen.
+        kept = {}
         for rank, streak in self.streaks.items():
             if rank not in samples:
                 streak.slow = 0  # no evidence this interval: the run of slow ones starts again
+            if streak.slow or streak.named:
+                kept[rank] = streak
+        self.streaks = kept
         return named
 
 
@@ -202,7 +208,9 @@ class FlightDetector:
         """Take one host's `fr` event; returns the ranks it lets us name."""
         with self.lock:
             for rank, summary in _ranks(event):
-                for seq, op, entered_us in summary.get("c") or ():
+                if rank >= self.world_size:
+                    continue  # a rank value not of the job is not a rank
+                for seq, op, entered_us, *_ in summary.get("c") or ():
                     if isinstance(seq, int) and seq > self.judged and isinstance(entered_us, int | float):
                         self.entered.setdefault(seq, {})[rank] = (node, str(op), entered_us / 1e6)
             return self._judge_ready()

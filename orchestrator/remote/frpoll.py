@@ -49,7 +49,7 @@ class BadRecord(ValueError):
 
 def _int(value: object, where: str, text: bool = False) -> int:
     """An integer of the record (`text`: or a string of one, as pg_status has them); BadRecord for anything else."""
-    if isinstance(value, bool) or not isinstance(value, int | str) or (isinstance(value, str) and not text):
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or (isinstance(value, str) and not text):
         raise BadRecord(f"{where} is {type(value).__name__}, not an integer")
     try:
         return int(value)
@@ -79,7 +79,7 @@ def _entry(raw: object, index: int) -> tuple[int, bool, list[Any]] | None:
     if not isinstance(raw, dict):
         raise BadRecord(f"{where} is {type(raw).__name__}, not an object")
     group = raw.get("process_group") or ("",)
-    if not isinstance(group, list | tuple) or not group:
+    if not isinstance(group, (list, tuple)) or not group:
         raise BadRecord(f"{where} process_group is {type(group).__name__}, not a list")
     seq = _int(raw.get("collective_seq_id") or 0, f"{where} collective_seq_id")
     if raw.get("is_p2p") or seq <= 0 or str(group[0]) != DEFAULT_GROUP:
