@@ -56,7 +56,10 @@ class JobRecord:
         backend_ref: The backend's own handle on the job (Slurm's job id), None when it has none.
         detail: The summary people read (also in the job directory's summary.txt).
         failures: `Failure.to_dict()` of each failure, the root cause first; [] when none.
-        alerts: Alerts raised while the job ran (telemetry's and stragglers').
+        alerts: Alerts raised while the job ran (telemetry's, stragglers', stalls'), each a JSON object
+            {"t", "node", "rule", "rank" (or null), "message" (the sentence), "figures" (an object),
+            "evidence"} (telemetry/alerts.py `Alert.record()`, read back with `recorded`); a job an older
+            distrun recorded has sentences (`14:02:11 node1: ...`) instead, which `recorded` reads too.
         controller_start: When the controller process started (`process_start`): with
             `controller_pid`, the identity of the controller; a reused pid has another start.
         internal: A run distrun made for itself (doctor --bandwidth's all-reduce): never `last`,
@@ -87,7 +90,7 @@ class JobRecord:
     restarts: int = 0
     backend_ref: str | None = None
     detail: str = ""
-    alerts: list[str] = field(default_factory=list)
+    alerts: list[Any] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
     controller_start: str | None = None
     internal: bool = False

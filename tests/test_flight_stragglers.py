@@ -144,6 +144,7 @@ def test_the_monitor_alerts_with_the_hosts_telemetry_as_evidence_and_keeps_the_p
     (alert,) = fired
     assert (alert.node, alert.rule) == ("node2", "straggler")
     assert alert.message.endswith("; node2 now: load 5.1, cpu 98%, job cpu 40%, memory 41%")
+    assert (alert.rank, alert.figures["op"], alert.evidence) == (2, "all_reduce", alert.message.split("; ")[-1])
     assert progress["ranks"] == {"0": 180, "1": 180, "2": 180}
     assert "progress " in str(monitor.frame().caption)
 

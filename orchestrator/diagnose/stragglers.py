@@ -37,6 +37,11 @@ class Straggler:
     median_s: float  # the median over all ranks in that interval
     intervals: int
 
+    def figures(self) -> dict[str, Any]:
+        """What the rule measured, for the alert's record."""
+        return {"step_s": round(self.step_s, 4), "median_s": round(self.median_s, 4), "step": self.step,
+                "intervals": self.intervals}
+
     def message(self) -> str:
         """As an alert line of its host: `straggler: rank 3 ...`."""
         ratio = f"{self.step_s / self.median_s:.1f}x" if self.median_s > 0 else "above"
@@ -155,6 +160,11 @@ class LateRank:
     late: int  # collectives it entered late in its late intervals
     collectives: int  # collectives of those intervals
     intervals: int
+
+    def figures(self) -> dict[str, Any]:
+        """What the rule measured, for the alert's record."""
+        return {"late_ms": round(self.late_s * 1000, 1), "op": self.op, "late": self.late,
+                "collectives": self.collectives, "intervals": self.intervals}
 
     def message(self, evidence: str = "") -> str:
         """As an alert line of its host: `straggler: rank 4 on node2 enters all_reduce 180 ms after ...`."""

@@ -16,8 +16,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from orchestrator.metrics.figures import ALERT_KINDS, JobFigures, read_alert
+from orchestrator.metrics.figures import ALERT_KINDS, JobFigures
 from orchestrator.store import JobState
+from orchestrator.telemetry.alerts import recorded
 
 MB = 1024 * 1024
 STATES = tuple(state.value for state in JobState)
@@ -153,10 +154,10 @@ def _job_families(jobs: Sequence[JobFigures]) -> Iterator[Metric]:
             aside.add_metric([job.job, node], 1.0)
         kinds = dict.fromkeys(ALERT_KINDS, 0)
         named: dict[tuple[str, int], int] = {}
-        for line in job.alerts:
-            alert = read_alert(line)
-            kinds[alert.rule] += 1
-            if alert.rank is not None:
+        for entry in job.alerts:
+            alert = recorded(entry)
+            kinds[alert.rule if alert.rule in kinds else "other"] += 1
+            if alert.rule == "straggler" and alert.rank is not None:
                 named[(alert.node, alert.rank)] = named.get((alert.node, alert.rank), 0) + 1
         for kind, count in kinds.items():
             alerts.add_metric([job.job, kind], count)

@@ -28,6 +28,7 @@ from orchestrator.telemetry.alerts import (
     host_evidence,
     mem_pct,
     power_text,
+    recorded,
     temp_text,
 )
 
@@ -136,7 +137,7 @@ def _gpus_row(state: HostState, rules: AlertRules) -> list[Any]:
             f"{sum(power):.0f} W" if power else "-", info]
 
 
-def _caption(metrics: dict[str, Any] | None, alerts: list[str], progress: dict[str, Any] | None = None) -> Text:
+def _caption(metrics: dict[str, Any] | None, alerts: list[Any], progress: dict[str, Any] | None = None) -> Text:
     parts = []
     rate = metrics.get("samples_per_s", metrics.get("mean_samples_per_s")) if metrics else None
     if metrics and rate is not None:
@@ -145,11 +146,11 @@ def _caption(metrics: dict[str, Any] | None, alerts: list[str], progress: dict[s
     elif progress and progress.get("ranks"):
         parts.append(Text(f"progress {progress_line(progress)}"))
     if alerts:
-        parts.append(Text(f"{len(alerts)} alert(s), latest: {alerts[-1]}", style="red"))
+        parts.append(Text(f"{len(alerts)} alert(s), latest: {recorded(alerts[-1]).text()}", style="red"))
     return Text(" · ").join(parts) if parts else Text("no metrics yet")
 
 
-def render(aggregator: Aggregator, title: str, now: float | None, alerts: list[str],
+def render(aggregator: Aggregator, title: str, now: float | None, alerts: list[Any],
            max_rows: int | None = None, progress: dict[str, Any] | None = None, fit: bool = True) -> Table:
     """The status table: a row per host (CPU, memory, load, network, the job's processes) and
     a row per GPU (utilisation, memory, temperature, power), or one row for all of a host's
@@ -160,7 +161,7 @@ def render(aggregator: Aggregator, title: str, now: float | None, alerts: list[s
     Args:
         now: the aggregator's clock now, to show each host's last sample as an age; None shows
             the time of day of the last sample instead (a finished job).
-        alerts: alerts as kept in the job record.
+        alerts: alerts as kept in the job record (`Alert.record()`, or an older distrun's sentences).
         progress: the job's progress from the ranks' Flight Recorders (`FlightProgress.to_dict`),
             shown when no metrics record tells the throughput.
         fit: a terminal's table: as wide as the terminal, the notes and the caption cut at its edge
@@ -327,8 +328,8 @@ class Monitor:
         """A metrics record of any rank of `node`: rank 0's is the job's latest; every rank's
         own step time goes to the straggler detector, whose verdicts are alerts like the others."""
         self.aggregator.observe_metrics(record)
-        alerts = [Alert(s.node, "straggler", s.message()) for s in self.stragglers.observe(node, record)
-                  if self._first_to_name("metrics", s.rank)]
+        alerts = [Alert(s.node, "straggler", s.message(), rank=s.rank, figures=s.figures())
+                  for s in self.stragglers.observe(node, record) if self._first_to_name("metrics", s.rank)]
         if alerts and not self.stopped.is_set():
             self.aggregator.add(alerts)
             self._report(alerts)
@@ -340,8 +341,9 @@ class Monitor:
         with self.progress_lock:
             self.progress.observe(event, self.aggregator.clock())
         late = self.late.observe(node, event) if self.late is not None else []
-        alerts = [Alert(r.node, "straggler", r.message(host_evidence(self.aggregator.state(r.node)))) for r in late
-                  if self._first_to_name("flight", r.rank)]
+        alerts = [Alert(r.node, "straggler", r.message(evidence), rank=r.rank, figures=r.figures(), evidence=evidence)
+                  for r in late if self._first_to_name("flight", r.rank)
+                  for evidence in [host_evidence(self.aggregator.state(r.node))]]
         if alerts and not self.stopped.is_set():
             self.aggregator.add(alerts)
             self._report(alerts)
