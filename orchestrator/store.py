@@ -190,7 +190,12 @@ class JobDir:
 
     @property
     def collectives(self) -> Path:
-        """The ranks' Flight Recorder rounds as they came (`fr` events): {"t", "node", "ranks", "skipped"} a line."""
+        """The ranks' Flight Recorder rounds as they came (`fr` events, remote/frpoll.py): {"t" (the
+        controller's time), "node", "ranks", "skipped"} a line, and since issue 45 "at" (the round's time
+        on the host's clock; rounds fall on the wall clock's multiples of 5 s on every host), "final" (the
+        ranks whose record this is as they ended) where set; a collective of "ranks" is [seq, op,
+        entered_us] or [seq, op, entered_us, duration_us] where the record timed it, and a rank's summary
+        may carry "sched" (its process's cpu_ms, wait_ms, throttled_ms, nr_throttled, stopped, looks)."""
         return self.root / "collectives.jsonl"
 
     @property

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.diagnose.flight import FlightProgress, progress_line
+from orchestrator.diagnose.progress import FlightProgress, progress_line
 from orchestrator.diagnose.stragglers import FlightDetector, LateRank
 from orchestrator.remote.frpoll import MAX_COLLECTIVES, Poller, reduce
 from orchestrator.remote.provenance import own_roots
@@ -130,7 +130,8 @@ def test_progress_is_each_ranks_last_completed_collective_and_the_slowest_ranks_
     progress = FlightProgress()
     progress.observe({"ranks": {"0": {"done": 100}, "1": {"done": 98}}}, now=10.0)
     progress.observe({"ranks": {"0": {"done": 150}, "1": {"done": 148}}}, now=15.0)
-    assert progress.to_dict() == {"collectives_per_s": 10.0, "collectives": 148, "ranks": {"0": 150, "1": 148}}
+    assert progress.to_dict() == {"collectives_per_s": 10.0, "collectives": 148, "ranks": {"0": 150, "1": 148},
+                                  "at": 15.0}
     assert progress_line(progress.to_dict()) == "10.0 collectives/s, ranks at #148 (1), #150 (0)"
 
 

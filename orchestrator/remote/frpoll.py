@@ -25,6 +25,8 @@ shipped to the hosts.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import threading
@@ -41,6 +43,9 @@ MAX_COLLECTIVES = 200  # the most collectives of one rank in one event: the late
 LOOK_EVERY = 0.1  # seconds between two looks at whether a rank's process is stopped
 DEFAULT_GROUP = "0"
 SOCKET = re.compile(r"rank(\d+)\.sock")
+LAST = re.compile(r"rank(\d+)\.last\.json")  # what a rank left as it ended (remote/distrun_worker.py)
+LAST_EVERY = 0.5  # seconds between two looks for what ranks left as they ended
+MAX_LAST = 64 << 20  # the largest such record read
 
 
 class BadRecord(ValueError):
@@ -129,13 +134,35 @@ def reduce(dump: Mapping[str, Any], after: int) -> dict[str, Any]:
             "c": sorted(collectives)[-MAX_COLLECTIVES:]}
 
 
-def rank_sockets(directory: str) -> dict[int, str]:
-    """The ranks that serve a socket in `directory`, and its path."""
+def rank_sockets(directory: str, pattern: re.Pattern[str] = SOCKET) -> dict[int, str]:
+    """The ranks that serve a socket in `directory` (or have a file of `pattern` there), and its path."""
     try:
         names = os.listdir(directory)
     except OSError:
         return {}
-    return {int(m.group(1)): os.path.join(directory, name) for name in names if (m := SOCKET.fullmatch(name))}
+    return {int(m.group(1)): os.path.join(directory, name) for name in names if (m := pattern.fullmatch(name))}
+
+
+def read_last(path: str) -> tuple[dict[str, Any] | None, str]:
+    """The record a rank left as it ended (a file of this user's, not a link, read once and removed),
+    or (None, why not)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as exc:
+        return None, f"its last record cannot be read: {exc.strerror or exc}"
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.getuid() or info.st_size > MAX_LAST:
+            return None, "its last record is not of this user's or too large"
+        with os.fdopen(os.dup(fd), "rb") as file:
+            data = json.loads(file.read())
+    except (OSError, ValueError) as exc:
+        return None, f"its last record is not JSON: {exc}"[:200]
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.remove(path)
+    return (data, "") if isinstance(data, dict) else (None, "its last record is not a JSON object")
 
 
 def _read(path: str) -> str:
@@ -262,10 +289,24 @@ class Poller:
             if summary is None:
                 skipped[str(rank)] = why
                 continue
-            if summary["c"]:
-                self.sent[rank] = summary["c"][-1][0]
             ranks[str(rank)] = summary
         return {"at": round(at, 3), "ranks": ranks, "skipped": skipped}
+
+    def finals(self) -> dict[str, Any] | None:
+        """The event of the records ranks left as they ended (`final`: those ranks), None when none did."""
+        ranks, skipped, at = {}, {}, time.time()
+        for rank, path in sorted(rank_sockets(self.directory, LAST).items()):
+            with contextlib.suppress(OSError):
+                at = min(at, os.lstat(path).st_mtime)
+            dump, why = read_last(path)
+            summary, why = self._summary(rank, {"flight": dump, "flight_error": why})
+            if summary is None:
+                skipped[str(rank)] = why
+            else:
+                ranks[str(rank)] = summary
+        if not ranks and not skipped:
+            return None
+        return {"at": round(at, 3), "ranks": ranks, "skipped": skipped, "final": sorted(int(r) for r in ranks)}
 
     def _summary(self, rank: int, answer: Mapping[str, object]) -> tuple[dict[str, Any] | None, str]:
         """The rank's reduced record with its process's scheduler figures, or (None, why there is none)."""
@@ -276,6 +317,8 @@ class Poller:
             summary = reduce(dump, self.sent.get(rank, 0))
         except BadRecord as exc:
             return None, f"a Flight Recorder record of another shape: {exc}"
+        if summary["c"]:
+            self.sent[rank] = summary["c"][-1][0]
         sched = self.procs.figures(rank)
         return ({**summary, "sched": sched} if sched else summary), ""
 
@@ -297,14 +340,23 @@ def _next_round(every: float) -> float:
 
 def run(directory: str, roots: list[Root], emit: Callable[..., None], done: threading.Event,
         every: float = POLL_EVERY) -> None:
-    """Send an `fr` event every `every` seconds until `done`; rounds where no rank serves send none, and a
-    round that fails is said in the event's `skipped` (the thread goes on)."""
+    """Send an `fr` event every `every` seconds until `done`, and one as soon as ranks leave their last
+    records (within LAST_EVERY); rounds where no rank serves send none, and a round that fails is said
+    in the event's `skipped` (the thread goes on)."""
     poller = Poller(directory, roots)
     threading.Thread(target=poller.procs.run, args=(done,), daemon=True).start()
-    while not done.wait(_next_round(every)):
-        try:
-            fields = poller.round()
-        except Exception as exc:  # a round that fails is one round lost, not the thread
-            fields = {"at": round(time.time(), 3), "ranks": {}, "skipped": {"*": f"the round failed: {exc!r}"[:200]}}
-        if fields is not None:
-            emit("fr", **fields)
+    due = time.time() + _next_round(every)
+    while True:
+        ended = done.wait(max(0.0, min(LAST_EVERY, due - time.time())))
+        for look in (poller.finals, poller.round) if time.time() >= due and not ended else (poller.finals,):
+            try:
+                fields = look()
+            except Exception as exc:  # a round that fails is one round lost, not the thread
+                fields = {"at": round(time.time(), 3), "ranks": {},
+                          "skipped": {"*": f"the round failed: {exc!r}"[:200]}}
+            if fields is not None:
+                emit("fr", **fields)
+        if ended:
+            return
+        if time.time() >= due:
+            due = time.time() + _next_round(every)

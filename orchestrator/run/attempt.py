@@ -26,7 +26,7 @@ from orchestrator.backends.run import Channel
 from orchestrator.console.terminal import show
 from orchestrator.diagnose.at_exit import neighbours_finished, when_failed
 from orchestrator.diagnose.failures import Failure, FailureKind, failed_summary, root_cause
-from orchestrator.diagnose.flight import progress_line
+from orchestrator.diagnose.progress import progress_lines
 from orchestrator.diagnose.watchdog import Looked, Progress, Stall, Stalls, Watchdog, diagnose, look_at_stall
 from orchestrator.errors import DistrunError, ExitCode, UsageError
 from orchestrator.logs import LogSink
@@ -65,14 +65,6 @@ def masked_attempts(history: AttemptHistory, mask: Masker) -> list[dict[str, Any
             record["failure"] = masked(attempt.failure, mask).to_dict()
     return records
 
-
-
-def progress_lines(progress: dict[str, Any], metrics: dict[str, Any] | None) -> list[str]:
-    """The summary's line of the ranks' progress from their Flight Recorders, for a job whose
-    metrics lines told none."""
-    if metrics or not progress.get("ranks"):
-        return []
-    return [f"  progress: {progress_line(progress)} ({progress.get('collectives', 0)} collectives completed)"]
 
 
 class Attempt:
@@ -405,7 +397,7 @@ class Attempt:
         # The summary quotes the job's last lines: a secret the job printed is masked here too.
         mask = Masker(self.plan.secrets.values())
         self.history.end(None, state=state.value)
-        progress = self.monitor.progress_now()
+        progress = self.monitor.progress_now(ended=True)
         tail = [*extra, *self.stalls.lines(), *progress_lines(progress, self.last_metrics),
                 *telemetry.summary_lines(self.record.alerts), *self.sink.shortfalls(), *self.history.lines()]
         said = mask.text("\n".join([said or detail, *tail]))

@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.console.terminal import colour, safe_text
-from orchestrator.diagnose.flight import FlightProgress, progress_line
+from orchestrator.diagnose.progress import FlightProgress, progress_line
 from orchestrator.diagnose.stragglers import Detector, FlightDetector
 from orchestrator.telemetry.alerts import (
     Aggregator,
@@ -284,7 +284,7 @@ class Monitor:
         self.aggregator = Aggregator(nodes, interval, rules)
         self.stragglers = Detector(world_size)
         self.late = FlightDetector(world_size) if world_size else None
-        self.progress = FlightProgress()
+        self.progress = FlightProgress(world_size)
         self.progress_lock = threading.Lock()
         # The ranks each path named (metrics lines, Flight Recorders): a rank one named, the other does not name again.
         self.named: dict[str, set[int]] = {"metrics": set(), "flight": set()}
@@ -339,7 +339,7 @@ class Monitor:
         when each rank entered the collectives, with what telemetry says of their host now; the
         progress as it stands (`FlightProgress.to_dict`)."""
         with self.progress_lock:
-            self.progress.observe(event, self.aggregator.clock())
+            self.progress.observe(event, time.time())
         late = self.late.observe(node, event) if self.late is not None else []
         alerts = [Alert(r.node, "straggler", r.message(evidence), rank=r.rank, figures=r.figures(), evidence=evidence)
                   for r in late if self._first_to_name("flight", r.rank)
@@ -355,10 +355,11 @@ class Monitor:
             self.named[path].add(rank)
             return not any(rank in ranks for other, ranks in self.named.items() if other != path)
 
-    def progress_now(self) -> dict[str, Any]:
-        """The job's progress from the ranks' Flight Recorders (`FlightProgress.to_dict`)."""
+    def progress_now(self, ended: bool = False) -> dict[str, Any]:
+        """The job's progress from the ranks' Flight Recorders (`FlightProgress.to_dict`; `ended`: a
+        finished job's, its rate the whole run's)."""
         with self.progress_lock:
-            return self.progress.to_dict()
+            return self.progress.to_dict(ended)
 
     def start(self) -> None:
         self.ticker.start()
