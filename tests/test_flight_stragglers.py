@@ -183,3 +183,28 @@ def test_a_rank_the_metrics_lines_named_is_not_named_again_from_the_flight_recor
     for node, event in events("late2"):
         monitor.flight(node, event)
     assert [(a.node, a.message.split(" takes ")[0]) for a in fired] == [("node2", "straggler: rank 2")]
+
+
+def test_on_a_loaded_host_where_every_rank_is_late_now_and_then_nobody_is_named():
+    # make demo's false alarm (one host, 2 ranks, load 12): each rank 150 ms late in a third of the collectives,
+    # turn about: by the old rule each was late in over a quarter of them, and one was named.
+    data = [(node, copy.deepcopy(fr)) for node, fr in events("even")][:2]
+    for rank, (_, fr) in enumerate(data):
+        collectives = fr["ranks"][str(rank)]["c"]
+        fr["ranks"][str(rank)]["c"] = [[seq, op, t + 150_000 if i % 3 == rank else t]
+                                       for i, (seq, op, t) in enumerate(collectives)]
+    detector = FlightDetector(world_size=2)
+    assert [late for node, fr in data for late in detector.observe(node, fr)] == []
+    _, fr = data[1]
+    fr["ranks"]["1"]["c"] = [[seq, op, t + 150_000] for seq, op, t in fr["ranks"]["1"]["c"]]  # now rank 1 always
+    detector = FlightDetector(world_size=2)
+    assert [late.rank for node, fr in data for late in detector.observe(node, fr)] == [1]
+
+
+def test_a_collective_one_rank_never_reports_is_passed_over_not_waited_for_forever():
+    data = events("late2")
+    _, fr = data[0]
+    fr["ranks"]["0"]["c"] = [c for c in fr["ranks"]["0"]["c"] if c[0] != 5]  # fell out of rank 0's event
+    detector = FlightDetector(world_size=3)
+    assert [late.rank for node, fr in data for late in detector.observe(node, fr)] == [2]
+    assert detector.entered == {}

@@ -147,6 +147,7 @@ LATE_TIME_SHARE = 0.1  # or whose lateness (past the margin) adds up to this sha
 WINDOW_S = 5.0  # the collectives of one interval span this much time (of their median entry)
 WINDOW_MAX = 500  # or this many collectives, whichever comes first
 FLIGHT_INTERVALS = 3  # consecutive late intervals before a rank is named
+OUTLIER = 3.0  # a late rank is late this many times more than any other rank of the interval
 
 
 @dataclass(frozen=True)
@@ -198,8 +199,12 @@ class FlightDetector:
     later collectives follow its first at once: only the first may show the wait), and so is one
     whose late entries kept the others waiting LATE_TIME_SHARE of the interval's time (a host
     whose CPU comes in slices, as a CPU quota gives it, is late only where a slice ended between
-    two collectives, which in a job of many short steps is a few of them, each by much). It is
-    named after `intervals` late intervals in a row, once per run of them.
+    two collectives, which in a job of many short steps is a few of them, each by much). Either holds
+    only where the rank is OUTLIER times later than any other rank of the interval: on a loaded host
+    every rank is late now and then, a straggler nearly always. It is named after `intervals` late
+    intervals in a row, once per run of them. A collective a rank will never report (it reported
+    later ones) is passed over. A rank held inside its collectives, which enters them on time, is
+    diagnose/held.py's.
 
     Args:
         world_size: The job's ranks (a collective is judged when all of them entered it).
@@ -212,6 +217,7 @@ class FlightDetector:
     window: list[dict[int, tuple[str, str, float]]] = field(default_factory=list)
     judged: int = 0  # the last collective judged
     streaks: dict[int, LateStreak] = field(default_factory=dict)
+    latest: dict[int, int] = field(default_factory=dict)  # rank -> the latest collective it reported
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def observe(self, node: str, event: dict[str, Any]) -> list[LateRank]:
@@ -223,13 +229,20 @@ class FlightDetector:
                 for seq, op, entered_us, *_ in summary.get("c") or ():
                     if isinstance(seq, int) and seq > self.judged and isinstance(entered_us, int | float):
                         self.entered.setdefault(seq, {})[rank] = (node, str(op), entered_us / 1e6)
+                        self.latest[rank] = max(self.latest.get(rank, 0), seq)
             return self._judge_ready()
 
     def _judge_ready(self) -> list[LateRank]:
+        """Judge the collectives every rank reported, in order; one that a rank will never report (it
+        reported later ones: its entry fell out of an event) is passed over, never waited for."""
         named = []
         for seq in sorted(self.entered):
             if len(self.entered[seq]) < self.world_size:
-                break  # judged in order: a later one waits for this one
+                if any(self.latest.get(rank, 0) <= seq for rank in range(self.world_size) if rank not in
+                       self.entered[seq]):
+                    break  # judged in order: a later one waits for this one
+                del self.entered[seq]
+                continue
             self.window.append(self.entered.pop(seq))
             self.judged = seq
             if _middle(self.window[-1]) - _middle(self.window[0]) >= WINDOW_S or len(self.window) >= WINDOW_MAX:
@@ -249,8 +262,7 @@ class FlightDetector:
         named = []
         for rank in window[-1]:
             found = late.get(rank, [])
-            waited = sum(value for value, _ in found)
-            if not found or (len(found) < LATE_SHARE * len(window) and waited < LATE_TIME_SHARE * span):
+            if not self._late_in(rank, late, len(window), span):
                 self.streaks[rank] = LateStreak()
                 continue
             streak = self.streaks.setdefault(rank, LateStreak())
@@ -266,6 +278,19 @@ class FlightDetector:
                 named.append(LateRank(window[-1][rank][0], rank, statistics.median(streak.late), op,
                                       len(streak.late), streak.collectives, streak.intervals))
         return named
+
+
+    def _late_in(self, rank: int, late: dict[int, list[tuple[float, str]]], collectives: int, span: float) -> bool:
+        """Whether `rank` was late in the interval: in LATE_SHARE of its collectives, or keeping the others
+        waiting LATE_TIME_SHARE of its time, and in that OUTLIER times what any other rank was (the margin
+        held against what the job's lateness already varies by: on a loaded host every rank is late now
+        and then, the straggler nearly always)."""
+        count, waited = len(late.get(rank, ())), sum(value for value, _ in late.get(rank, ()))
+        others = [found for other, found in late.items() if other != rank]
+        most = max((len(found) for found in others), default=0)
+        longest = max((sum(value for value, _ in found) for found in others), default=0.0)
+        return (count >= LATE_SHARE * collectives and count >= OUTLIER * most) or (
+            waited >= LATE_TIME_SHARE * span and waited >= OUTLIER * longest)
 
 
 def _ranks(event: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:

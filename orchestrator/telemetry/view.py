@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.console.terminal import colour, safe_text
+from orchestrator.diagnose.held import HeldDetector
 from orchestrator.diagnose.progress import FlightProgress, progress_line
 from orchestrator.diagnose.stragglers import Detector, FlightDetector
 from orchestrator.telemetry.alerts import (
@@ -284,10 +285,11 @@ class Monitor:
         self.aggregator = Aggregator(nodes, interval, rules)
         self.stragglers = Detector(world_size)
         self.late = FlightDetector(world_size) if world_size else None
+        self.held = HeldDetector(world_size) if world_size else None
         self.progress = FlightProgress(world_size)
         self.progress_lock = threading.Lock()
         # The ranks each path named (metrics lines, Flight Recorders): a rank one named, the other does not name again.
-        self.named: dict[str, set[int]] = {"metrics": set(), "flight": set()}
+        self.named: dict[str, set[int]] = {"metrics": set(), "flight": set(), "held": set()}
         self.nodes = nodes
         self.on_alerts = on_alerts
         self.active = active
@@ -336,13 +338,16 @@ class Monitor:
 
     def flight(self, node: str, event: dict[str, Any]) -> dict[str, Any]:
         """An `fr` event of `node` (remote/frpoll.py): the job's progress, and stragglers named from
-        when each rank entered the collectives, with what telemetry says of their host now; the
-        progress as it stands (`FlightProgress.to_dict`)."""
+        when each rank entered the collectives or from its process held off its CPU (diagnose/held.py),
+        with what telemetry says of their host now; the progress as it stands (`FlightProgress.to_dict`)."""
         with self.progress_lock:
             self.progress.observe(event, time.time())
         late = self.late.observe(node, event) if self.late is not None else []
+        with self.progress_lock:
+            held = self.held.observe(node, event) if self.held is not None else []
+        named = [("flight", r) for r in late] + [("held", r) for r in held]
         alerts = [Alert(r.node, "straggler", r.message(evidence), rank=r.rank, figures=r.figures(), evidence=evidence)
-                  for r in late if self._first_to_name("flight", r.rank)
+                  for path, r in named if self._first_to_name(path, r.rank)
                   for evidence in [host_evidence(self.aggregator.state(r.node))]]
         if alerts and not self.stopped.is_set():
             self.aggregator.add(alerts)
