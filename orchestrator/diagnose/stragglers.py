@@ -21,6 +21,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.diagnose.skew import Skew
+
 SLOW_FACTOR = 1.5
 SLOW_INTERVALS = 5
 TIME_KEYS = ("busy_s", "step_time_s")  # a rank's own time per step, best first
@@ -218,6 +220,7 @@ class FlightDetector:
     judged: int = 0  # the last collective judged
     streaks: dict[int, LateStreak] = field(default_factory=dict)
     latest: dict[int, int] = field(default_factory=dict)  # rank -> the latest collective it reported
+    skew: Skew = field(default_factory=Skew)  # every judged collective's arrival skew
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def observe(self, node: str, event: dict[str, Any]) -> list[LateRank]:
@@ -244,6 +247,7 @@ class FlightDetector:
                 del self.entered[seq]
                 continue
             self.window.append(self.entered.pop(seq))
+            self.skew.add(self.window[-1])
             self.judged = seq
             if _middle(self.window[-1]) - _middle(self.window[0]) >= WINDOW_S or len(self.window) >= WINDOW_MAX:
                 named += self._judge(self.window)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from orchestrator.metrics.figures import ALERT_KINDS, JobFigures
@@ -184,6 +184,26 @@ def _progress_families(jobs: Sequence[JobFigures]) -> Iterator[Metric]:
             if _number(seq):
                 done.add_metric([job.job, str(rank)], seq)
     yield from (rate, done)
+    yield from _skew_families(jobs)
+
+
+def _skew_families(jobs: Sequence[JobFigures]) -> Iterator[Metric]:
+    """The collectives' arrival skew (diagnose/skew.py): a histogram, and the rank each came last on."""
+    skew = HistogramMetricFamily("distrun_collective_arrival_skew_seconds",
+                                 "How long after the first rank the last entered each collective (Flight Recorder)",
+                                 labels=["job"])
+    last = CounterMetricFamily("distrun_rank_collectives_last",
+                               "Collectives the rank entered last, the others waiting for it (Flight Recorder)",
+                               labels=["job", "host", "rank"])
+    for job in jobs:
+        found = job.progress.get("skew")
+        if not isinstance(found, dict) or not found.get("buckets"):
+            continue
+        buckets = [(str(le) if le == "+Inf" else f"{float(le):g}", float(count)) for le, count in found["buckets"]]
+        skew.add_metric([job.job], buckets, float(found.get("sum_s") or 0.0))
+        for node, rank, count in found.get("last") or ():
+            last.add_metric([job.job, str(node), str(rank)], count)
+    yield from (skew, last)
 
 
 def _throttle_family(jobs: Sequence[JobFigures]) -> Metric:

@@ -364,7 +364,11 @@ class Monitor:
         """The job's progress from the ranks' Flight Recorders (`FlightProgress.to_dict`; `ended`: a
         finished job's, its rate the whole run's)."""
         with self.progress_lock:
-            return self.progress.to_dict(ended)
+            found = self.progress.to_dict(ended)
+        if self.late is not None and sum(self.late.skew.counts):
+            with self.late.lock:
+                found["skew"] = self.late.skew.to_dict()
+        return found
 
     def start(self) -> None:
         self.ticker.start()
