@@ -59,7 +59,13 @@ def test_the_step_is_the_period_of_the_ops_and_of_the_long_gap_between_steps() -
     even = [("all_reduce", i * 0.1) for i in range(100)]
     assert step_period(even) is None  # every gap alike: one a step, or several evenly, cannot be told
     mixed = [(op, i * 0.1) for i in range(30) for op in ("broadcast", "all_reduce", "all_reduce")]
-    assert step_period(mixed) == 3
+    assert step_period(mixed) == 3  # every gap alike, but the ops repeat exactly
+    epochs = []  # 2 all_reduces a step (DDP's two buckets), and a broadcast after each 10 steps
+    for step in range(60):
+        epochs += [("all_reduce", step * 0.2 + 0.05), ("all_reduce", step * 0.2 + 0.07)]
+        if step % 10 == 9:
+            epochs.append(("broadcast", step * 0.2 + 0.08))
+    assert step_period(epochs) == 2
 
 
 def test_a_real_runs_step_of_two_all_reduces_shows_in_the_summary() -> None:

@@ -14,7 +14,6 @@ collectives a step, 6.8 steps/s".
 from __future__ import annotations
 
 import itertools
-import statistics
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ ROUNDS_KEPT = 8  # rounds kept per rank, to find the latest one every rank answe
 PATTERN_KEPT = 512  # collectives kept to find the step's period
 MAX_PERIOD = 64  # the longest step (in collectives) looked for
 GAP_FACTOR = 2.0  # a step's boundary: a gap this many times the step's other gaps
+STEP_SHARE = 0.6  # the steps of one length, of every run between two long gaps
 
 
 @dataclass
@@ -147,24 +147,30 @@ class FlightProgress:
 
 
 def step_period(collectives: Sequence[tuple[str, float]]) -> int | None:
-    """The step of a run of consecutive collectives ((op, entry time) in order): the shortest period
-    with which the ops repeat and one gap of each period (the next step's compute) is, nearly every
-    time, GAP_FACTOR times the others. None when no period shows in what is kept, or every gap is
-    alike (one collective a step cannot be told from several that follow each other evenly)."""
+    """The step of a run of consecutive collectives ((op, entry time) in order): where the gaps between
+    them fall in two kinds, short (within a step) and long (the next step's compute, GAP_FACTOR times
+    longer at least), the number of collectives between two long gaps that most steps have (an epoch's
+    own collective now and then aside); else the shortest period with which a mix of ops repeats
+    exactly (that may be an epoch's). None when neither shows (every gap alike, one op)."""
     if len(collectives) < 16:
         return None
-    ops = [op for op, _ in collectives]
     gaps = [b - a for (_, a), (_, b) in itertools.pairwise(collectives)]
-    for period in range(2, min(MAX_PERIOD, len(gaps) // 4) + 1):
-        if any(ops[i] != ops[i + period] for i in range(len(ops) - period)):
-            continue
-        phases = [sorted(gaps[phase::period]) for phase in range(period)]
-        boundary = max(range(period), key=lambda phase: statistics.median(phases[phase]))
-        low = phases[boundary][len(phases[boundary]) // 10]  # nearly every step's boundary gap
-        others = max(statistics.median(gaps) for phase, gaps in enumerate(phases) if phase != boundary)
-        if low >= GAP_FACTOR * max(others, 1e-6) or len(set(ops[:period])) > 1:
-            return period
-    return None
+    ordered = sorted(max(gap, 1e-6) for gap in gaps)
+    jump = max(range(len(ordered) - 1), key=lambda i: ordered[i + 1] / ordered[i])
+    if ordered[jump + 1] >= GAP_FACTOR * ordered[jump]:
+        lengths, length = [], 1
+        for gap in gaps:
+            if gap >= ordered[jump + 1]:
+                lengths.append(length)
+                length = 0
+            length += 1
+        common = max(set(lengths), key=lengths.count) if lengths else 0
+        if common and lengths.count(common) >= STEP_SHARE * len(lengths):
+            return common
+    ops = [op for op, _ in collectives]
+    return next((period for period in range(2, min(MAX_PERIOD, len(ops) // 4) + 1)
+                 if len(set(ops[:period])) > 1 and all(ops[i] == ops[i + period] for i in range(len(ops) - period))),
+                None)
 
 
 def progress_line(progress: Mapping[str, Any]) -> str:
