@@ -27,7 +27,7 @@ ROUNDS_KEPT = 8  # rounds kept per rank, to find the latest one every rank answe
 PATTERN_KEPT = 512  # collectives kept to find the step's period
 MAX_PERIOD = 64  # the longest step (in collectives) looked for
 GAP_FACTOR = 2.0  # a step's boundary: a gap this many times the step's other gaps
-STEP_SHARE = 0.6  # the steps of one length, of every run between two long gaps
+STEP_SHARE = 0.8  # the steps of one length, of every run between two long gaps (noise gives no such share)
 
 
 @dataclass
@@ -156,7 +156,9 @@ def step_period(collectives: Sequence[tuple[str, float]]) -> int | None:
         return None
     gaps = [b - a for (_, a), (_, b) in itertools.pairwise(collectives)]
     ordered = sorted(max(gap, 1e-6) for gap in gaps)
-    jump = max(range(len(ordered) - 1), key=lambda i: ordered[i + 1] / ordered[i])
+    # Each kind is a tenth of the gaps at least: a few gaps a scheduler stretched are no kind of their own.
+    jump = max(range(len(ordered) // 10, len(ordered) - len(ordered) // 10 - 1),
+               key=lambda i: ordered[i + 1] / ordered[i])
     if ordered[jump + 1] >= GAP_FACTOR * ordered[jump]:
         lengths, length = [], 1
         for gap in gaps:
