@@ -14,6 +14,7 @@ collectives a step, 6.8 steps/s".
 from __future__ import annotations
 
 import itertools
+import math
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ RATE_S = 30.0  # the rate shown while the job runs is over this many seconds of 
 ROUNDS_KEPT = 8  # rounds kept per rank, to find the latest one every rank answered
 PATTERN_KEPT = 512  # collectives kept to find the step's period
 MAX_PERIOD = 64  # the longest step (in collectives) looked for
-GAP_FACTOR = 2.0  # a step's boundary: a gap this many times the step's other gaps
+GAP_FACTOR = 3.0  # a step's boundary: long gaps this many times the short ones, on the mean
 STEP_SHARE = 0.8  # the steps of one length, of every run between two long gaps (noise gives no such share)
 
 
@@ -155,14 +156,11 @@ def step_period(collectives: Sequence[tuple[str, float]]) -> int | None:
     if len(collectives) < 16:
         return None
     gaps = [b - a for (_, a), (_, b) in itertools.pairwise(collectives)]
-    ordered = sorted(max(gap, 1e-6) for gap in gaps)
-    # Each kind is a tenth of the gaps at least: a few gaps a scheduler stretched are no kind of their own.
-    jump = max(range(len(ordered) // 10, len(ordered) - len(ordered) // 10 - 1),
-               key=lambda i: ordered[i + 1] / ordered[i])
-    if ordered[jump + 1] >= GAP_FACTOR * ordered[jump]:
+    threshold = _long_gap(gaps)
+    if threshold is not None:
         lengths, length = [], 1
         for gap in gaps:
-            if gap >= ordered[jump + 1]:
+            if gap >= threshold:
                 lengths.append(length)
                 length = 0
             length += 1
@@ -173,6 +171,23 @@ def step_period(collectives: Sequence[tuple[str, float]]) -> int | None:
     return next((period for period in range(2, min(MAX_PERIOD, len(ops) // 4) + 1)
                  if len(set(ops[:period])) > 1 and all(ops[i] == ops[i + period] for i in range(len(ops) - period))),
                 None)
+
+
+def _long_gap(gaps: Sequence[float]) -> float | None:
+    """The shortest long gap where the gaps fall in two kinds (their logarithms split where the two
+    kinds' means lie furthest apart for their sizes, Otsu's rule), each a tenth of them at least and
+    the long ones' mean GAP_FACTOR times the short ones'; None where they do not."""
+    logs = sorted(math.log(max(gap, 1e-6)) for gap in gaps)
+    total, count, best = sum(logs), len(logs), None
+    prefix = list(itertools.accumulate(logs, initial=0.0))
+    for cut in range(max(1, count // 10), count - count // 10):
+        short, long = prefix[cut] / cut, (total - prefix[cut]) / (count - cut)
+        spread = cut * (count - cut) * (long - short) ** 2
+        if best is None or spread > best[0]:
+            best = (spread, cut, long - short)
+    if best is None or best[2] < math.log(GAP_FACTOR):
+        return None
+    return math.exp(logs[best[1]])
 
 
 def progress_line(progress: Mapping[str, Any]) -> str:
