@@ -11,7 +11,8 @@ Each run is one line of bench/results/straggler_runs.jsonl (what it was, its exa
 during it, the alerts, when the slowed host was named, the summary's progress). `--load N` runs N busy
 loops beside the job; `--slow duty` stops the slowed host's ranks 150 ms of every 200 ms (SIGSTOP /
 SIGCONT, as a throttled VM is), `--slow quota` puts them in a cgroup v1 `cpu` group with a CFS quota
-of a tenth of a CPU; the slowing starts once rank 0 printed its first epoch.
+of 4 % of a CPU (10 % in the runs before 05:59, which at load 60 did not bind: see `cgroup`); the
+slowing starts once rank 0 printed its first epoch.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ RUNS = RESULTS / "straggler_runs.jsonl"
 PROGRAMS = {"compute": REPO / "bench" / "straggler_programs" / "compute_steps.py",
             "small": REPO / "bench" / "straggler_programs" / "small_model.py"}
 STOPPED_S, RUNNING_S = 0.15, 0.05
-QUOTA_US, PERIOD_US = 10_000, 100_000  # a tenth of a CPU for the slowed host's ranks together
+QUOTA_US, PERIOD_US = 4_000, 100_000  # 4 % of a CPU for the slowed host's ranks together (it must bind at load 60)
 
 
 def job_file(folder: Path, program: str, seconds: float) -> Path:
@@ -163,6 +164,7 @@ def one_run(folder: Path, args: argparse.Namespace) -> dict[str, object]:
             "named_after_s": round(named[0] - slowed, 1) if named and slowed else None,
             "named": named[1] if named else None, "slowed": slowed is not None,
             "progress": record.get("progress") or {}, "command": shlex.join(sys.argv), "cgroup": throttled,
+            "quota_us": QUOTA_US if args.slow == "quota" else None,
             "date": time.strftime("%Y-%m-%d %H:%M")}
 
 
