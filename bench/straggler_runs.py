@@ -168,6 +168,19 @@ def one_run(folder: Path, args: argparse.Namespace) -> dict[str, object]:
             "date": time.strftime("%Y-%m-%d %H:%M")}
 
 
+NOTES = """\
+How to read it. No run here is quiet: five other sessions shared the 2 cores, and the machine's load
+was 20-100 before any busy loop was added (the load column). "Added load" is this script's own
+`--load` busy loops on top. A slowed run counts as named when a straggler alert naming one of the
+slowed host's ranks came after the slowing began ("time to name": from the slowing to the alert's
+line); an alert naming another rank counts as a false alarm. The CFS quota is a limit, not a
+slowdown: where the machine is loaded enough that the slowed ranks get less CPU than the quota
+anyway, the quota never binds (the cgroup's `nr_throttled` stays small), the host is not slower
+than the others, and naming nobody is right; the 10 % quota of the first quota runs was such a case
+at load 60, the later ones use 4 %.
+"""
+
+
 def report() -> str:
     """bench/results/stragglers.md from every run kept."""
     runs = [json.loads(line) for line in RUNS.read_text().splitlines() if line.strip()]
@@ -175,7 +188,7 @@ def report() -> str:
             f"Machine: {platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
             "the machine is shared (other sessions' tests ran beside these runs: the load column is the "
             "1-minute load average during each run). Runs kept in bench/results/straggler_runs.jsonl; "
-            "this page: `.venv/bin/python bench/straggler_runs.py --report`.", ""]
+            "this page: `.venv/bin/python bench/straggler_runs.py --report`.", "", NOTES]
     kinds: dict[tuple, list[dict]] = {}
     for run in runs:
         kinds.setdefault((run["hosts"], run["program"], run["slow"], run["load"] > 0), []).append(run)
