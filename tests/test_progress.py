@@ -76,3 +76,11 @@ def test_a_real_runs_step_of_two_all_reduces_shows_in_the_summary() -> None:
     ended = progress.to_dict(ended=True)
     assert ended["step"]["collectives"] == 2
     assert progress_line(ended).startswith(f"{ended['collectives_per_s']:.1f} collectives/s (2 a step, ")
+
+
+def test_a_rank_that_runs_again_after_it_ended_is_read_again() -> None:
+    progress = FlightProgress(world_size=2)
+    progress.observe(event(10.0, {0: 50, 1: 50}, final=True), now=10.0)
+    assert progress.to_dict()["ranks"] == {"0": 50, "1": 50}
+    progress.observe(event(20.0, {0: 7, 1: 7}), now=20.0)  # torchrun restarted the workers
+    assert progress.to_dict()["ranks"] == {"0": 7, "1": 7}

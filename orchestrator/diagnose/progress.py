@@ -65,7 +65,10 @@ class FlightProgress:
     def _reading(self, rank: int, at: float, done: int, final: bool) -> None:
         if final:
             self.final[rank] = (at, done)
+            self.readings.pop(rank, None)
             return
+        if rank in self.final and at > self.final[rank][0]:
+            del self.final[rank]  # restarted (torchrun's restarts): it runs again
         kept = self.readings.setdefault(rank, deque(maxlen=ROUNDS_KEPT))
         key = round(at / POLL_EVERY)
         if kept and kept[-1][0] == key:

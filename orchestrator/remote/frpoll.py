@@ -329,6 +329,8 @@ class Poller:
         """Whether the socket's server is the job's; its process is then the rank's, watched."""
         if not proven(pid, self.roots):
             return False
+        if self.procs.pids.get(rank, pid) != pid:
+            self.sent.pop(rank, None)  # a restarted rank numbers its collectives from 1 again
         self.procs.watch(rank, pid)
         return True
 
