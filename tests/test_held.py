@@ -1,7 +1,7 @@
 """A rank held off its CPU from outside (a SIGSTOP/SIGCONT duty cycle, a CFS quota) is named from its
 process's scheduler figures, which the host's poller sends with its record (orchestrator/diagnose/held.py),
 however on time it enters its collectives; a loaded machine, or a host whose ranks are all throttled
-alike, names nobody; and a rank that does not answer its read while the others do is named, not left out."""
+alike, names nobody; and a rank that misses reads is not left out (nor named for missing them)."""
 
 from __future__ import annotations
 
@@ -72,23 +72,23 @@ def test_a_job_whose_every_rank_is_throttled_alike_names_nobody() -> None:
     assert named == []
 
 
-def test_a_rank_that_does_not_answer_while_the_others_do_is_named_and_none_when_no_rank_answers() -> None:
+def test_a_held_rank_that_misses_rounds_is_not_left_out_and_not_answering_names_nobody() -> None:
     detector = HeldDetector(world_size=4)
     ranks = Ranks(4)
     named = []
-    for _ in range(3):
+    for round_ in range(2 * HELD_ROUNDS + 1):
         named += detector.observe("node0", ranks.round([0, 1]))
-        event = ranks.round([2])
-        event["skipped"] = {"3": "no answer within 1 s"}
+        event = ranks.round([2, 3], stopped=0.75, held=(2, 3))
+        if round_ % 2:  # rank 3 misses every other read (a stopped rank answers late): its counters still grow
+            del event["ranks"]["3"]
+            event["skipped"] = {"3": "no answer within 1 s"}
         named += detector.observe("node1", event)
         ranks.tick()
-    assert [(r.node, r.rank, r.held) for r in named] == [("node1", 3, None)]
-    assert named[0].message() == ("straggler: rank 3 on node1 did not answer its Flight Recorder read in 3 rounds "
-                                  "in a row while the other ranks did")
-    quiet = HeldDetector(world_size=2)
-    for round_ in range(5):
-        assert quiet.observe("node0", {"at": 100.0 + 5 * round_, "ranks": {},
-                                       "skipped": {"0": "no answer within 1 s", "1": "no answer within 1 s"}}) == []
+    assert sorted((r.node, r.rank) for r in named) == [("node1", 2), ("node1", 3)]
+    quiet = HeldDetector(world_size=2)  # at load 60 a healthy rank 0 missed three reads in a row: no sign
+    for round_ in range(6):
+        assert quiet.observe("node0", {"at": 100.0 + 5 * round_, "ranks": {"1": {"done": 1}},
+                                       "skipped": {"0": "no answer within 1 s"}}) == []
 
 
 def test_the_monitor_alerts_a_held_rank_with_its_figures_and_the_hosts_evidence() -> None:

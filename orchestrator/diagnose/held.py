@@ -1,6 +1,5 @@
 """Stragglers seen from beside the ranks: a rank held off its CPU from outside (stopped in a duty
-cycle, throttled by a CFS quota) more than the job's other ranks, and a rank that does not answer its
-Flight Recorder read while the others do.
+cycle, throttled by a CFS quota) more than the job's other ranks.
 
 A rank held inside its collectives enters them on time (the others wait for it in the collective,
 which gloo's records do not time), so lateness at entry cannot see it; its process's scheduler
@@ -11,7 +10,9 @@ wall time it was stopped plus the share its cgroup was throttled. A rank is held
 that share is at least HELD_SHARE and passes the median of the other ranks' by HELD_SHARE (a host
 whose ranks are all throttled alike, or a loaded machine that delays every rank, names nobody); it
 is named after HELD_ROUNDS rounds in a row. Time spent waiting for a CPU is said as evidence, never
-a cause: on a loaded host every rank waits.
+a cause: on a loaded host every rank waits. A rank that did not answer a round is not left out: its
+next answer's counters span the rounds it missed (and the lateness rule waits for its collectives).
+Not answering is no sign of its own: at load 60 a healthy rank 0 missed three rounds in a row.
 """
 
 from __future__ import annotations
@@ -22,17 +23,14 @@ from typing import Any
 
 HELD_SHARE = 0.3  # a rank held off its CPU this share of a round, this much more than the others' median
 HELD_ROUNDS = 3  # consecutive rounds before a held rank is named
-SILENT_ROUNDS = 3  # consecutive rounds a rank does not answer while the others do before it is named
-NO_ANSWER = "no answer within"  # how frpoll says a rank did not answer in time
-ANSWERED_WITHIN_S = 7.5  # another rank answered this recently: the job's ranks answer, this one does not
 
 
 @dataclass(frozen=True)
 class HeldRank:
-    """A rank named because it was held off its CPU from outside, or did not answer its reads.
+    """A rank named because it was held off its CPU from outside.
 
     Attributes:
-        held: Its mean held share over the rounds (stopped + throttled), 0-1; None for one that did not answer.
+        held: Its mean held share over the rounds (stopped + throttled), 0-1.
         stopped, throttled, waiting: Its mean shares of each.
         others: The other ranks' median held share.
     """
@@ -40,7 +38,7 @@ class HeldRank:
     node: str
     rank: int
     rounds: int
-    held: float | None = None
+    held: float
     stopped: float = 0.0
     throttled: float = 0.0
     waiting: float = 0.0
@@ -48,21 +46,15 @@ class HeldRank:
 
     def figures(self) -> dict[str, Any]:
         """What the rule measured, for the alert's record."""
-        if self.held is None:
-            return {"unanswered_rounds": self.rounds}
         return {"held_pct": round(self.held * 100), "stopped_pct": round(self.stopped * 100),
                 "throttled_pct": round(self.throttled * 100), "waiting_pct": round(self.waiting * 100),
                 "others_held_pct": round(self.others * 100), "rounds": self.rounds}
 
     def message(self, evidence: str = "") -> str:
         """As an alert line of its host: `straggler: rank 4 on node2 is held off its CPU 74% of the time ...`."""
-        if self.held is None:
-            said = (f"straggler: rank {self.rank} on {self.node} did not answer its Flight Recorder read in "
-                    f"{self.rounds} rounds in a row while the other ranks did")
-        else:
-            said = (f"straggler: rank {self.rank} on {self.node} is held off its CPU {self.held:.0%} of the time "
-                    f"(stopped {self.stopped:.0%}, throttled by its CPU quota {self.throttled:.0%}; waiting for a "
-                    f"CPU {self.waiting:.0%}), the other ranks {self.others:.0%}, {self.rounds} rounds in a row")
+        said = (f"straggler: rank {self.rank} on {self.node} is held off its CPU {self.held:.0%} of the time "
+                f"(stopped {self.stopped:.0%}, throttled by its CPU quota {self.throttled:.0%}; waiting for a "
+                f"CPU {self.waiting:.0%}), the other ranks {self.others:.0%}, {self.rounds} rounds in a row")
         return f"{said}; {evidence}" if evidence else said
 
 
@@ -78,9 +70,7 @@ class Reading:
 class HeldStreak:
     shares: list[tuple[float, float, float]] = field(default_factory=list)  # (stopped, throttled, waiting)
     others: list[float] = field(default_factory=list)
-    silent: int = 0
     named: bool = False
-    named_silent: bool = False
 
 
 @dataclass
@@ -95,7 +85,6 @@ class HeldDetector:
     last: dict[int, Reading] = field(default_factory=dict)
     held: dict[int, float] = field(default_factory=dict)  # rank -> its latest round's held share
     streaks: dict[int, HeldStreak] = field(default_factory=dict)
-    answered: float = 0.0  # when a rank last answered
 
     def observe(self, node: str, event: dict[str, Any]) -> list[HeldRank]:
         """Take one host's `fr` event; the ranks it lets us name."""
@@ -107,18 +96,11 @@ class HeldDetector:
         for key, summary in ranks.items():
             rank = int(key) if str(key).isdigit() else -1
             if 0 <= rank < self.world_size and isinstance(summary, dict):
-                self.answered = max(self.answered, float(at))
                 named += self._round(node, rank, float(at), summary.get("sched"))
-        skipped = event.get("skipped") if isinstance(event.get("skipped"), dict) else {}
-        for key, why in skipped.items():
-            rank = int(key) if str(key).isdigit() else -1
-            if 0 <= rank < self.world_size and str(why).startswith(NO_ANSWER):
-                named += self._unanswered(node, rank, float(at))
         return named
 
     def _round(self, node: str, rank: int, at: float, sched: object) -> list[HeldRank]:
         streak = self.streaks.setdefault(rank, HeldStreak())
-        streak.silent, streak.named_silent = 0, False
         if not isinstance(sched, dict):
             return []
         before, self.last[rank] = self.last.get(rank), Reading(at, {k: v for k, v in sched.items()
@@ -140,16 +122,6 @@ class HeldDetector:
         stopped, throttled, waiting = (statistics.mean(s[i] for s in streak.shares) for i in range(3))
         return [HeldRank(node, rank, len(streak.shares), min(1.0, stopped + throttled), stopped, throttled, waiting,
                          statistics.mean(streak.others))]
-
-    def _unanswered(self, node: str, rank: int, at: float) -> list[HeldRank]:
-        streak = self.streaks.setdefault(rank, HeldStreak())
-        if at - self.answered > ANSWERED_WITHIN_S:
-            return []  # no rank answers: a stall's, not a straggler's
-        streak.silent += 1
-        if streak.silent < SILENT_ROUNDS or streak.named_silent:
-            return []
-        streak.named_silent = True
-        return [HeldRank(node, rank, streak.silent)]
 
 
 def _shares(before: Reading | None, now: Reading) -> tuple[float, float, float] | None:
