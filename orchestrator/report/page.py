@@ -33,7 +33,6 @@ from orchestrator.report.plots import (
     throughput_bars,
 )
 from orchestrator.store import JobRecord
-from orchestrator.telemetry.alerts import recorded
 
 TABLE_HEAD_COLOUR = "#30638e"
 PLOT_FRAME_COLOUR = "#8e3063"
@@ -245,7 +244,7 @@ def alerts_list(record: JobRecord) -> str:
     """The alerts kept in the job's record (telemetry's and stragglers'), as they were raised."""
     if not record.alerts:
         return "<p>Alerts while it ran: none.</p>"
-    items = "".join(f"<li>{esc(recorded(alert).text())}</li>" for alert in record.alerts)
+    items = "".join(f"<li>{esc(alert)}</li>" for alert in record.alerts)
     return f"<h4>Alerts while it ran</h4>\n<ul class=alerts>{items}</ul>"
 
 
