@@ -81,6 +81,7 @@ def test_a_rank_with_a_bad_record_is_skipped_with_its_reason_and_the_others_are_
     assert fields is not None
     assert list(fields["ranks"]) == ["0"]
     assert fields["skipped"] == {"1": "a Flight Recorder record of another shape: entry 0 is int, not an object"}
+    assert fields["sched"]["1"]["cpu_ms"] >= 0  # its process's figures come all the same
     assert fields["ranks"]["0"]["sched"]["cpu_ms"] >= 0  # the believed server's process: this one
     assert abs(fields["at"] - time.time()) < 5
 

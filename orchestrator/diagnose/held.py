@@ -10,8 +10,9 @@ wall time it was stopped plus the share its cgroup was throttled. A rank is held
 that share is at least HELD_SHARE and passes the median of the other ranks' by HELD_SHARE (a host
 whose ranks are all throttled alike, or a loaded machine that delays every rank, names nobody); it
 is named after HELD_ROUNDS rounds in a row. Time spent waiting for a CPU is said as evidence, never
-a cause: on a loaded host every rank waits. A rank that did not answer a round is not left out: its
-next answer's counters span the rounds it missed (and the lateness rule waits for its collectives).
+a cause: on a loaded host every rank waits. A rank that did not answer a round is not left out: the
+poller sends its process's figures all the same (a rank throttled to 4 % of a CPU answered no read
+in time), and the lateness rule waits for its collectives.
 Not answering is no sign of its own: at load 60 a healthy rank 0 missed three rounds in a row.
 """
 
@@ -93,10 +94,12 @@ class HeldDetector:
             return []
         named = []
         ranks = event.get("ranks") if isinstance(event.get("ranks"), dict) else {}
-        for key, summary in ranks.items():
+        unanswered = event.get("sched") if isinstance(event.get("sched"), dict) else {}
+        seen = {key: summary.get("sched") for key, summary in ranks.items() if isinstance(summary, dict)}
+        for key, sched in {**unanswered, **seen}.items():
             rank = int(key) if str(key).isdigit() else -1
-            if 0 <= rank < self.world_size and isinstance(summary, dict):
-                named += self._round(node, rank, float(at), summary.get("sched"))
+            if 0 <= rank < self.world_size:
+                named += self._round(node, rank, float(at), sched)
         return named
 
     def _round(self, node: str, rank: int, at: float, sched: object) -> list[HeldRank]:

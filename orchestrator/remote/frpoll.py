@@ -13,7 +13,8 @@ the job is believed; that process's scheduler figures (`sched`) go with its reco
 
 Event `fr` (remote/stream.py): {"at": the round's wall time (s), "ranks": {"<rank>": {"done": last
 completed collective_seq_id, "entered": last entered, "c": [[seq, op, entered_us(, duration_us)],
-...], "sched": {...} where /proc has them}}, "skipped": {"<rank>": why}}. `entered_us` is the rank's
+...], "sched": {...} where /proc has them}}, "skipped": {"<rank>": why}, "sched": {"<rank>": {...}} of
+the skipped ranks whose process is known (a rank too held to answer in time is still seen)}. `entered_us` is the rank's
 time_created_ns (the host's wall clock when the rank called the collective) in microseconds;
 `duration_us` is there only when the record has the collective's start and completion (NCCL with
 timing; gloo leaves them 0). `sched` (counters since the process started, `ProcWatch`): `cpu_ms`
@@ -282,15 +283,17 @@ class Poller:
         deadline = time.monotonic() + self.bound
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        ranks, skipped = {}, {}
+        ranks, skipped, held = {}, {}, {}
         for rank in sorted(sockets):
             answer = got.get(rank, {"flight_error": f"no answer within {self.bound:g} s"})
             summary, why = self._summary(rank, answer)
             if summary is None:
                 skipped[str(rank)] = why
+                held[str(rank)] = self.procs.figures(rank)  # a rank too held to answer is still seen
                 continue
             ranks[str(rank)] = summary
-        return {"at": round(at, 3), "ranks": ranks, "skipped": skipped}
+        held = {rank: figures for rank, figures in held.items() if figures}
+        return {"at": round(at, 3), "ranks": ranks, "skipped": skipped, **({"sched": held} if held else {})}
 
     def finals(self) -> dict[str, Any] | None:
         """The event of the records ranks left as they ended (`final`: those ranks), None when none did."""
