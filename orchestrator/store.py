@@ -195,7 +195,8 @@ class JobDir:
         on the host's clock; rounds fall on the wall clock's multiples of 5 s on every host), "final" (the
         ranks whose record this is as they ended) where set; a collective of "ranks" is [seq, op,
         entered_us] or [seq, op, entered_us, duration_us] where the record timed it, and a rank's summary
-        may carry "sched" (its process's cpu_ms, wait_ms, throttled_ms, nr_throttled, stopped, looks)."""
+        may carry "sched" (its process's cpu_ms, wait_ms, throttled_ms, nr_throttled, stopped, looks), as
+        the line's own "sched" ({rank: those figures}) carries them for the skipped ranks."""
         return self.root / "collectives.jsonl"
 
     @property
