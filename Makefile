@@ -2,7 +2,10 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+STAMP  := $(VENV)/.installed       # what a job needs: distrun, torch (make demo)
+TESTS  := $(VENV)/.installed-test  # and what the tests, ruff and the docs use (make test, lint, docs)
+# setuptools' "Editable installation" notice, a box of stars on every editable install: nothing to act on.
+QUIET_EDITABLE := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: demo test docs lint system-deps clean
 
@@ -14,8 +17,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	@echo "[3/4] installing torch 2.13.0 (the longest step: about a minute on a fresh machine)"
 	$(BIN)/pip install --progress-bar on torch==2.13.0
-	@echo "[4/4] installing distrun and what its tests use"
-	$(BIN)/pip install --progress-bar on -e '.[train,test]'
+	@echo "[4/4] installing distrun and what a job needs on this machine (py-spy, torchft)"
+	$(QUIET_EDITABLE) $(BIN)/pip install --progress-bar on -e '.[train]'
+	touch $@
+
+$(TESTS): $(STAMP)
+	@echo "installing what the tests and the docs use (pytest, hypothesis, ruff, mkdocs, deepspeed)"
+	$(QUIET_EDITABLE) $(BIN)/pip install --progress-bar on -e '.[train,test,deepspeed]'
 	touch $@
 
 ## demo: train ResNet-50 with 2 processes on this machine (no setup beyond this command)
@@ -29,15 +37,15 @@ system-deps:
 	@bash tests/install-system-deps.sh
 
 ## test: the whole suite (unit + real multi-host cluster tests) and ruff
-test: $(STAMP) system-deps
+test: $(TESTS) system-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
 ## docs: the reference in docs/ as HTML in site/ (mkdocs --strict: a broken link or #anchor fails it)
-docs: $(STAMP)
+docs: $(TESTS)
 	$(BIN)/mkdocs build --strict --site-dir site
 
-lint: $(STAMP)
+lint: $(TESTS)
 	$(BIN)/ruff check .
 
 clean:

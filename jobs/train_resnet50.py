@@ -169,6 +169,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fail-rank", type=int, default=0, help="the rank that fails with --fail-at-step")
     parser.add_argument("--slow-rank", type=int, default=None, help="this rank works --slow-s longer per step (tests)")
     parser.add_argument("--slow-s", type=float, default=0.0, help="seconds the --slow-rank rank sleeps each step")
+    parser.add_argument("--pace", type=float, default=0.0,
+                        help="every rank sleeps this many seconds before each step: a run slow enough to watch")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--print-checksum", action="store_true", help="every rank prints DISTRUN_CHECKSUM at the end")
     args = parser.parse_args(argv)
@@ -184,8 +186,8 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error("--warmup-steps and --checkpoint-every must not be negative")
     if args.checkpoint_every and args.checkpoint_dir is None:
         parser.error(f"--checkpoint-every needs --checkpoint-dir or ${CHECKPOINT_DIR_ENV}")
-    if args.slow_s < 0:
-        parser.error("--slow-s must not be negative")
+    if args.slow_s < 0 or args.pace < 0:
+        parser.error("--slow-s and --pace must not be negative")
     if args.strategy is None:
         args.strategy = Strategy.DDP if env_world_size() > 1 else Strategy.SINGLE
     args.strategy = Strategy(args.strategy)
@@ -737,6 +739,7 @@ def train(args: argparse.Namespace, trainer: Trainer, start_step: int) -> None:
             raise RuntimeError(f"injected failure at step {step} on rank {runtime.rank} (--fail-at-step)")
         if runtime.rank == args.slow_rank:
             time.sleep(args.slow_s)  # a straggler: this rank's own work takes longer (--slow-rank)
+        time.sleep(args.pace)  # every rank alike: no straggler, only a slower run (--pace)
         loss = trainer.step(micro_batches)
         meter.record(step, loss, log=should_log(step, args))
         if args.checkpoint_dir and args.checkpoint_every and step % args.checkpoint_every == 0 \

@@ -182,6 +182,19 @@ class EntryPoint:
 
 
 @dataclass(frozen=True)
+class ExtensionLock:
+    """A torch C++ extension build lock on a host: its path, age, and whether a process builds there."""
+
+    path: str
+    age_s: float | None = None
+    building: bool = False
+
+    @classmethod
+    def from_probe(cls, data: Mapping[str, Any]) -> ExtensionLock:
+        return cls(str(data.get("path")), _float(data.get("age_s")), bool(data.get("building")))
+
+
+@dataclass(frozen=True)
 class PySpy:
     """py-spy on a host: its path (None: not found), kernel.yama.ptrace_scope, the probing user's uid."""
 
@@ -219,6 +232,9 @@ class HostFacts:
         pyspy: py-spy on the host (for `distrun stack` and the hang watchdog); None: not probed.
         clock_skew: Seconds the host's clock is ahead of the controller's (added by the controller).
         entry: The job's entry on the host, when the probe was asked to look for it.
+        deepspeed: The version of the deepspeed the job's python finds; None: not installed (or not probed).
+        extensions_root: Where torch JIT-builds C++ extensions on the host (None: not probed).
+        extension_locks: The build locks found there.
         raw: The probe's JSON as it came.
     """
 
@@ -250,12 +266,16 @@ class HostFacts:
     connect: Connect | None = None
     resolved: dict[str, Resolved] = field(default_factory=dict)
     entry: EntryPoint | None = None
+    deepspeed: str | None = None
+    extensions_root: str | None = None
+    extension_locks: tuple[ExtensionLock, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_probe(cls, node: str, data: Mapping[str, Any]) -> HostFacts:
         """Read a probe's JSON; missing or mistyped values become the defaults (unknown)."""
         listen, connect, memory = _dict(data.get("listen")), _dict(data.get("connect")), _dict(data.get("memory"))
+        extensions = _dict(data.get("extensions"))
         return cls(
             node=node, hostname=_str(data.get("hostname")), python=_str(data.get("python")),
             python_path=_str(data.get("python_path")), torch=_str(data.get("torch")), gpus=_int(data.get("gpus")) or 0,
@@ -277,6 +297,8 @@ class HostFacts:
                             _str(connect.get("error")), _float(connect.get("ms"))) if connect else None,
             resolved={str(name): Resolved.from_probe(_dict(r)) for name, r in _dict(data.get("resolved")).items()},
             entry=EntryPoint.from_probe(data["entry"]) if isinstance(data.get("entry"), Mapping) else None,
+            deepspeed=_str(data.get("deepspeed")), extensions_root=_str(extensions.get("root")),
+            extension_locks=tuple(ExtensionLock.from_probe(_dict(lock)) for lock in extensions.get("locks") or []),
             raw=dict(data),
         )
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from orchestrator import remote
@@ -25,6 +25,7 @@ from orchestrator.spec.model import (
 DEFAULT_PORT = 29500
 CPU_NPROC = 2
 MASK = "***"
+JOB_ID_MARK = "{job_id}"  # in checkpoint_dir: the job's id (each job its own directory)
 PROBE_MARK = "<probe>"  # in a dry run made without reaching the hosts: a value only their probe gives
 # What a probe fills in -> the torchrun option that carries it.
 PROBED_OPTIONS = {"master_addr": "--master-addr", "master_port": "--master-port", "nproc": "--nproc-per-node"}
@@ -151,9 +152,12 @@ def shell_word(word: str, job_id: str) -> str:
 
 
 def resolve_nproc(job: JobSpec, node: NodeSpec, facts: HostFacts | None) -> int:
-    """`nproc_per_node: auto` = the host's GPUs, else the inventory's `gpus`, else 2 CPU processes."""
+    """`nproc_per_node: auto` = the node's `slots` (a DeepSpeed hostfile's), else the host's GPUs, else the
+    inventory's `gpus`, else 2 CPU processes."""
     if job.nproc_per_node is not None:
         return job.nproc_per_node
+    if node.slots:
+        return node.slots
     if facts is not None and facts.gpus:
         return facts.gpus
     return node.gpus or CPU_NPROC
@@ -305,6 +309,8 @@ def build_plan(
     spares: tuple[str, ...] = (),
 ) -> LaunchPlan:
     """Build every host's torchrun argv and environment; the master is node rank 0."""
+    if job.checkpoint_dir:  # `{job_id}` in it: a directory of this job's own, the same for all its attempts
+        job = replace(job, checkpoint_dir=job.checkpoint_dir.replace(JOB_ID_MARK, job_id))
     ordered = [master] + [n for n in nodes if n.name != master.name]
     hosts = []
     for rank, node in enumerate(ordered):

@@ -25,6 +25,8 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
+from orchestrator.console.session import origin_here
+from orchestrator.console.terminal import show
 from orchestrator.errors import InfraError, UsageError
 from orchestrator.remote.private import FILE_MODE, make_private_dirs, open_private, write_private
 
@@ -72,6 +74,8 @@ class JobRecord:
         gpus_freed: `node: line` for each GPU's memory the job's end freed (remote/gpu.py).
         progress: The job's progress from its ranks' Flight Recorders (diagnose/flight.py's
             `FlightProgress.to_dict`: collectives per second, each rank's last completed); {} when none.
+        origin: Where the job was launched from (`origin_here`: the terminal's session), for `last`;
+            "" for a job an older distrun recorded.
     """
 
     id: str
@@ -99,6 +103,7 @@ class JobRecord:
     quarantined: list[str] = field(default_factory=list)
     gpus_freed: list[str] = field(default_factory=list)
     progress: dict[str, Any] = field(default_factory=dict)
+    origin: str = field(default_factory=origin_here)
 
     @property
     def every_host(self) -> list[str]:
@@ -122,7 +127,7 @@ class JobRecord:
 _COLUMNS = ("id", "name", "spec_path", "inventory", "hosts", "master_addr", "master_port", "backend",
             "state", "started", "ended", "exit_code", "controller_pid", "restarts", "backend_ref",
             "detail", "alerts", "failures", "controller_start",
-            "internal", "command", "attempts", "quarantined", "gpus_freed", "progress")
+            "internal", "command", "attempts", "quarantined", "gpus_freed", "progress", "origin")
 _JSON_COLUMNS = ("hosts", "alerts", "failures", "command", "attempts", "quarantined", "gpus_freed")
 AMBIGUOUS_SHOWN = 8
 
@@ -136,7 +141,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     restarts INTEGER DEFAULT 0, backend_ref TEXT, detail TEXT DEFAULT '', alerts TEXT DEFAULT '[]',
     failures TEXT DEFAULT '[]', controller_start TEXT, internal INTEGER DEFAULT 0,
     command TEXT DEFAULT '[]', attempts TEXT DEFAULT '[]', quarantined TEXT DEFAULT '[]',
-    gpus_freed TEXT DEFAULT '[]', progress TEXT DEFAULT '{}'
+    gpus_freed TEXT DEFAULT '[]', progress TEXT DEFAULT '{}', origin TEXT DEFAULT ''
 )
 """
 # Columns renamed since a release wrote them: old name -> new name.
@@ -144,7 +149,7 @@ _RENAMED = {"slurm_id": "backend_ref"}
 # Columns added since the first release: name -> its definition.
 _ADDED = {"failures": "TEXT DEFAULT '[]'", "controller_start": "TEXT", "internal": "INTEGER DEFAULT 0",
           "command": "TEXT DEFAULT '[]'", "attempts": "TEXT DEFAULT '[]'", "quarantined": "TEXT DEFAULT '[]'",
-          "gpus_freed": "TEXT DEFAULT '[]'", "progress": "TEXT DEFAULT '{}'"}
+          "gpus_freed": "TEXT DEFAULT '[]'", "progress": "TEXT DEFAULT '{}'", "origin": "TEXT DEFAULT ''"}
 
 
 ID_RANDOM_BYTES = 3
@@ -326,7 +331,7 @@ class Store:
                rec.controller_pid, rec.restarts, rec.backend_ref, rec.detail, json.dumps(rec.alerts),
                json.dumps(rec.failures), rec.controller_start, int(rec.internal), json.dumps(rec.command),
                json.dumps(rec.attempts), json.dumps(rec.quarantined), json.dumps(rec.gpus_freed),
-               json.dumps(rec.progress))
+               json.dumps(rec.progress), rec.origin)
         marks = ",".join("?" * len(_COLUMNS))
         try:
             with self._connect() as db:
@@ -434,31 +439,44 @@ class Store:
             return [_record(row) for row in db.execute(query)]
 
     def get(self, ref: str) -> JobRecord:
-        """A record by id, unique id prefix, or `last` (the newest job the user launched).
+        """A record by id, unique id prefix, or `last` (`last`'s).
 
         Raises:
             UsageError: no job matches, or the prefix is ambiguous (the candidates named, newest first).
         """
+        if ref == "last":
+            return self.last()
         with self._connect() as db:
-            if ref == "last":
-                rows = list(db.execute(f"SELECT {','.join(_COLUMNS)} FROM jobs WHERE NOT internal "
-                                       "ORDER BY started DESC LIMIT 1"))
-            else:
-                rows = list(db.execute(
-                    f"SELECT {','.join(_COLUMNS)} FROM jobs WHERE id = ? OR id LIKE ? ESCAPE '\\' "
-                    "ORDER BY started DESC",
-                    (ref, _like_prefix(ref)),
-                ))
-                exact = [r for r in rows if r[0] == ref]
-                rows = exact or rows
+            rows = list(db.execute(f"SELECT {','.join(_COLUMNS)} FROM jobs WHERE id = ? OR id LIKE ? ESCAPE '\\' "
+                                   "ORDER BY started DESC", (ref, _like_prefix(ref))))
+        rows = [r for r in rows if r[0] == ref] or rows
         if not rows:
-            hint = "no jobs recorded yet" if ref == "last" else "see `distrun ps` for job ids"
-            raise UsageError(f"no job matches '{ref}' ({hint})")
+            raise UsageError(f"no job matches '{ref}' (see `distrun ps` for job ids)")
         if len(rows) > 1:
             shown = ", ".join(r[0] for r in rows[:AMBIGUOUS_SHOWN])
             more = f" and {len(rows) - AMBIGUOUS_SHOWN} more" if len(rows) > AMBIGUOUS_SHOWN else ""
             raise UsageError(f"'{ref}' matches {len(rows)} jobs, newest first: {shown}{more} (give more of the id)")
         return _record(rows[0])
+
+    def last(self) -> JobRecord:
+        """`last`: the newest job launched from here (`origin_here`: this terminal's session), so that
+        two terminals sharing DISTRUN_HOME each get their own; where none was, the newest job of
+        DISTRUN_HOME, with a note on stderr naming it. Runs distrun makes for itself are never `last`.
+
+        Raises:
+            UsageError: no job is recorded.
+        """
+        select = f"SELECT {','.join(_COLUMNS)} FROM jobs WHERE NOT internal"
+        with self._connect() as db:
+            rows = list(db.execute(f"{select} AND origin = ? ORDER BY started DESC LIMIT 1", (origin_here(),)))
+            newest = rows or list(db.execute(f"{select} ORDER BY started DESC LIMIT 1"))
+        if not newest:
+            raise UsageError("no job matches 'last' (no jobs recorded yet)")
+        rec = _record(newest[0])
+        if not rows:
+            show(f"distrun: note: `last` is {rec.id}, the newest job of {self.home}: none was launched from "
+                 "this terminal", err=True)
+        return rec
 
     def ids(self, prefix: str = "") -> list[str]:
         """Job ids starting with `prefix`, newest first (for shell completion)."""
@@ -519,6 +537,7 @@ def _record(row: tuple[Any, ...]) -> JobRecord:
     data["detail"] = data["detail"] or ""
     data["internal"] = bool(data["internal"])
     data["progress"] = json.loads(data["progress"] or "{}")
+    data["origin"] = data["origin"] or ""
     return JobRecord(**data)
 
 

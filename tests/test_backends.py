@@ -275,7 +275,7 @@ class QueuedBackend(ScriptedBackend):
 
 @pytest.fixture
 def queued(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setitem(backends.REGISTRY, "queued", f"{__name__}:QueuedBackend")
+    monkeypatch.setitem(registry.REGISTRY, "queued", f"{__name__}:QueuedBackend")
     monkeypatch.setattr(QueuedBackend, "seen", [])
     monkeypatch.setenv("DISTRUN_HOME", str(tmp_path / "home"))
 

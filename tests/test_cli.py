@@ -19,8 +19,9 @@ from orchestrator.store import JobRecord, JobState, Store, process_start
 from tests.helpers import distrun
 
 # Options whose long name means something else on some commands, so their words differ there.
-# logs --since: lines, not jobs; stack --node/--rank: whose stacks to dump (one), not which lines to show
-MEANS_OTHER_THINGS = {"--all": {"ps"}, "--dry-run": {"prune"}, "--since": {"logs"}, "--node": {"stack"},
+# logs --since: lines, not jobs; stack --node/--rank: whose stacks to dump (one), not which lines to show;
+# stop --all: every running job (stop takes no inventory)
+MEANS_OTHER_THINGS = {"--all": {"ps", "stop"}, "--dry-run": {"prune"}, "--since": {"logs"}, "--node": {"stack"},
                       "--rank": {"stack"}}
 CLOSED_PORT_INVENTORY = ("defaults: {user: root, port: 1, host_key_policy: strict}\n"
                          "nodes:\n  - {name: node0, host: 127.0.0.1}\n  - {name: node1, host: 127.0.0.1}\n")
@@ -69,7 +70,27 @@ def test_an_option_has_the_same_words_on_every_command() -> None:
     differing = {opt: by_command for opt, by_command in words.items() if len(set(by_command.values())) > 1}
     assert differing == {}
     assert {"launch", "doctor", "exec", "stop", "bench"} <= set(words["--nodes"])
-    assert set(words["--nodes"]) == set(words["--exclude"]) == set(words["--label"]) == set(words["--all"])
+    assert set(words["--nodes"]) == set(words["--exclude"]) == set(words["--label"]) == set(words["--all"]) | {"stop"}
+
+
+@pytest.mark.parametrize(("args", "hint"), [
+    (["ps", "--lr"], None), (["launch", "jobs/tiny.yaml", "--lr", "0.1"], None), (["ps", "--al"], "--all"),
+    (["logs", "--folow"], "--follow"), (["launch", "jobs/tiny.yaml", "--nodse", "x"], "--nodes"),
+    (["launch", "jobs/tiny.yaml", "--nprocs-per-node", "2"], "--nproc-per-node")])
+def test_an_unknown_option_is_hinted_only_with_options_a_typo_or_two_away(args: list[str], hint: str | None,
+                                                                          tmp_path: Path) -> None:
+    result = distrun(*args, home=tmp_path)
+
+    said = re.findall(r"did you mean ([^?]*)\?", result.stderr, re.I)
+    assert result.returncode == 2 and said == ([hint] if hint else []), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_stop_all_says_every_running_job_not_an_inventory_stop_does_not_take() -> None:
+    all_help = help_text("stop").split("Options:")[1].split("--all", 1)[1].split("--json")[0]
+
+    assert "running job" in all_help and "inventory" not in all_help
+    assert "-i" not in {opt for p in cli.commands["stop"].params for opt in p.opts}
 
 
 def test_help_names_values_as_users_read_them_never_clicks_types_or_ranges() -> None:
@@ -480,3 +501,18 @@ def test_hosts_sharing_one_home_prune_the_same_job_copy_at_once_without_an_error
 
     assert [(rc, err) for rc, _, err in results] == [(0, "")] * 6
     assert not copy.exists()
+
+
+def test_a_missing_job_inventory_or_script_file_suggests_the_near_name_of_its_folder(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "tiny.yaml").write_text("name: tiny\nscript: train.py\n")
+    (tmp_path / "lab.yaml").write_text("nodes:\n  - {name: node0, host: 127.0.0.1}\n")
+    at = str(tmp_path)
+
+    asked = {f"{at}/tiyn.yaml": f"{at}/tiny.yaml", f"{at}/trian.py": f"{at}/train.py", f"{at}/zzz.py": None}
+    for target, meant in asked.items():
+        result = distrun("launch", target, "--dry-run", home=tmp_path / "home")
+        hint = f"(did you mean {meant}?)" if meant else "did you mean"
+        assert result.returncode == 2 and (hint in result.stderr) == bool(meant), result.stderr
+    result = distrun("launch", f"{at}/tiny.yaml", "-i", f"{at}/lba.yaml", "--dry-run", home=tmp_path / "home")
+    assert result.returncode == 2 and result.stderr.strip().endswith(f"(did you mean {at}/lab.yaml?)"), result.stderr

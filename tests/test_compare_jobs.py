@@ -130,7 +130,9 @@ def assert_page_renders(bench: Bench) -> None:
     assert shot.console == []
     assert len(header) >= 25 and len(rows) == len(jobs)
     assert all(np.any(inside(image, row, 2) < 100, axis=-1).sum() > 200 for row in rows)
-    assert len(boxes) == 4 + telemetry
+    page = bench.report.read_text()
+    runs = sum(page.count(f'alt="{what} of ') for what in ("collective rate", "lateness"))  # the ranks' collectives
+    assert len(boxes) == 4 + telemetry + runs
     assert all(ink(inside(image, box)) > 0.03 for box in boxes)
 
 

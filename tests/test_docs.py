@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,8 @@ FENCED = re.compile(r"^ *(`{3,}).*?^ *\1", re.S | re.M)
 CODE = re.compile(r"`([^`\n]+)`")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6} +(.+?) *$", re.M)
+# The first word of a fenced block that was not read as one: its language, left in an inline <code>.
+LANGUAGE = re.compile(r"(?:text|yaml|yml|bash|sh|shell|console|python|json|toml|ini|promql)\s*\n")
 REPO_PATH = re.compile(r"(?<![\w/$~.-])(?:orchestrator|tests|jobs|bench|inventory|docker|docs)/(?:[\w-]+[./]?)*")
 
 
@@ -66,6 +69,51 @@ def test_the_docs_build_with_strict_and_no_warning(tmp_path: Path) -> None:
 
     assert done.returncode == 0 and "WARNING" not in done.stderr, done.stderr
     assert {page.stem for page in DOCS.glob("*.md")} <= {page.stem for page in site.glob("*.html")}
+
+
+class CodeSpans(HTMLParser):
+    """A page's <code> elements: the text of each, and whether it sits in a <pre> (a block)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks: list[str] = []
+        self.inline: list[str] = []
+        self._pre = 0
+        self._code: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self._pre += tag == "pre"
+        if tag == "code":
+            self._code = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "code" and self._code is not None:
+            (self.blocks if self._pre else self.inline).append("".join(self._code))
+            self._code = None
+        self._pre -= tag == "pre"
+
+    def handle_data(self, data: str) -> None:
+        if self._code is not None:
+            self._code.append(data)
+
+
+def fenced_blocks(page: Path) -> int:
+    return len(FENCED.findall(page.read_text(encoding="utf-8")))
+
+
+def test_every_fenced_block_renders_as_a_block_and_none_as_inline_code(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)], cwd=REPO,
+                   capture_output=True, text=True, timeout=120, check=True)
+
+    wrong = {}
+    for page in sorted(DOCS.glob("*.md")):
+        spans = CodeSpans()
+        spans.feed((site / f"{page.stem}.html").read_text(encoding="utf-8"))
+        as_inline = [text[:40] for text in spans.inline if LANGUAGE.match(text)]
+        if as_inline or len(spans.blocks) != fenced_blocks(page):
+            wrong[page.name] = (len(spans.blocks), fenced_blocks(page), as_inline)
+    assert wrong == {}
 
 
 def test_a_strict_build_with_our_validation_fails_on_a_link_to_a_missing_anchor(tmp_path: Path) -> None:

@@ -55,6 +55,7 @@ def host_facts(index: int, gpus: int = 0) -> dict[str, Any]:
         "pyspy": {"path": "/opt/venv/bin/py-spy", "ptrace_scope": 1, "uid": 1000},
         "disk": {"path": "/work", "exists": True, "total": 900 * GIB, "free": 500 * GIB},
         "clock": 1_700_000_000.0, "clock_skew": 0.01,
+        "deepspeed": "0.19.8", "extensions": {"root": "/home/u/.cache/torch_extensions", "locks": []},
     }
     if index == 0:
         facts["listen"] = {"port": PORT, "ok": True, "error": None, "accepted": []}
@@ -105,7 +106,8 @@ def test_healthy_hosts_pass_every_check(gpus):
     assert [c.name for c in checks if c.status is not Status.OK] == []
     assert {c.name for c in checks} == {
         "reachable", "probe", "python", "torch", "cuda", "nccl", "driver", "backend", "gpus", "gpu-busy", "ecc",
-        "shm", "memlock", "py-spy", "disk", "clock", "iface", "master-resolves", "port-free", "port-reachable", "entry"}
+        "shm", "memlock", "py-spy", "disk", "clock", "iface", "master-resolves", "port-free", "port-reachable", "entry",
+        "deepspeed", "build-locks"}
 
 
 def test_identical_values_are_gathered_into_one_host_range():
@@ -394,7 +396,7 @@ def test_the_table_marks_each_status_and_puts_the_fix_under_each_failure():
     assert "fix: install the same torch" in lines[torch + 1]
     assert any(line.startswith("! clock") for line in lines)
     assert any(line.startswith("✓ python") and "node[0-2]: python 3.11.7" in line for line in lines)
-    assert lines[-1] == "19 ok, 1 warning(s), 1 error(s) in 1.5 s"
+    assert lines[-1] == "21 ok, 1 warning(s), 1 error(s) in 1.5 s"
     assert "\x1b[" not in table
     assert "\x1b[31m✗\x1b[0m" in render_table(run_checks(results, ctx), ctx, 1.5, colour=True)
 
@@ -406,10 +408,11 @@ def test_every_host_unreachable_folds_the_checks_skipped_for_one_reason_and_says
     lines = render_table(run_checks(results, ctx), ctx, 1.5).splitlines()
 
     assert len(lines) <= 14, "\n".join(lines)
-    assert any(line.startswith("- 15 checks ") and line.endswith("no host was probed: python, torch, cuda, nccl, "
-               "driver, backend, gpus, gpu-busy, ecc, shm, memlock, py-spy, disk, clock, iface") for line in lines)
+    assert any(line.startswith("- 17 checks ") and line.endswith("no host was probed: python, torch, cuda, nccl, "
+               "driver, backend, gpus, gpu-busy, ecc, shm, memlock, py-spy, disk, clock, iface, deepspeed, "
+               "build-locks") for line in lines)
     assert sum("fix the errors above" in line for line in lines) == 1
-    assert lines[-1] == "0 ok, 0 warning(s), 1 error(s), 20 skipped in 1.5 s"
+    assert lines[-1] == "0 ok, 0 warning(s), 1 error(s), 22 skipped in 1.5 s"
 
 
 def test_json_has_the_documented_keys_and_the_same_statuses_as_the_checks():
@@ -420,7 +423,7 @@ def test_json_has_the_documented_keys_and_the_same_statuses_as_the_checks():
     assert data["master"] == {"node": "node0", "addr": MASTER_ADDR, "port": PORT}
     assert {c["name"]: c["status"] for c in data["checks"]} == {c.name: c.status.value for c in checks}
     assert data["hosts"]["node2"]["facts"]["torch_info"]["version"] == "2.12.0"
-    assert data["summary"] == {"ok": 20, "warn": 0, "error": 1, "skip": 0} and data["exit_code"] == 1
+    assert data["summary"] == {"ok": 22, "warn": 0, "error": 1, "skip": 0} and data["exit_code"] == 1
 
 
 # ---------------------------------------------------------------- bandwidth
@@ -550,7 +553,7 @@ def test_preflight_refuses_when_the_rendezvous_port_was_taken_during_the_launch_
         facts = launch_round(port)
     with pytest.raises(doctor_preflight.PreflightError, match=r"port .* is in use") as caught:
         preflight(port, facts)
-    assert caught.value.exit_code == 3
+    assert caught.value.exit_code == 2  # a busy port is the operator's to change: exit 2
 
 
 def test_preflight_refuses_an_unreachable_port_with_exit_3_and_a_missing_entry_still_with_2():
@@ -653,7 +656,7 @@ def test_with_no_host_reached_every_check_is_skipped_and_none_is_ok():
     assert statuses.pop("reachable") is Status.ERROR
     assert set(statuses.values()) == {Status.SKIP}
     table = render_table(checks, ctx, 3.1)
-    assert "✓" not in table and "0 ok, 0 warning(s), 1 error(s), 20 skipped in 3.1 s" in table
+    assert "✓" not in table and "0 ok, 0 warning(s), 1 error(s), 22 skipped in 3.1 s" in table
 
 
 def test_hosts_unreachable_for_the_same_reason_share_one_line_with_the_fix():
@@ -665,3 +668,63 @@ def test_hosts_unreachable_for_the_same_reason_share_one_line_with_the_fix():
     assert found.status is Status.ERROR and found.hosts == ["node1", "node2"]
     assert found.detail == "node[1-2]: authentication failed as root with key /k (check identity_file / user)"
     assert found.hint.startswith(REACH_HINT)
+
+
+# ---------------------------------------------------------------- DeepSpeed: its version, torch's stale build locks
+
+DS_JOB = "name: ds\nscript: jobs/deepspeed_zero.py\n"
+STALE = {"extensions.locks": [{"path": "/home/u/.cache/torch_extensions/py311_cpu/deepspeed_shm_comm/lock",
+                               "age_s": 4000.0, "building": False}]}
+
+
+def test_a_deepspeed_version_that_differs_between_hosts_is_an_error_naming_the_odd_host():
+    results, ctx = make(changes={2: {"deepspeed": "0.17.0"}})
+    found = check("deepspeed", results, ctx)
+    assert (found.status, found.hosts) == (Status.ERROR, ["node2"])
+    assert found.detail == "deepspeed differs: node[0-1]: 0.19.8; node2: 0.17.0"
+
+
+def test_deepspeed_missing_where_the_job_imports_it_names_the_hosts_and_how_to_install():
+    job = job_from_text(DS_JOB, "job.yaml")
+    results, ctx = make(changes={1: {"deepspeed": None, "python_path": "/opt/venv/bin/python"}}, job=job)
+    found = check("deepspeed", results, ctx)
+    assert (found.status, found.hosts) == (Status.ERROR, ["node1"])
+    assert "node1: deepspeed not installed in the job's python" in found.detail
+    assert "node1: /opt/venv/bin/python -m pip install 'deepspeed==0.19.8'" in found.hint
+
+
+def test_deepspeed_absent_everywhere_is_skipped_for_a_job_that_does_not_use_it():
+    results, ctx = make(changes={i: {"deepspeed": None} for i in range(3)},
+                        job=job_from_text("name: r\nscript: jobs/train_resnet50.py\n", "job.yaml"))
+    assert check("deepspeed", results, ctx).status is Status.SKIP
+
+
+def test_a_stale_build_lock_is_named_with_its_host_and_how_to_clear_it():
+    results, ctx = make(changes={1: STALE})
+    found = check("build-locks", results, ctx)
+    assert (found.status, found.hosts) == (Status.ERROR, ["node1"])
+    assert ("node1: /home/u/.cache/torch_extensions/py311_cpu/deepspeed_shm_comm/lock (67 min old, no build running)"
+            in found.detail)
+    assert "rm /home/u/.cache/torch_extensions/py311_cpu/deepspeed_shm_comm/lock" in found.hint
+
+
+def test_a_lock_under_which_a_build_runs_is_not_stale():
+    building = {"extensions.locks": [{**STALE["extensions.locks"][0], "building": True}]}
+    results, ctx = make(changes={1: building})
+    assert check("build-locks", results, ctx).status is Status.OK
+
+
+def test_preflight_of_a_deepspeed_job_refuses_a_stale_lock_and_a_host_without_deepspeed():
+    job = job_from_text(DS_JOB, "job.yaml")
+    results, _ = make(n=2, changes={0: STALE, 1: {"deepspeed": None}})
+    facts = {f"local{i}": replace(r.facts, node=f"local{i}", listen=Listen(PORT, ok=True),
+                                  connect=Connect(MASTER_ADDR, PORT, ok=True))
+             for i, r in enumerate(results.values())}
+    with pytest.raises(doctor_preflight.PreflightError) as caught:
+        doctor_preflight.launch_preflight(two_host_plan(PORT), {n.name: n for n in local_nodes()}, facts, job=job)
+    message = str(caught.value)
+    assert "✗ deepspeed" in message and "local1: deepspeed not installed" in message
+    assert "✗ build-locks" in message and "local0: /home/u/.cache/torch_extensions/py311_cpu/deepspeed_shm_comm/lock" \
+        in message
+    plain = job_from_text("name: r\nscript: jobs/train_resnet50.py\n", "job.yaml")
+    doctor_preflight.launch_preflight(two_host_plan(PORT), {n.name: n for n in local_nodes()}, facts, job=plain)

@@ -36,3 +36,29 @@ def test_the_full_probes_nested_facts_are_typed():
     assert facts.gpu is not None and facts.gpu.driver == "570.86.15" and facts.devices[0].ecc_uncorrected == 0
     assert facts.listen is not None and facts.listen.accepted == ("10.0.0.11",)
     assert facts.resolved["node0"].addrs == ("10.0.0.10",) and facts.memlock == 65536
+
+
+def test_the_probe_finds_deepspeeds_version_and_torchs_build_locks_and_who_builds_under_them(tmp_path):
+    import subprocess
+    import sys
+    from importlib import metadata
+
+    from orchestrator.remote import probe
+
+    stale, busy = tmp_path / "py311_cpu" / "deepspeed_shm_comm", tmp_path / "py311_cpu" / "cpu_adam"
+    for folder in (stale, busy):
+        folder.mkdir(parents=True)
+        (folder / "lock").touch()
+    (tmp_path / "py311_cpu" / "fused_adam").mkdir()
+    builder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], cwd=busy)
+    try:
+        raw = probe.facts({"import_from": {"env": {"TORCH_EXTENSIONS_DIR": str(tmp_path)}}})
+    finally:
+        builder.kill()
+        builder.wait()
+    facts = HostFacts.from_probe("n", raw)
+    assert facts.deepspeed == metadata.version("deepspeed")
+    assert facts.extensions_root == str(tmp_path)
+    assert [(lock.path, lock.building) for lock in facts.extension_locks] == [
+        (str(busy / "lock"), True), (str(stale / "lock"), False)]
+    assert HostFacts.from_probe("old", {}).extension_locks == () and HostFacts.from_probe("old", {}).deepspeed is None

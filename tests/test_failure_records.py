@@ -16,8 +16,7 @@ import pytest
 
 from orchestrator import remote
 from orchestrator.backends.ssh import SUPERVISOR_ONLY
-from orchestrator.diagnose.at_exit import raised_before_signal
-from orchestrator.diagnose.failures import Failure, FailureKind, is_collateral
+from orchestrator.diagnose.failures import Failure, FailureKind, is_collateral, own_error
 from orchestrator.logs import LogSink
 from orchestrator.plan import HostPlan
 from orchestrator.remote.distrun_torchrun import records_path
@@ -133,7 +132,7 @@ def test_a_rank_that_raised_then_died_of_sigabrt_at_exit_is_reported_as_its_exce
 ], ids=["no-traceback", "work-after-the-traceback"])
 def test_a_signal_after_output_that_does_not_end_in_an_exception_stays_killed_by_that_signal(tmp_path, lines):
     failure = Failure.from_worker("node1", first_failure(captured("raise-abort")), last_lines=lines,
-                                  **raised_before_signal(first_failure(captured("raise-abort")), lines))
+                                  **own_error(lines, "SIGABRT"))
     assert (failure.describe(), failure.message) == ("killed by SIGABRT", "")
 
 

@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ import pytest
 
 from orchestrator.diagnose.failures import Failure, FailureKind
 from orchestrator.diagnose.flight import Lag, lags
-from orchestrator.diagnose.watchdog import diagnose, with_flight_rank
+from orchestrator.diagnose.watchdog import diagnose
 from orchestrator.remote.flightrec import fetch
 from orchestrator.remote.sockdir import MAX_SOCKET_PATH, socket_dir, socket_path
 from orchestrator.run.recorded import for_record
@@ -297,19 +296,6 @@ def test_diagnose_fetches_every_ranks_flight_recorder_keeps_it_and_names_the_ran
     assert sorted(p.name for p in job_dir.flight.iterdir()) == ["flight.json", "rank0.json", "rank1.json"]
     kept = json.loads((job_dir.flight / "flight.json").read_text())
     assert kept["errors"] == {} and 0 < kept["seconds"] < 5
-
-
-def test_a_hang_whose_stacks_name_no_rank_is_put_on_the_one_rank_the_flight_recorder_finds_behind():
-    lag = Lag("0", "default_pg", 31, "gloo:all_reduce", (0, 1, 2, 4, 5), (3,), (30,))
-    nodes = {rank: f"node{rank // 2}" for rank in range(6)}
-    addresses = {"node1": "10.0.0.11"}
-    unnamed = Failure("node0", FailureKind.HANG, reason="hang: ...; no rank's stack was taken", flight=(lag,))
-    named = with_flight_rank(unnamed, nodes, addresses)
-    assert (named.host, named.rank, named.address) == ("node1", 3, "10.0.0.11")
-    by_stack = Failure("node2", FailureKind.HANG, rank=5, flight=(lag,))
-    assert with_flight_rank(by_stack, nodes, addresses) == by_stack  # the stacks' rank stands
-    two_behind = replace(unnamed, flight=(replace(lag, behind=(3, 4), last=(30, 30)),))
-    assert with_flight_rank(two_behind, nodes, addresses) == two_behind
 
 
 @pytest.mark.parametrize("planted", ["another users directory", "a link to another users directory"])

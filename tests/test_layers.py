@@ -164,7 +164,36 @@ def test_no_backend_reaches_the_store_its_hooks_return_what_happened_and_the_run
     assert not found, "\n".join(found)
 
 
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each group of modules that import each other, even through others (none is the rule)."""
+    found: list[list[str]] = []
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start in done:
+            continue
+        group = sorted(m for m in reach(graph, start) if start in reach(graph, m))
+        done.update(group)
+        if len(group) > 1:
+            found.append(group)
+    return found
+
+
+def reach(graph: dict[str, set[str]], start: str) -> set[str]:
+    """The modules `start` imports, directly or through others, and itself."""
+    seen, todo = {start}, [start]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
 if __name__ == "__main__":
     names = [name for name, _ in layers()]
-    for importer, imported in back_up(import_graph()):
+    graph = import_graph()
+    for importer, imported in back_up(graph):
         print(f"{importer} ({names[layer(importer)]}) -> {imported} ({names[layer(imported)]})")
+    for group in circles(graph):
+        print("circle: " + " <-> ".join(group))
+    print(f"{len(back_up(graph))} imports back up, {len(circles(graph))} circles")

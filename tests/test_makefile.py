@@ -32,6 +32,17 @@ def test_make_demo_announces_every_install_step_and_ends_with_what_to_do_next(tm
     assert "copy inventory/example.yaml" in lines[-1], "say where an inventory comes from"
 
 
+def test_make_demo_installs_what_a_job_needs_not_the_tests_and_without_setuptools_notice(tmp_path) -> None:
+    demo = recipe("demo", f"VENV={tmp_path / 'venv'}")
+    test = recipe("test", f"VENV={tmp_path / 'venv'}")
+
+    editable = [line for line in demo if "pip install" in line and " -e " in line]
+    assert editable == [f"PYTHONWARNINGS=\"ignore:Editable installation\" {tmp_path}/venv/bin/pip install "
+                        "--progress-bar on -e '.[train]'"]
+    assert not any("test]" in line or "mkdocs" in line for line in demo)
+    assert any("-e '.[train,test,deepspeed]'" in line for line in test)
+
+
 def test_every_target_the_makefile_documents_is_phony() -> None:
     text = (REPO / "Makefile").read_text(encoding="utf-8")
     documented = set(re.findall(r"^## ([\w-]+):", text, re.M))
@@ -41,6 +52,6 @@ def test_every_target_the_makefile_documents_is_phony() -> None:
 
 
 def test_make_docs_builds_the_site_strictly_into_site() -> None:
-    lines = recipe("docs", "STAMP=")
+    lines = recipe("docs", "TESTS=")
 
     assert lines == [".venv/bin/mkdocs build --strict --site-dir site"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import select
 import socket
 import subprocess
 import sys
@@ -15,9 +16,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestrator.metrics import JobFigures, exposition, families_json
+from orchestrator.metrics import JobFigures, bind, exposition, families_json
 from orchestrator.spec import load_job
 from orchestrator.store import JobRecord, JobState, Store, process_start
 from orchestrator.telemetry.alerts import HostState
@@ -165,3 +167,51 @@ def test_the_job_file_may_name_the_metrics_port(tmp_path: Path) -> None:
     job.write_text(f"name: m\nscript: {script}\nmetrics_port: 0\n")
     result = distrun("launch", str(job), "--backend", "local", "--dry-run", home=tmp_path / "h")
     assert result.returncode == 2 and "metrics_port" in result.stderr, result.stderr
+
+
+# ---------------------------------------------------------------- the endpoint
+
+
+def test_the_endpoint_holds_a_burst_of_300_connections_and_answers_every_scrape() -> None:
+    """300 connections at once on loopback (a scrape storm, or many Prometheus replicas): the
+    kernel holds every one until the server thread accepts it, none waits for a SYN resent a
+    second later (socketserver's backlog of 5 made 77 of 5,105 scrapes time out), and every
+    one then gets its scrape."""
+    endpoint = bind("127.0.0.1", 0, lambda: [figures()])
+    conns: list[socket.socket] = []
+    try:
+        for _ in range(300):
+            conn = socket.socket()
+            conn.setblocking(False)
+            conn.connect_ex(("127.0.0.1", endpoint.port))
+            conns.append(conn)
+        deadline = time.monotonic() + 0.8
+        pending = set(conns)
+        while pending and time.monotonic() < deadline:
+            _, writable, _ = select.select([], list(pending)[:500], [], 0.05)
+            pending -= {c for c in writable if c.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0}
+        assert len(pending) == 0, f"{len(pending)} of 300 connections not established within 0.8 s"
+
+        for conn in conns:
+            conn.setblocking(True)
+            conn.settimeout(30)
+            conn.sendall(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        answers = [b"".join(iter(lambda c=conn: c.recv(65536), b"")) for conn in conns]
+        assert all(a.startswith(b"HTTP/1.0 200") and b"distrun_job_state" in a for a in answers)
+    finally:
+        for conn in conns:
+            conn.close()
+        endpoint.close()
+
+
+def test_an_endpoint_beyond_loopback_says_once_what_it_exposes_and_to_whom(capsys: pytest.CaptureFixture) -> None:
+    local = bind("127.0.0.1", 0, lambda: [figures()])
+    local.close()
+    assert capsys.readouterr().err == ""
+
+    everywhere = bind("0.0.0.0", 0, lambda: [figures()])
+    everywhere.close()
+    err = capsys.readouterr().err.splitlines()
+
+    assert len(err) == 1 and "every interface" in err[0] and "anyone who can reach" in err[0], err
+    assert "host" in err[0] and "--metrics-addr 127.0.0.1" in err[0] and "docs/security.md" in err[0]

@@ -86,13 +86,26 @@ def synopses() -> dict[str, set[str]]:
     return found
 
 
-def the_survived_job_ran_on_two_hosts_with_a_spare(env: dict[str, str]) -> None:
-    record = records(env)[0]
-    assert record["state"] == "succeeded" and record["hosts"] == ["node0", "node1"], record
-    assert record["command"][record["command"].index("--nodes") + 1:][:3] == ["node[0-2]", "--nnodes", "2"]
+def the_survived_job_lost_node1_and_ended_on_the_spare(env: dict[str, str]) -> None:
+    """The example's job lost node1 (the page cuts its link), and attempt 2 ran on node0 and the
+    spare node2 from the job's own checkpoint; run again as printed, the next job does the same
+    from its own directory (one per job: `{job_id}`), not from the first job's last checkpoint."""
+    home = Path(env["DISTRUN_HOME"])
+    first = records(env)[0]
+    run_examples(page_examples(DOCS / "failures.md"), home.parent)
+    second = records(env)[0]
+
+    for record in (first, second):
+        assert record["state"] == "succeeded" and record["hosts"] == ["node0", "node2"], record
+        assert record["quarantined"] == ["node1"] and len(record["attempts"]) == 2, record
+        assert record["command"][record["command"].index("--nodes") + 1] == "node[0,2]"  # again: without node1
+        began = subprocess.run(["distrun", "logs", record["id"], "--attempt", "1", "--grep", "step 0"], env=env,
+                               capture_output=True, text=True, check=True).stdout
+        assert f"no checkpoint in /tmp/distrun-ckpt/{record['id']}; starting from step 0" in began, began
+    assert first["id"] != second["id"]
 
 
-AFTER: dict[str, Callable[[dict[str, str]], None]] = {"failures.md": the_survived_job_ran_on_two_hosts_with_a_spare}
+AFTER: dict[str, Callable[[dict[str, str]], None]] = {"failures.md": the_survived_job_lost_node1_and_ended_on_the_spare}
 
 
 def test_the_command_headings_name_every_command_and_exactly_its_options() -> None:

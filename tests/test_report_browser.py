@@ -11,6 +11,7 @@ import pytest
 from orchestrator.report.numbers import JobData
 from orchestrator.report.page import PLOT_FRAME_COLOUR, TABLE_HEAD_COLOUR, write_report
 from orchestrator.report.plots import JOB_COLOURS
+from orchestrator.report.runplots import MARK_COLOUR, RATE_COLOUR
 from orchestrator.store import JobState, Store
 from tests.browser import (
     Box,
@@ -25,6 +26,7 @@ from tests.browser import (
     table_rows,
 )
 from tests.test_report import make_job, metric_rows, standard_set
+from tests.test_trace import T0, recorded_job, synthetic_job, synthetic_rows
 
 pytestmark = pytest.mark.skipif(chromium() is None, reason="chromium is not installed "
                                 "(tests/install-system-deps.sh installs it when run as root)")
@@ -103,3 +105,31 @@ def test_the_table_fits_a_1280_pixel_window_notes_column_included(store: Store, 
     assert len(rows) == 4
     notes = inside(image, Box(right - 150, rows[3].top, right, rows[3].bottom), 2)
     assert np.any(notes < 100, axis=-1).sum() > 100, "the failed row's notes are not drawn inside the table"
+
+
+def test_screenshot_of_a_program_that_prints_nothing_shows_its_rate_lateness_and_straggler(
+        store: Store, tmp_path: Path) -> None:
+    quiet = recorded_job(store)  # a real 2-rank run of tests/data/trace/quiet_ddp.py
+    rows = synthetic_rows(3, 2, 2000, late={4: 0.040, 5: 0.045}, every=400)
+    alert = {"t": T0 + 60, "node": "node2", "rule": "straggler", "rank": 5, "message": "straggler: rank 5",
+             "figures": {}}
+    slowed = synthetic_job(store, "slowed", rows, 3, 2, alerts=[alert])
+    data = [JobData.load(r, store.job_dir(r.id)) for r in (quiet, slowed)]
+    page = write_report(data, tmp_path / "runs.html")
+
+    shot = render(page, tmp_path / "runs.png", WIDTH, 4200)
+    image = load_rgb(shot.screenshot)
+
+    assert shot.console == []
+    boxes = frames(colour_mask(image, PLOT_FRAME_COLOUR))
+    # Per job: the collective rate, the lateness heat map, the telemetry; no empty throughput/loss/memory plot.
+    assert len(boxes) == 6, boxes
+    for box in boxes:
+        assert ink(inside(image, box)) > 0.03, box
+    rate_quiet, late_quiet, rate_slowed, late_slowed, _, _ = boxes
+    for box in (rate_quiet, rate_slowed):
+        assert colour_mask(inside(image, box), RATE_COLOUR, tolerance=12).sum() > 300, box
+    assert colour_mask(inside(image, late_slowed), MARK_COLOUR, tolerance=12).sum() > 20, "no straggler mark"
+    dark = np.all(inside(image, late_slowed) < 90, axis=-1).sum()
+    assert dark > 5 * np.all(inside(image, late_quiet) < 90, axis=-1).sum() + 1000, "the late ranks do not stand out"
+    print(f"screenshot of the report's run plots: {shot.screenshot}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -210,3 +211,19 @@ def test_a_ranks_stack_leaves_out_distrun_worker_entry_frames_as_plain_torchrun_
         {"rank": 0, "local_rank": 0, "pid": 7, "threads": [{"thread_name": "MainThread", "frames": frames}]}]}))
     assert [f.file for f in rank.threads[0].frames] == ["torch/distributed/c10d.py", "train.py"]
     assert rank.where() == "all_reduce ← <module> (train.py:3)"
+
+
+def test_a_stopped_ranks_stack_is_its_state_and_kernel_wait_channel_not_a_py_spy_error(ranks):
+    store, rec = ranks
+    pid = next(r.pid for r in gather(for_record(store, rec), rec).ranks if r.rank == 3)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        gathered = gather(for_record(store, rec), rec, flight=True)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    stopped = next(r for r in gathered.ranks if r.rank == 3)
+    assert stopped.error.startswith(f"stopped: state T in /proc/{pid}/stat (stopped by a signal (SIGSTOP, SIGTSTP)), "
+                                    "kernel wait channel "), stopped.error
+    assert stopped.error.endswith("; py-spy cannot read a stopped process") and "waitpid" not in stopped.error
+    assert gathered.flight.errors[3].startswith("it cannot answer: stopped: state T")
+    assert [g.label() for g in fold(gathered.ranks)] == ["rank 3", "ranks 0-2"]

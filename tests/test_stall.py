@@ -18,6 +18,10 @@ from orchestrator.diagnose.failures import Failure, FailureKind
 from orchestrator.diagnose.ranks import Position, look
 from orchestrator.diagnose.watchdog import Looked, Progress, Stalls, Watchdog, look_at_stall
 from orchestrator.errors import UsageError
+from orchestrator.logs import LogSink
+from orchestrator.plan import HostPlan
+from orchestrator.remote.stream import Batch
+from orchestrator.run.hostrun import HostRun
 from orchestrator.run.recorded import for_record
 from orchestrator.spec.job import job_from_text
 from orchestrator.store import Store
@@ -72,6 +76,21 @@ def test_collectives_every_rank_completed_as_the_hosts_read_them_are_progress_an
     assert stalls.flight_progress == 100.0 and stalls.due(100.0, 120.0)
     stalls.completed(41, now=119.0)
     assert stalls.flight_progress == 119.0 and not stalls.due(119.0, 130.0)
+
+
+HOSTNAME_WARNING = (b"[W1128 05:21:49.123456789 socket.cpp:755] [c10d] The hostname of the client socket cannot be "
+                    b"retrieved. err=-3\n")
+
+
+def test_the_warnings_distrun_folds_as_harmless_do_not_arm_the_watchdog_and_a_real_line_does(tmp_path: Path):
+    plan = HostPlan("node0", "10.0.0.10", 0, 2, "python3", "/w", [], {}, [], None)
+    host = HostRun(plan, LogSink(Store(tmp_path).job_dir("arm-1")))
+    host.on_batch(Batch(0, "e", 2, HOSTNAME_WARNING * 2))  # c10d, while the ranks connect, before any step
+    host.on_batch(Batch(1, "e", 1, HOSTNAME_WARNING))
+    assert host.last_progress is None and Watchdog(None, lambda: host.last_progress, Stalls(2.0)).check() \
+        is Progress.MOVING
+    host.on_batch(Batch(1, "e", 2, HOSTNAME_WARNING + b"epoch 0 loss 1.0\n"))
+    assert host.last_progress is not None
 
 
 def test_without_hang_timeout_a_silent_job_is_never_hung_and_off_is_never_stalled():

@@ -3,6 +3,7 @@ a warning, `~` in the workdir is the home, and it signals only what is certainly
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -13,10 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from orchestrator import remote
 from orchestrator.backends.ssh import SUPERVISOR_ONLY
+from orchestrator.remote import provenance
 from orchestrator.remote.config import SupervisorConfig
 from orchestrator.remote.leader import Leader
 from orchestrator.remote.relay import Relay
@@ -121,22 +121,52 @@ def test_a_process_group_is_signalled_until_its_leader_is_reaped_and_never_after
     assert sent == [(leader.pid, signal.SIGTERM)]
 
 
-def test_a_process_without_the_jobs_marks_is_never_signalled() -> None:
-    stranger = subprocess.Popen(["sleep", "30"])
-    member = subprocess.Popen(["sleep", "30"], env={**os.environ, "DISTRUN_JOB_ID": "j-42", "DISTRUN_NODE": "n0"})
+def argv_of(pid: int) -> list[str]:
     try:
+        return Path(f"/proc/{pid}/cmdline").read_text().split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def test_only_what_descends_from_the_jobs_root_is_signalled_markers_or_not() -> None:
+    """The root stands for the supervisor: its child without markers is the job's; its child that
+    names another job (one the job started) and a process beside it carrying the job's markers are not."""
+    root = subprocess.Popen(["sh", "-c", "env -i sleep 31 & DISTRUN_JOB_ID=j-other sleep 32 & wait"])
+    claims = subprocess.Popen(["sleep", "33"], env={**os.environ, "DISTRUN_JOB_ID": "j-42", "DISTRUN_NODE": "n0"})
+    by_argv: dict[str, int] = {}
+    try:
+        roots = [provenance.root_of(root.pid)]
         deadline = time.monotonic() + 5
-        while member.pid not in job_processes("j-42", os.getpid(), "n0") and time.monotonic() < deadline:
-            time.sleep(0.01)  # until it has exec'd with its own environment
-        signal_job_process(stranger.pid, signal.SIGTERM, "j-42", "n0")
-        signal_job_process(member.pid, signal.SIGTERM, "j-42", "n0")
-        assert member.wait(timeout=5) == -signal.SIGTERM
-        with pytest.raises(subprocess.TimeoutExpired):
-            stranger.wait(timeout=0.3)
+        while len(by_argv) < 2 and time.monotonic() < deadline:
+            children = [int(p) for p in os.listdir("/proc") if p.isdigit() and provenance.proven(int(p), roots)]
+            by_argv = {" ".join(argv_of(p)): p for p in children if argv_of(p)[:1] == ["sleep"]}
+            time.sleep(0.01)  # until both children have exec'd with their own environments
+        unmarked, other_job = by_argv["sleep 31"], by_argv["sleep 32"]
+        assert sorted(job_processes("j-42", os.getpid(), "n0", roots)) == sorted([root.pid, unmarked])
+        for pid in (unmarked, other_job, claims.pid):
+            signal_job_process(pid, signal.SIGTERM, "j-42", "n0", roots)
+        assert wait_gone(unmarked)
+        assert argv_of(other_job) == ["sleep", "32"] and claims.poll() is None
     finally:
-        for proc in (stranger, member):
+        for pid in by_argv.values():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for proc in (root, claims):
             proc.kill()
             proc.wait()
+
+
+def wait_gone(pid: int) -> bool:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True
+        if state in (b"Z", b"X"):
+            return True
+        time.sleep(0.01)
+    return False
 
 
 def test_the_exit_event_counts_the_hosts_oom_kills_during_the_job(tmp_path: Path) -> None:

@@ -192,6 +192,7 @@ def test_a_forked_child_that_runs_to_the_end_leaves_its_parent_serving(tmp_path)
         assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
         got = fetch(str(sockets / "rank0.sock"))
         _, stderr = rank.communicate("", timeout=60)
+        left = list(sockets.iterdir())
     finally:
         rank.kill()
         for leftover in sockets.iterdir():
@@ -199,6 +200,7 @@ def test_a_forked_child_that_runs_to_the_end_leaves_its_parent_serving(tmp_path)
         sockets.rmdir()
     assert "flight" in got
     assert (rank.returncode, stderr) == (0, "")
+    assert left == []  # the rank removed its socket as it ended (issue 46.9: dead sockets stayed in sock/)
 
 
 def test_a_torch_without_the_control_plane_runs_the_program_unchanged(tmp_path):
@@ -244,3 +246,47 @@ def test_a_script_launched_by_distrun_sees_and_does_what_it_does_under_plain_tor
     assert (out, err) == (plain_out, plain_err)
     assert failed == {"raise": [(1, None)], "kill": [(None, "SIGKILL")]}[how]
     assert plain_failed[0][0] == {"raise": 1, "kill": -9}[how]
+
+
+OWN_ENTRY_SETUP = ("path = os.path.join(os.environ['DISTRUN_WORKER_SOCKETS'], 'rank' + os.environ['RANK'] + '.sock')\n"
+                   "if os.path.exists(path):\n    os.remove(path)\n"
+                   "os.environ['TORCH_WORKER_SERVER_SOCKET'] = path\n")
+OWN_ENTRY_IMPORTS = ("import torch, torch.distributed as dist\n"
+                     "from torch.distributed.elastic.control_plane import worker_main\n")
+OWN_ENTRY_MAIN = ("with worker_main():\n"
+                  "    dist.init_process_group('gloo', store=dist.HashStore(), rank=0, world_size=1)\n"
+                  "    for _ in range(3):\n        dist.all_reduce(torch.ones(1))\n"
+                  "    print('ready', flush=True)\n    sys.stdin.read()\n"
+                  "print('done', flush=True)\n")
+
+
+@pytest.mark.parametrize("order", ["torch imported first", "socket set up before torch is imported"])
+def test_a_script_that_enters_worker_main_itself_serves_on_the_ranks_socket_whatever_its_import_order(
+        tmp_path, order):
+    """The opt-in jobs/README.md once described (remove the socket, set TORCH_WORKER_SERVER_SOCKET, enter
+    worker_main()) on the entry's own socket: the entry yields the socket to the script's server, in
+    either order (issue 46.6: set up before torch was imported, it failed with `... already exists`)."""
+    sockets = Path("/tmp") / f"dw-{os.getpid()}-own"
+    sockets.mkdir(mode=0o700)
+    body = (OWN_ENTRY_IMPORTS + OWN_ENTRY_SETUP if order == "torch imported first"
+            else OWN_ENTRY_SETUP + OWN_ENTRY_IMPORTS)
+    script = tmp_path / "own.py"
+    script.write_text("import os, sys\n" + body + OWN_ENTRY_MAIN)
+    env = {**os.environ, "DISTRUN_WORKER_SOCKETS": str(sockets), "RANK": "2", "TORCH_FR_BUFFER_SIZE": "100"}
+    rank = subprocess.Popen([sys.executable, "-u", ENTRY, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        assert rank.stdout is not None
+        ready = rank.stdout.readline().strip()
+        got = fetch(str(sockets / "rank2.sock")) if ready == "ready" else {}
+        out, stderr = rank.communicate("", timeout=60)
+    finally:
+        rank.kill()
+        for leftover in sockets.iterdir():
+            leftover.unlink()
+        sockets.rmdir()
+    assert (ready, rank.returncode, out) == ("ready", 0, "done\n"), stderr
+    assert "Traceback" not in stderr and "Server listening to UNIX" in stderr  # the script's own server's line
+    entries = got["flight"]["entries"]  # type: ignore[index]
+    seen = [(e["collective_seq_id"], e["profiling_name"]) for e in entries]
+    assert seen == [(i, "gloo:all_reduce") for i in (1, 2, 3)]

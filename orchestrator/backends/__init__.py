@@ -1,6 +1,7 @@
 """Where a job runs: one module per backend (ssh, local, slurm) behind the contract in base.py.
 
-The backends are named in orchestrator/registry.py; `get` imports one only when it is used.
+The backends are named in orchestrator/registry.py (distrun's own and installed packages' entry points);
+`get` imports one only when it is used.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from orchestrator.registry import REGISTRY
+from orchestrator import registry
 
 if TYPE_CHECKING:
     from orchestrator.backends.base import Backend
@@ -20,6 +21,9 @@ def get(name: str) -> type[Backend]:
     Raises:
         KeyError: no backend has that name (names come validated from the job file or the CLI).
     """
-    module, _, cls = REGISTRY[name].partition(":")
+    registered = registry.target(name)
+    if registered is None:
+        raise KeyError(name)
+    module, _, cls = registered.partition(":")
     backend: type[Backend] = getattr(importlib.import_module(module), cls)
     return backend

@@ -178,7 +178,7 @@ class SshBackend(Backend):
         (from the facts of the probe round that planned the job: no second probe)."""
         from orchestrator.hostcheck.preflight import launch_preflight
 
-        launch_preflight(plan, {name: t.node for name, t in self.group.transports.items()}, self.facts)
+        launch_preflight(plan, {name: t.node for name, t in self.group.transports.items()}, self.facts, job=ctx.job)
 
     def stage(self, ctx: LaunchContext, plan: LaunchPlan) -> None:
         """With `sync: true`, bring every host's workdir up to date with this directory; then refuse
@@ -406,7 +406,7 @@ def _remove_copies(inventory_path: str, jobs: list[JobRecord]) -> dict[str, str]
     ids_on = {name: ids for name, ids in ids_on.items() if ids}
     nodes = [inventory.node(name) for name in ids_on]
     with Group(nodes, progress=ProgressCounter(len(nodes), "connected")) as group:
-        done = group.run(lambda t: run_remote(t, "prune", ["prune"], b"", *ids_on[t.name]))
+        done = group.run(lambda t: run_remote(t, "prune", ["private", "sockdir", "prune"], b"", *ids_on[t.name]))
     failed = done.failed
     left = {job.id: f"{job.every_host[0]}: not in inventory {inventory_path} any more" for job in jobs
             if not set(job.every_host) <= known}

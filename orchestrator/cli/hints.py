@@ -6,6 +6,7 @@ users type out of habit. A near-miss never suggests a command that stops or remo
 from __future__ import annotations
 
 import difflib
+from collections.abc import Iterable
 
 import click
 
@@ -30,6 +31,17 @@ PDSH_FLAGS = {
     "-w": "pdsh's host list; distrun's is --nodes RANGE, e.g. --nodes 'node[0-3]'",
     "-a": "pdsh's every host; distrun's is --all",
 }
+# The `deepspeed` launcher's flags (its --master_port and --master_addr are torchrun's, below).
+DEEPSPEED_NODES = "DeepSpeed's node count; distrun's is --nnodes K"
+DEEPSPEED_GPUS = "DeepSpeed's processes per host; distrun's is --nproc-per-node N, or slots=N in a hostfile given as -i"
+DEEPSPEED_FLAGS = {
+    "--hostfile": "DeepSpeed's hostfile; distrun reads it as the inventory: -i HOSTFILE",
+    "--include": "DeepSpeed's host selection; distrun's is --nodes RANGE, e.g. --nodes 'worker-[0-1]', "
+                 "and -x/--exclude RANGE leaves hosts out",
+    "--num_nodes": DEEPSPEED_NODES, "--num-nodes": DEEPSPEED_NODES,
+    "--num_gpus": DEEPSPEED_GPUS, "--num-gpus": DEEPSPEED_GPUS,
+    "--launcher": "DeepSpeed's pdsh, openmpi or slurm runner; distrun's is --backend ssh|local|slurm",
+}
 # Launch flags of torchrun and Slurm that distrun spells otherwise or sets itself.
 LAUNCH_FLAGS = {
     "-N": "Slurm's node count; distrun's is --nnodes K",
@@ -39,17 +51,55 @@ LAUNCH_FLAGS = {
     "--rdzv-backend": RDZV_HINT, "--rdzv_backend": RDZV_HINT,
     "--max-restarts": RESTARTS_HINT, "--max_restarts": RESTARTS_HINT,
     **PDSH_FLAGS,
+    **DEEPSPEED_FLAGS,
 }
 
 
 def one_line(exc: click.ClickException) -> str:
     """A click error as distrun's other errors read: `distrun: error: what (see `distrun CMD --help`)`;
-    pdsh's `-w` and `-a` get distrun's spelling."""
-    habit = PDSH_FLAGS.get(exc.option_name or "") if isinstance(exc, click.NoSuchOption) else None
-    message = f"{exc.option_name}: not an option of distrun ({habit})" if habit else exc.format_message().strip()
+    pdsh's `-w` and `-a` get distrun's spelling, another unknown option the near ones only."""
+    message = exc.format_message().strip()
+    if isinstance(exc, click.NoSuchOption):
+        habit = PDSH_FLAGS.get(exc.option_name or "")
+        close = near_options(exc.option_name, exc.ctx)
+        message = (f"{exc.option_name}: not an option of distrun ({habit})" if habit else
+                   f"{exc.option_name}: no such option" + (f" (did you mean {', '.join(close)}?)" if close else ""))
     ctx = exc.ctx if isinstance(exc, click.UsageError) else None
     where = f" (see `{ctx.command_path} --help`)" if ctx is not None and "--help" not in message else ""
     return f"distrun: error: {message}{where}"
+
+
+def typos(a: str, b: str) -> int:
+    """The typos between `a` and `b`: letters added, dropped, changed, or two swapped (each counts 1)."""
+    previous = list(range(len(b) + 1))
+    before: list[int] = []
+    for i, ca in enumerate(a, 1):
+        row = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                row[j] = min(row[j], before[j - 2] + 1)
+        before, previous = previous, row
+    return previous[-1]
+
+
+def near(word: str, choices: Iterable[str]) -> list[str]:
+    """The choices a typo or two away from `word` (at most one for every 3 letters of it, at least
+    one; leading dashes aside), closest first: `--lr` is near nothing, `--nodse` is near `--nodes`."""
+    bare = word.lstrip("-")
+    limit = max(1, len(bare) // 3)
+    found = sorted((typos(bare, c.lstrip("-")), c) for c in set(choices))
+    return [c for d, c in found if d <= limit]
+
+
+def near_options(option: str | None, ctx: click.Context | None) -> list[str]:
+    """The long options of `ctx`'s command near `option` (none without a context)."""
+    if not option or ctx is None:
+        return []
+    longs = {o for p in ctx.command.params if isinstance(p, click.Option) and not p.hidden for o in p.opts
+             if o.startswith("--") and o not in ctx.help_option_names}
+    # torchrun's spelling (--nproc_per_node) beside distrun's (--nproc-per-node): suggest distrun's.
+    return near(option, {o for o in longs if o.replace("_", "-") == o or o.replace("_", "-") not in longs})
 
 
 def unknown_command(name: str, commands: list[str]) -> str:

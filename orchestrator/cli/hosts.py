@@ -59,10 +59,11 @@ def exec_command(ctx: click.Context, inventory: str | None, selection: HostSelec
 @click.option("--bandwidth", is_flag=True, help="Also time a short all-reduce across the hosts.")
 @click.option("--min-busbw", cls=NumberOption, type=click.FloatRange(min=0), metavar="GBPS",
               help="Warn under this all-reduce busbw, GB/s.")
+@click.option("--links", is_flag=True, help="Also measure each host's own link against the others' (a few s).")
 @color_option
 @click.pass_context
 def doctor(ctx: click.Context, inventory: str | None, job_file: str | None, selection: HostSelection,
-           as_json: bool, strict: bool, bandwidth: bool, min_busbw: float | None) -> None:
+           as_json: bool, strict: bool, bandwidth: bool, min_busbw: float | None, links: bool) -> None:
     """Check the selected hosts for what makes multi-host jobs hang; one row per check.
 
     Exit status: 0 no errors, 1 a check failed (warnings too with --strict), 3 a host was not reached.
@@ -73,9 +74,10 @@ def doctor(ctx: click.Context, inventory: str | None, job_file: str | None, sele
       distrun doctor -i lab.yaml
       distrun doctor -i lab.yaml --nodes 'node[0-1]' --json
       distrun doctor -i lab.yaml --job jobs/tiny.yaml --bandwidth
+      distrun doctor -i lab.yaml --links
     """
     from orchestrator.doctor.command import DoctorRequest, run_doctor
     request = DoctorRequest(inventory=inventory, job_file=job_file, selection=selection,
                             guard=context_guard(ctx), as_json=as_json, strict=strict,
-                            bandwidth=bandwidth, min_busbw=min_busbw)
+                            bandwidth=bandwidth, min_busbw=min_busbw, links=links)
     sys.exit(run_doctor(request))

@@ -9,6 +9,7 @@ import time
 import click
 
 from orchestrator.cli.options import (
+    STOP_ALL_HELP,
     NumberOption,
     color_option,
     complete_jobs,
@@ -166,7 +167,7 @@ def logs(job_ref: str, follow: bool, nodes: tuple[str, ...], ranks: tuple[str, .
 
 @click.command(short_help="Stop a job, or every job on some hosts.")
 @click.argument("job_ref", required=False, shell_complete=complete_jobs)
-@host_selection()
+@host_selection(STOP_ALL_HELP)
 @json_option()
 @color_option
 def stop(job_ref: str | None, selection: HostSelection, as_json: bool) -> None:

@@ -4,6 +4,7 @@ recorded before the command returns."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from orchestrator.cli.options import (
     json_option,
 )
 from orchestrator.console import terminal
+from orchestrator.console.session import ORIGIN_ENV, origin_here
 from orchestrator.errors import UsageError
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.overrides import job_for_launch
@@ -111,7 +113,9 @@ def launch(ctx: click.Context, target: str, inventory: str | None, selection: Ho
     )
     if detach and not dry_run:
         sys.exit(_detach(request, as_json))
-    sys.exit(launch_job(request))
+    with terminal.no_control_echo():  # a `^C` echoed into the live view would leave its title behind
+        code = launch_job(request)
+    sys.exit(code)
 
 
 def _detach(request: LaunchRequest, as_json: bool) -> int:
@@ -137,7 +141,11 @@ def _detach(request: LaunchRequest, as_json: bool) -> int:
             [*remote.module_argv(sys.executable, "orchestrator", sys.version_info >= (3, 11)), *argv],
             stdin=subprocess.DEVNULL, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, ORIGIN_ENV: origin_here()},  # in a session of its own, it records this terminal's
         )
+    # A Ctrl-C from here on leaves that controller running in its own session: the line says so (cli/main.py).
+    click.get_current_context().ensure_object(dict)["interrupted"] = (
+        f"distrun: interrupted; job {job_id} goes on in the background (`distrun stop {job_id}` ends it)")
     deadline = time.monotonic() + DETACH_WAIT
     while time.monotonic() < deadline:
         if _recorded(store, job_id):

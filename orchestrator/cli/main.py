@@ -1,153 +1,81 @@
-"""The `distrun` command: one small function per command; `main` maps errors to exit codes.
+"""The `distrun` entry point: run the group (group.py) and map errors to exit codes and one line.
 
-The commands live by family beside this module (launch, jobs, hosts, reports, logs),
-which import nothing from here; this module adds them to the group.
-
-Options several commands share (host selection, -i, --json, --color) come from options.py
-with one wording each; the config file ($XDG_CONFIG_HOME/distrun/config.yaml) gives defaults.
+This module imports next to nothing when it loads: the commands' imports (seconds on a loaded
+machine) happen inside `main`. Until the command takes SIGINT itself (a launch's run loop, exec),
+or is one where Ctrl-C is the usual end (logs -f, top), a Ctrl-C is one line and exit 130 at once:
+no traceback, and no wait for hosts still being connected to (nothing was started on them).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 import traceback
-from pathlib import Path
+from types import FrameType
+from typing import Any
 
-import click
+from orchestrator.console import interrupts, terminal
+from orchestrator.errors import ExitCode
 
-from orchestrator import backends, registry
-from orchestrator.cli.hints import HintedGroup, one_line
-from orchestrator.cli.hosts import doctor, exec_command
-from orchestrator.cli.jobs import logs, metrics, prune, ps, stack, stop, top
-from orchestrator.cli.launch import launch
-from orchestrator.cli.options import color_option, default_map
-from orchestrator.cli.reports import bench, report
-from orchestrator.console import terminal
-from orchestrator.errors import DistrunError, ExitCode, UsageError
-from orchestrator.spec.config import load_config
-
-EPILOG = """\b
-Exit codes:
-  0    success
-  1    the job failed (or a doctor check, or a command run by exec)
-  2    bad input or usage (nothing was started)
-  3    infrastructure: a host unreachable, authentication failed, a port busy
-  130  interrupted (Ctrl-C)
-  143  terminated (SIGTERM)
-
-\b
-Environment:
-  DISTRUN_INVENTORY    the inventory when -i is not given
-  DISTRUN_HOME         where jobs are recorded (default ~/.distrun)
-  DISTRUN_SSH_CONFIG   the ssh_config file to read (default ~/.ssh/config)
-  DISTRUN_SSH_TIMEOUT  seconds a host has to answer (default 10)
-  NO_COLOR             no colour, unless --color or the config file says otherwise
-  XDG_CONFIG_HOME      the config file is $XDG_CONFIG_HOME/distrun/config.yaml
-                       (default ~/.config/distrun/config.yaml)
-
-\b
-Shell completion (job ids, node names): eval "$(distrun completion bash)"
-"""
-
-
-@click.group(cls=HintedGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=EPILOG)
-@click.option("--debug", is_flag=True, help="Show tracebacks.")
-@color_option
-@click.version_option(package_name="distrun")
-@click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
-    """Run PyTorch distributed jobs across hosts over SSH, locally or on Slurm.
-
-    \b
-    Examples:
-      distrun doctor -i lab.yaml
-      distrun launch jobs/tiny.yaml -i lab.yaml --nodes 'node[0-1]'
-      distrun launch train.py -i lab.yaml --nnodes 2 -- --steps 20
-      distrun ps
-    """
-    ctx.obj = {**(ctx.obj or {}), "debug": debug}
-
-
-for command in (launch, ps, logs, stop, stack, top, metrics, exec_command, doctor, report, bench, prune):
-    cli.add_command(command)
-
-
-# ---------------------------------------------------------------- backends, completion
-
-
-@cli.command("backends", short_help="List the backends and their options.")
-@color_option
-def list_backends() -> None:
-    """List the backends `--backend` takes, and the options (`-o KEY=VALUE`) each declares.
-
-    \b
-    Examples:
-      distrun backends
-    """
-    from orchestrator.backends.options import describe
-
-    for name in registry.names():
-        cls = backends.get(name)
-        default = " (default)" if name == registry.DEFAULT else ""
-        terminal.show(f"{name}{default}: {cls.DESCRIPTION}")
-        for line in describe(cls.OPTIONS) or ["no options"]:
-            terminal.show(f"  {line}")
-
-
-@cli.command(short_help="Copy the bundled example jobs into a directory (default ./jobs).")
-@click.argument("directory", default="jobs", type=click.Path(file_okay=False))
-@color_option
-def examples(directory: str) -> None:
-    """Copy the example jobs that ship with distrun (jobs/ of its source) into DIRECTORY,
-    default ./jobs; their job files name their script relative to themselves, so
-    `distrun launch jobs/tiny.yaml` then runs from here or anywhere. A file already there is
-    never overwritten.
-
-    \b
-    Examples:
-      distrun examples && distrun launch jobs/tiny.yaml
-      distrun examples ~/distrun-jobs
-    """
-    from orchestrator.cli.bundled import copy_examples
-
-    written = copy_examples(Path(directory))
-    terminal.show(f"copied {len(written)} files to {directory}/ (see {directory}/README.md)")
-
-
-@cli.command(short_help="Print the shell completion script (bash, zsh or fish).")
-@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
-@color_option
-def completion(shell: str) -> None:
-    """Print the completion script for SHELL: commands, options, job ids and node names complete.
-
-    \b
-    Examples:
-      eval "$(distrun completion bash)"                                  # in ~/.bashrc
-      eval "$(distrun completion zsh)"                                   # in ~/.zshrc
-      distrun completion fish > ~/.config/fish/completions/distrun.fish
-    """
-    from click.shell_completion import get_completion_class
-
-    cls = get_completion_class(shell)
-    if cls is None:
-        raise UsageError(f"completion: no completion for {shell}")
-    terminal.show(cls(cli, {}, "distrun", COMPLETE_VAR).source())
-
-
-COMPLETE_VAR = "_DISTRUN_COMPLETE"
+# What a Ctrl-C says when it comes before the command started anything on a host: while the
+# commands load (no command yet), or in a launch before its run loop takes SIGINT itself.
+INTERRUPTED = "distrun: interrupted before anything started on the hosts"
+SAID_FOR = {None, "launch"}  # elsewhere a Ctrl-C is the usual way to end (logs -f, top) or says its own
 
 
 def main() -> None:
     """Entry point: run the command; errors for people become one line and an exit code."""
+    said: dict[str, Any] = {}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when started with SIGINT ignored
+        signal.signal(signal.SIGINT, lambda signum, frame: _on_sigint(said, frame))
+    try:
+        _run(said)
+    except KeyboardInterrupt:
+        if said.get("command") in SAID_FOR:
+            terminal.say_at_once(said.get("interrupted", INTERRUPTED))
+        sys.exit(int(ExitCode.INTERRUPTED))
+    sys.exit(0)
+
+
+def _on_sigint(said: dict[str, Any], frame: FrameType | None) -> None:
+    """Ctrl-C before the command took SIGINT: say so in one line and exit 130 now (for a command
+    where Ctrl-C is the usual end, or once it took SIGINT and gave it back, unwind as Python would)."""
+    if said.get("command") not in SAID_FOR or interrupts.taken(signal.SIGINT):
+        signal.default_int_handler(signal.SIGINT, frame)
+    with contextlib.suppress(Exception):  # the main thread may be inside a write to stdout
+        sys.stdout.flush()
+    terminal.say_at_once(said.get("interrupted", INTERRUPTED))
+    os._exit(int(ExitCode.INTERRUPTED))
+
+
+def _run(said: dict[str, Any]) -> None:
+    """Load the commands and run the one asked for; `said` gets the command's name (and, from a
+    launch, what a Ctrl-C must say) as it goes.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C (SIGINT) while loading or before the command took SIGINT itself.
+        SystemExit: with the command's exit code.
+    """
+    import click
+
+    from orchestrator.cli.group import COMPLETE_VAR, cli
+    from orchestrator.cli.hints import one_line
+    from orchestrator.cli.options import default_map
+    from orchestrator.errors import DistrunError
+    from orchestrator.spec.config import load_config
+
     debug = "--debug" in sys.argv
     try:
         config = load_config()
         if config.color:
             terminal.set_color_mode(config.color)
+        said["config"] = config
         cli.main(prog_name="distrun", complete_var=COMPLETE_VAR, standalone_mode=False,
-                 default_map=default_map(cli, config), obj={"config": config})
+                 default_map=default_map(cli, config), obj=said)
     except click.exceptions.Abort:
-        sys.exit(int(ExitCode.INTERRUPTED))
+        raise KeyboardInterrupt from None
     except click.exceptions.NoArgsIsHelpError as exc:
         exc.show()
         sys.exit(int(ExitCode.USAGE))
@@ -160,8 +88,12 @@ def main() -> None:
         # An error may quote a host (its stderr, a banner): shown as text, never as terminal controls.
         terminal.show(f"distrun: error: {exc}", err=True)
         sys.exit(int(exc.exit_code))
-    except KeyboardInterrupt:
-        sys.exit(int(ExitCode.INTERRUPTED))
-    except SystemExit:
-        raise
-    sys.exit(0)
+
+
+def __getattr__(name: str) -> Any:
+    """`cli`, the group, for those that import it from here (tests, bench), loaded when first asked for."""
+    if name == "cli":
+        from orchestrator.cli.group import cli
+
+        return cli
+    raise AttributeError(name)

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import click
 from click.shell_completion import CompletionItem
 
-from orchestrator.cli.hints import launch_flag_hint, node_count_hint
+from orchestrator.cli.hints import launch_flag_hint, near_options, node_count_hint
 from orchestrator.console import terminal
 from orchestrator.console.terminal import ColorMode
 from orchestrator.errors import DistrunError
@@ -32,6 +32,8 @@ NODES_HELP = "Only these hosts: a host range, e.g. 'node[0-7,12]' or 'node[0-3],
 EXCLUDE_HELP = "Not these hosts: a host range, as --nodes (repeatable)."
 LABEL_HELP = "Only hosts with one of these labels, e.g. h100 or 'h100,a100' (repeatable: each must match)."
 ALL_HELP = "Every host of the inventory, on purpose (needed above `confirm_above` hosts, default 8)."
+# `stop` takes no inventory: its hosts are those of the jobs recorded here.
+STOP_ALL_HELP = "Every running job of this DISTRUN_HOME, on every host it uses."
 COLOR_HELP = "Colour: auto (a terminal without NO_COLOR), always or never."
 
 
@@ -56,8 +58,13 @@ def color_option(fn: F) -> F:
                         is_eager=True, callback=apply, help=COLOR_HELP)(fn)
 
 
-def host_selection() -> Callable[[F], F]:
-    """`--nodes`, `-x/--exclude`, `--label` and `--all`, given to the command as `selection`."""
+def host_selection(all_help: str = ALL_HELP) -> Callable[[F], F]:
+    """`--nodes`, `-x/--exclude`, `--label` and `--all`, given to the command as `selection`.
+
+    Args:
+        all_help: What `--all` means on this command (every host of the inventory, unless the
+            command takes none).
+    """
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
@@ -71,7 +78,7 @@ def host_selection() -> Callable[[F], F]:
                          shell_complete=complete_nodes),
             click.option("--label", "labels", multiple=True, metavar="LABELS", help=LABEL_HELP,
                          shell_complete=complete_labels),
-            click.option("--all", "all_hosts", is_flag=True, help=ALL_HELP),
+            click.option("--all", "all_hosts", is_flag=True, help=all_help),
         ]
         for option in reversed(options):
             wrapper = option(wrapper)
@@ -187,7 +194,7 @@ class LaunchCommand(click.Command):
             habit = launch_flag_hint(exc.option_name)
             if habit:
                 raise click.UsageError(f"{exc.option_name}: not an option of distrun launch ({habit})", ctx) from None
-            close = [p for p in exc.possibilities or () if p not in ctx.help_option_names]
+            close = near_options(exc.option_name, ctx)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             target = next((a for a in given if a.endswith((".py", ".yaml", ".yml"))), "train.py")
             raise click.UsageError(

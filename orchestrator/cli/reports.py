@@ -1,4 +1,4 @@
-"""The commands that compare jobs: `report` and `bench`."""
+"""The commands that compare and draw jobs: `report`, `bench` and `trace`."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from orchestrator.store import Store
 @click.command(short_help="Write an HTML page comparing finished jobs.")
 @click.argument("job_refs", nargs=-1, required=True, metavar="JOB_REF...", shell_complete=complete_jobs)
 @click.option("-o", "--output", default="report.html", show_default=True, type=click.Path(dir_okay=False),
-              help="The HTML file to write.")
+              help="The file to write.")
 @color_option
 def report(job_refs: tuple[str, ...], output: str) -> None:
     """Write one self-contained HTML page comparing finished jobs (JOB_REF: an id, a unique prefix, or `last`).
@@ -38,6 +38,32 @@ def report(job_refs: tuple[str, ...], output: str) -> None:
 
     path = write_report(load_jobs(Store(), job_refs), Path(output))
     terminal.show(f"report written to {path}")
+
+
+@click.command(short_help="Write a job as a trace for Perfetto or chrome://tracing.")
+@click.argument("job_ref", metavar="JOB_REF", shell_complete=complete_jobs)
+@click.option("-o", "--output", default="trace.json", show_default=True, type=click.Path(dir_okay=False),
+              help="The file to write.")
+@color_option
+def trace(job_ref: str, output: str) -> None:
+    """Write a job's run as one timeline in the Chrome Trace Event format (JSON; JOB_REF: an id, a
+    unique prefix, or `last`): a track per rank grouped by host with every collective it entered,
+    the failed rank's lines, alerts, stalls and restarts, and host and GPU telemetry as counters.
+    A running job gives the trace so far. Open the file in https://ui.perfetto.dev or chrome://tracing.
+
+    \b
+    Examples:
+      distrun trace last -o trace.json
+      distrun trace tiny-2026 -o tiny.json
+    """
+    from orchestrator.report.trace import write_trace
+
+    store = Store()
+    record = store.get(job_ref)
+    path, events, missing = write_trace(record, store.job_dir(record.id), Path(output))
+    for line in missing:
+        terminal.show(f"trace: {line}")
+    terminal.show(f"trace written to {path} ({events} events): open it in https://ui.perfetto.dev or chrome://tracing")
 
 
 def _host_counts(value: str | None) -> list[int] | None:
@@ -59,7 +85,7 @@ def _host_counts(value: str | None) -> list[int] | None:
 @click.option("--hosts", "host_counts", metavar="K,K,...", help="Run each job file at each of these host counts "
               "(the first K selected hosts); the report adds throughput and scaling efficiency against hosts.")
 @click.option("-o", "--output", default="report.html", show_default=True, type=click.Path(dir_okay=False),
-              help="The HTML file to write.")
+              help="The file to write.")
 @color_option
 @click.pass_context
 def bench(ctx: click.Context, jobs: tuple[str, ...], inventory: str | None, selection: HostSelection,

@@ -8,6 +8,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_taken: list[int] = []  # the signals a block has taken so far in this process
+
+
+def taken(signum: int) -> bool:
+    """Whether a block of `on_signals` has taken `signum` in this process (the command handles it now)."""
+    return signum in _taken
 
 
 @contextmanager
@@ -25,6 +31,7 @@ def on_signals(handler: Callable[[int], None], signums: tuple[int, ...] = STOP_S
         yield
         return
     previous = {sig: signal.signal(sig, lambda signum, _frame: handler(signum)) for sig in signums}
+    _taken.extend(signums)
     try:
         yield
     finally:

@@ -19,11 +19,12 @@ from __future__ import annotations
 import os
 import re
 import sys
+import termios
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from enum import Enum
 from typing import TextIO
-
-from orchestrator.remote.redact import escape_controls
 
 _SGR = re.compile("(\x1b\\[[0-9;]*m)")
 
@@ -58,6 +59,10 @@ def colour(stream: TextIO | None) -> bool:
 
 def safe_text(text: str) -> str:
     """`text` as it may reach a terminal: control characters escaped but newline, tab and SGR colours."""
+    # Imported here, not when this module loads: cli/main.py imports it before it takes Ctrl-C, and
+    # orchestrator.remote's package (the bundle's resources) costs tens of ms there.
+    from orchestrator.remote.redact import escape_controls
+
     if "\x1b" not in text:
         return escape_controls(text)
     bare = _SGR.sub("", text)
@@ -143,3 +148,39 @@ def ask_yes_no(question: str, stdin: TextIO | None = None, out: TextIO | None = 
 def can_ask() -> bool:
     """Whether a question can be put to somebody: stdin and stderr are both terminals."""
     return is_terminal(sys.stdin) and is_terminal(sys.stderr)
+
+
+@contextmanager
+def no_control_echo(stream: TextIO | None = None) -> Iterator[None]:
+    """Within the block, a Ctrl-C typed on `stream`'s terminal (default stdin) is not echoed as `^C`.
+
+    The live view redraws a block of lines in place; a `^C` echoed at its right edge wraps the
+    cursor onto a line the view does not know of, and its title stays on screen after it is
+    cleared. Nothing changes where `stream` is not a terminal; the terminal's own setting is
+    restored after the block, however it ends.
+    """
+    stream = sys.stdin if stream is None else stream
+    try:
+        fd = stream.fileno()
+        before = termios.tcgetattr(fd) if os.isatty(fd) else None
+    except (OSError, ValueError, termios.error):
+        before = None
+    if before is None:
+        yield
+        return
+    quiet = [*before[:3], before[3] & ~termios.ECHOCTL, *before[4:]]
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        with suppress(termios.error, OSError):
+            termios.tcsetattr(fd, termios.TCSANOW, before)
+
+
+def say_at_once(line: str) -> None:
+    """Write `line` to stderr in one system call, past Python's buffers (a signal handler's line: the
+    main thread may be inside a write); on a terminal, first erase what a progress line
+    (`connected 1/3`) left on the cursor's line."""
+    fd = sys.stderr.fileno()
+    erase = "\r\x1b[2K" if os.isatty(fd) else ""
+    os.write(fd, f"{erase}{line}\n".encode())

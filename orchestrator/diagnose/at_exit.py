@@ -14,23 +14,16 @@ failed and each it had to stop, so a rank it does not name had exited 0).
 
 A rank that raised and then died of a signal while its interpreter exited (gloo's thread: "terminate
 called without an active exception", SIGABRT) is the other case: torchrun records only the signal,
-and the exception is in the rank's output. `raised_before_signal` reads it from there, so the
+and the exception is in the rank's output. failures.py's `own_error` reads it from there, so the
 failure says "raised RuntimeError: ..., then SIGABRT at exit".
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
-from typing import Any
 
 from orchestrator.diagnose.failures import AT_EXIT, TEARDOWN_SIGNALS, Failure, FailureKind
-from orchestrator.remote.workerfail import WorkerRecord
-
-TRACEBACK = "Traceback (most recent call last)"
-RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")  # torch's excepthook prefixes each line of a rank's traceback
-# What a process may print after its exception while it aborts at exit (the C++ runtime, torch's warnings).
-ABORT_NOISE = re.compile(r"terminate called|\s*what\(\):|Aborted|Fatal Python error|\[[WE]\d{4}|\s*$")
+from orchestrator.remote.workerfail import TRACEBACK, WorkerRecord
 
 
 def neighbours_finished(nproc: int, rank: int | None, workers: Sequence[WorkerRecord]) -> bool:
@@ -56,24 +49,3 @@ def when_failed(root: Failure, others_finished: bool) -> str:
     if root.kind is not FailureKind.SIGNAL or root.signal in TEARDOWN_SIGNALS or root.rank is None:
         return ""
     return AT_EXIT if others_finished and not any(TRACEBACK in line for line in root.last_lines) else ""
-
-
-def raised_before_signal(worker: WorkerRecord, lines: Sequence[str]) -> dict[str, Any]:
-    """The exception a rank killed by a signal had raised, from its last lines, when torchrun recorded
-    only the signal: {"message": ..., "traceback": ...}, else {}.
-
-    Only an exception the rank's output ends with counts: its last traceback's exception line,
-    followed by nothing but what an abort prints. A traceback logged earlier, work after it, or a
-    teardown's signal (the rank was stopped) say nothing of how the rank ended.
-    """
-    if worker.traceback or worker.signal is None or worker.signal in TEARDOWN_SIGNALS:
-        return {}
-    plain = [RANK_PREFIX.sub("", line) for line in lines]
-    starts = [i for i, line in enumerate(plain) if line.startswith(TRACEBACK)]
-    if not starts:
-        return {}
-    tail = plain[starts[-1]:]
-    end = next((i for i, line in enumerate(tail) if i and line and not line[0].isspace()), None)
-    if end is None or not all(ABORT_NOISE.match(line) for line in tail[end + 1:]):
-        return {}
-    return {"message": tail[end], "traceback": tuple(tail[:end + 1])}

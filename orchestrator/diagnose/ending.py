@@ -5,10 +5,11 @@ After one rank fails, the ranks of the other hosts end one of three ways, and th
 
 - they failed on their own, as a consequence (gloo's `Connection closed by peer` once the first
   rank's process was gone, their torchrun raising `ChildFailedError`): a worker had raised when
-  distrun's stop reached the host (its `@record` error file was written; its process may take
-  seconds more to exit), or torchrun recorded a worker that failed by itself (not a teardown's
-  signal) and had ended before the stop (its pid was not alive then, or no stop reached a running
-  torchrun);
+  distrun's stop reached the host (its `@record` error file was written, or, in a program without
+  `@record`, its stderr ended in a traceback; its process may take seconds more to exit), or
+  torchrun recorded a worker that failed by itself (not a teardown's signal) and had ended before
+  the stop (its pid was not alive then, or no stop reached a running torchrun). The error quoted is
+  the worker's own: its record's, else the exception its last lines end with;
 - distrun stopped them: the stop reached the host while a worker still ran;
 - they had all returned from their main: the stop found torchrun alone, recording no failed
   worker and still running after its supervisor gave it time to end on its own (torchrun
@@ -52,8 +53,8 @@ class HostEnd:
         workers: torchrun's records of its failed workers.
         alive_at_stop: The job's pids alive when distrun's stop signalled its torchrun ([]: torchrun
             alone; None: no stop reached a running torchrun).
-        raised_at_stop: The ranks that had raised through elastic's `@record` (their error files
-            written) when the stop came, their processes exiting or not.
+        raised_at_stop: The ranks that had raised when the stop came (an `@record` error file, or a
+            traceback their stderr ended with), their processes exiting or not.
     """
 
     workers: Sequence[WorkerRecord] = ()

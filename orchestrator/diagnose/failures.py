@@ -3,9 +3,9 @@
 A `Failure` is built where a failure is observed (the launcher, a backend) and kept as a dict
 in the job's record (`JobRecord.failures`, root cause first). A host's failed worker comes from
 torchrun's own record (remote/workerfail.py: rank, exit code or signal, and the exception with
-its traceback when the worker recorded one). Everything people read (the
-launch summary, summary.txt, `distrun report`) is rendered from that data; nothing parses
-rendered text back. torch elastic's `ProcessFailure` is the model.
+its traceback when the worker recorded one, else the one its own last lines end with: `own_error`).
+Everything people read (the launch summary, summary.txt, `distrun report`) is rendered from that
+data; nothing parses rendered text back. torch elastic's `ProcessFailure` is the model.
 
 `root_cause` is pure: given the failures seen in the moments after the first one, it names the
 likeliest origin (see its docstring for the rules).
@@ -23,7 +23,7 @@ from typing import Any
 
 from orchestrator.console.display import fold_hosts
 from orchestrator.diagnose.flight import Lag
-from orchestrator.remote.workerfail import WorkerRecord
+from orchestrator.remote.workerfail import WorkerRecord, final_exception
 
 ROOT_CAUSE_TITLE = "Root Cause (first observed failure):"
 # Lines a rank prints when it failed only because a peer went away (or it was told to stop).
@@ -193,6 +193,14 @@ class Failure:
             message=str(data.get("message") or ""), traceback=tuple(data.get("traceback") or ()),
             stopped=bool(data.get("stopped")),
         )
+
+
+def own_error(lines: Sequence[str], signal: str | None = None) -> dict[str, Any]:
+    """The exception a failed rank's own output ends with, for a failure whose record has none (no
+    `@record`; a signal at exit after it): `{"message": ..., "traceback": ...}` for `Failure`, else {}.
+    A teardown's `signal` (the rank was stopped) says nothing of how it ended."""
+    raised = None if signal in TEARDOWN_SIGNALS else final_exception(lines)
+    return {} if raised is None else {"message": raised[0], "traceback": raised[1]}
 
 
 def oom_reason(oom_kills: int | None) -> str:

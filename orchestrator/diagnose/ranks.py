@@ -6,7 +6,9 @@ one, its Flight Recorder record (flight.py), on every host at once, and returns 
 main thread is, its Flight Recorder position (the last collective it entered and the last it
 completed, and when it entered its last), and when its last line reached the controller. `Look.keep`
 writes what it found into the job directory (stacks/, flight/). A host without py-spy, ptrace
-refused, a rank that serves no Flight Recorder: each is said in one line, and the rest still counts.
+refused, a rank that serves no Flight Recorder or serves something that is not a record (the socket
+is the rank's program's: its answer is checked before it is read): each is said in one line, and
+the rest still counts.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, TextIO
 from orchestrator.console import terminal
 from orchestrator.console.terminal import ProgressCounter
 from orchestrator.doctor.bandwidth_check import bandwidth_check, busbw_threshold, render_bandwidth
+from orchestrator.doctor.links import links_check, measure_links, render_links
 from orchestrator.errors import DistrunError, ExitCode
 from orchestrator.fanout.group import Group
 from orchestrator.hostcheck.checks import (
@@ -55,6 +56,7 @@ class DoctorRequest:
     strict: bool = False
     bandwidth: bool = False
     min_busbw: float | None = None
+    links: bool = False
 
 
 def run_doctor(request: DoctorRequest, out: TextIO = sys.stdout) -> int:
@@ -81,16 +83,24 @@ def run_doctor(request: DoctorRequest, out: TextIO = sys.stdout) -> int:
     if request.bandwidth:
         check, report = _bandwidth(checks, results, inventory, nodes, ctx, request.min_busbw)
         checks.append(check)
+    links = measure_links(nodes) if request.links else None
+    if links is not None:
+        checks.append(links_check(links))
     seconds = time.monotonic() - began
     code = exit_code(checks, results, request.strict)
     if request.as_json:
         data = report.to_dict() | {"min_busbw_gbps": busbw_threshold(report.backend, request.min_busbw)} \
             if report else None
-        terminal.show(json.dumps(to_json(results, checks, ctx, seconds, code, data), indent=2), stream=out)
+        shown = to_json(results, checks, ctx, seconds, code, data)
+        if links is not None:
+            shown["links"] = links.to_dict()
+        terminal.show(json.dumps(shown, indent=2), stream=out)
     else:
         terminal.show(render_table(checks, ctx, seconds, terminal.colour(out)), stream=out)
         if report is not None and report.results:
             terminal.show("\n" + render_bandwidth(report), stream=out)
+        if links is not None and links.pairs:
+            terminal.show("\n" + render_links(links), stream=out)
     return code
 
 

@@ -2,15 +2,17 @@
 master) to one row each of the report. Unit-tested on handmade facts; no host needed.
 
 Check names, in the report's order: reachable, probe, python, torch, cuda, nccl, driver,
-backend, gpus, gpu-busy, ecc, shm, memlock, disk, clock, iface, master-resolves, port-free,
-port-reachable (and bandwidth, with --bandwidth).
+backend, gpus, gpu-busy, ecc, shm, memlock, py-spy, disk, clock, iface, deepspeed, build-locks,
+master-resolves, port-free, port-reachable, entry (and bandwidth, with --bandwidth).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from orchestrator.console.display import fold_hosts, size_text
@@ -487,8 +489,70 @@ def check_entry(probed: Mapping[str, HostFacts], ctx: Context) -> Check:
     return verdict("entry", problems, shown, Status.ERROR, hint)
 
 
+DS_IMPORT = re.compile(r"^\s*(?:import|from)\s+deepspeed\b", re.MULTILINE)
+
+
+def uses_deepspeed(job: JobSpec | None) -> bool:
+    """Whether the job runs DeepSpeed: its script imports deepspeed, or its module is deepspeed's."""
+    if job is None:
+        return False
+    if job.module:
+        return job.module.split(".")[0] == "deepspeed"
+    try:
+        return bool(DS_IMPORT.search(Path(str(job.script)).read_text(errors="replace")))
+    except OSError:
+        return False
+
+
+def check_deepspeed(probed: Mapping[str, HostFacts], ctx: Context) -> Check:
+    """DeepSpeed's version alike on every host; on every host when the job uses it."""
+    found = {h: f.deepspeed for h, f in probed.items() if f.deepspeed}
+    if not probed:
+        return skipped("deepspeed", "no host was probed")
+    if not uses_deepspeed(ctx.job):
+        if not found:
+            return skipped("deepspeed", "not installed, and no job that uses it given")
+        return consistency("deepspeed", found, DS_HINT)
+    missing = {h: str(f.python_path or ctx.node(h).python) for h, f in probed.items() if not f.deepspeed}
+    if missing:
+        install = f"deepspeed=={next(iter(grouped(found)))[0]}" if found else "deepspeed"
+        where = "; ".join(f"{fold_hosts(hosts)}: {python} -m pip install '{install}'"
+                          for python, hosts in grouped(missing))
+        return Check("deepspeed", Status.ERROR, list(missing),
+                     f"{fold_hosts(missing)}: deepspeed not installed in the job's python, which the job imports",
+                     f"install it there ({where})")
+    return consistency("deepspeed", found, DS_HINT)
+
+
+DS_HINT = "install the same deepspeed in every node's python (`python:` in the inventory names the interpreter)"
+
+
+def check_extension_locks(probed: Mapping[str, HostFacts], _ctx: Context) -> Check:
+    """torch extension build locks that no process is building under: every build of that op waits for ever."""
+    stale = {h: [lock for lock in f.extension_locks if not lock.building] for h, f in probed.items()}
+    stale = {h: locks for h, locks in stale.items() if locks}
+    if stale:
+        detail = "; ".join(f"{h}: {lock.path} ({duration(lock.age_s)} old, no build running)"
+                           for h, locks in stale.items() for lock in locks)
+        first_host, first = next(iter(stale.items()))
+        return Check("build-locks", Status.ERROR, list(stale), f"stale torch extension build lock: {detail}",
+                     "a JIT build (DeepSpeed's ops) that was killed left it, and every later build of that op waits "
+                     f"on it for ever: remove it, e.g. distrun exec --nodes {first_host} rm {first[0].path}")
+    roots = {h: f"no stale build lock in {f.extensions_root}" for h, f in probed.items() if f.extensions_root}
+    return verdict("build-locks", {}, roots, Status.ERROR, "")
+
+
+def duration(seconds: float | None) -> str:
+    """`3 s`, `12 min`, `5 h`; `?` when unknown."""
+    if seconds is None:
+        return "?"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.0f} h"
+
+
 FACT_CHECKS: tuple[Callable[[Mapping[str, HostFacts], Context], Check], ...] = (
     check_python, check_torch, check_cuda, check_nccl, check_driver, check_backend, check_gpus,
     check_gpu_busy, check_ecc, check_shm, check_memlock, check_pyspy, check_disk, check_clock, check_iface,
-    check_resolves, check_port_free, check_port_reachable, check_entry,
+    check_deepspeed, check_extension_locks, check_resolves, check_port_free, check_port_reachable, check_entry,
 )

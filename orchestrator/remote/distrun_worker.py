@@ -14,7 +14,9 @@ pays nothing: `worker_main()` on `$DISTRUN_WORKER_SOCKETS/rank<RANK>.sock`, the 
 remote/flightrec.py fetches from. `TORCH_WORKER_SERVER_SOCKET` is set only while it is entered,
 and faulthandler is left as it was (worker_main's `@record` turns it on). A torch without the
 control plane runs the program unchanged. torch's server logs its start and end on stderr;
-those lines are dropped, so the program's stderr is its own.
+those lines are dropped, so the program's stderr is its own. A program that enters worker_main()
+itself on the same socket is yielded it (`_yielding`): the entry's server is shut down and its
+socket removed just before the program's server binds, whatever the program's order of imports.
 
 The supervisor writes this file to `~/.distrun/jobs/<id>/bin/` on the host (remote/programs.py);
 stdlib-only, and it imports nothing of distrun, nor typing or __future__: what it imports is in
@@ -29,7 +31,7 @@ SERVER_SOCKET = "TORCH_WORKER_SERVER_SOCKET"
 SERVE_WAIT = 10.0  # seconds torch's server may take to serve before it is shut down
 LAST = ".last.json"  # beside the rank's socket: its Flight Recorder record as it ended (remote/frpoll.py)
 LAST_SETTLE = 0.3  # seconds the record may take to show the last collective completed
-_serving = []  # the entered worker_main(), its socket and process, closed when the program ends
+_serving = []  # the entered worker_main(), its socket and process, closed (the socket removed) at the end
 
 
 def _serve_control_plane():
@@ -45,7 +47,7 @@ def _serve_control_plane():
     try:
         import faulthandler
 
-        from torch.distributed.elastic.control_plane import worker_main
+        from torch.distributed.elastic import control_plane
     except Exception:
         return
     was_on = faulthandler.is_enabled()
@@ -54,9 +56,10 @@ def _serve_control_plane():
         if os.path.exists(path):
             os.remove(path)  # an earlier attempt's: torch does not bind over it
         os.environ[SERVER_SOCKET] = path
-        serving = worker_main()
+        serving = control_plane.worker_main()
         _quiet(serving.__enter__)
         _serving.append((serving, path, os.getpid()))
+        control_plane._worker_server = _yielding(control_plane._worker_server)
     except Exception:
         pass
     finally:
@@ -66,6 +69,41 @@ def _serve_control_plane():
             os.environ[SERVER_SOCKET] = before
         if not was_on:
             faulthandler.disable()
+
+
+def _yielding(server):
+    """torch's `_worker_server`, made to yield this rank's socket to the program's own worker_main()
+    on the same path: the entry's server is shut down and its socket removed first, whatever the
+    program did before (imported torch, removed the socket, set TORCH_WORKER_SERVER_SOCKET)."""
+
+    def yielding(socket_path):
+        _give_up(socket_path)
+        return server(socket_path)
+
+    return yielding
+
+
+def _give_up(path):
+    """Shut the entry's own server at `path` down, once it serves there (torch binds in its server's
+    thread), and remove its socket; one whose socket the program removed already is left serving
+    the unlinked socket (the program's server binds the path all the same)."""
+    for entry in [e for e in _serving if e[1] == path and e[2] == os.getpid()]:
+        _await_serving(path)
+        if not os.path.exists(path):
+            continue
+        _serving.remove(entry)
+        try:  # noqa: SIM105  (no contextlib: what this program imports is in the program's sys.modules)
+            _quiet(entry[0].__exit__, None, None, None)
+        except Exception:
+            pass
+        _remove(path)
+
+
+def _remove(path):
+    try:  # noqa: SIM105  (no contextlib, as above)
+        os.remove(path)
+    except OSError:
+        pass
 
 
 class _AfterTorch:
@@ -276,6 +314,7 @@ def _close_control_plane():
             _quiet(serving.__exit__, None, None, None)
         except Exception:
             pass
+        _remove(path)  # the rank ends: a socket left in sock/ would only refuse connections
 
 
 def main():

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 FETCH_TIMEOUT = 5.0
 ERROR_CHARS = 200  # the most characters of an error's text, on one line
+CPU_HANDLER = "fr_trace_json"
+NCCL_HANDLER = "dump_nccl_trace_json?includecollectives=true"
 MAX_ANSWER = 64 << 20  # a rank's dump is a few MiB at most; a larger answer is not a rank's
 CHUNK = 1 << 16
 # The fields of an fr_trace_json entry that distrun reads, and the JSON type each must have where present.
@@ -77,8 +79,12 @@ def _socket_of_ours(path: str) -> str | None:
 
 def fetch(path: str, timeout: float = FETCH_TIMEOUT, peer: Callable[[int], bool] | None = None,
           limit: int = MAX_ANSWER) -> dict[str, object]:
-    """A rank's Flight Recorder dump (torch's `fr_trace_json` handler) as {"flight": its JSON}, or
-    {"flight_error": why}.
+    """A rank's Flight Recorder dump as {"flight": its JSON}, or {"flight_error": why}.
+
+    torch keeps two records: gloo's (and every CPU backend's) behind the `fr_trace_json` handler,
+    NCCL's behind `dump_nccl_trace_json` (on NCCL, `fr_trace_json` answers with no entries: seen on
+    torch 2.11 + NCCL 2.28, bench/results/gpu.md). The first is asked first; when it holds no
+    collective, NCCL's is asked too, within the same time, and kept if it holds some.
 
     Args:
         path: The rank's socket: a socket of this user's, never a link.
@@ -86,6 +92,19 @@ def fetch(path: str, timeout: float = FETCH_TIMEOUT, peer: Callable[[int], bool]
         peer: Whether the pid serving the socket may be believed (None: any of this user's).
         limit: The most bytes an answer may have.
     """
+    deadline = time.monotonic() + timeout
+    got = _ask(path, CPU_HANDLER, timeout, peer, limit)
+    flight = got.get("flight")
+    if not isinstance(flight, dict) or flight.get("entries"):
+        return got
+    nccl = _ask(path, NCCL_HANDLER, max(0.1, deadline - time.monotonic()), peer, limit)
+    answer = nccl.get("flight")
+    return nccl if isinstance(answer, dict) and answer.get("entries") else got
+
+
+def _ask(path: str, handler: str, timeout: float, peer: Callable[[int], bool] | None,
+         limit: int) -> dict[str, object]:
+    """One handler's JSON answer on a rank's socket as {"flight": its JSON}, or {"flight_error": why}."""
     why = _socket_of_ours(path)
     if why is not None:
         return {"flight_error": why}
@@ -98,7 +117,7 @@ def fetch(path: str, timeout: float = FETCH_TIMEOUT, peer: Callable[[int], bool]
         why = _unbelieved(connection.peer, peer)
         if why is not None:
             return {"flight_error": why}
-        connection.request("POST", "/handler/fr_trace_json")
+        connection.request("POST", f"/handler/{handler}")
         response = connection.getresponse()
         body = _read_capped(response, limit, deadline)
     except (OSError, http.client.HTTPException, ValueError) as exc:

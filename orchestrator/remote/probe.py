@@ -41,9 +41,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
+import importlib.util
 import json
 import os
 import platform
+import re
 import resource
 import socket
 import struct
@@ -366,6 +369,63 @@ def full_facts(options: dict[str, Any], inbox: Inbox, emit: Emit) -> dict[str, A
     }
 
 
+# ---------------------------------------------------------------- DeepSpeed
+
+DS_VERSION = re.compile(r"^version\s*=\s*['\"]([^'\"]+)['\"]", re.MULTILINE)
+
+
+def deepspeed_version() -> str | None:
+    """The version of the deepspeed `import deepspeed` would find, from its installed version file
+    (found, not imported: importing it takes seconds); None when it is not installed."""
+    try:
+        spec = importlib.util.find_spec("deepspeed")
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    for where in spec.submodule_search_locations or []:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            with open(os.path.join(where, "git_version_info_installed.py"), encoding="utf-8") as fh:
+                found = DS_VERSION.search(fh.read())
+            if found:
+                return found.group(1)
+    return "unknown"
+
+
+def extensions_root(env: dict[str, str]) -> str:
+    """Where torch JIT-builds C++ extensions: TORCH_EXTENSIONS_DIR, else its user cache directory."""
+    chosen = env.get("TORCH_EXTENSIONS_DIR") or os.environ.get("TORCH_EXTENSIONS_DIR")
+    if chosen:
+        return os.path.expanduser(chosen)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(cache, "torch_extensions")
+
+
+def build_cwds() -> set[str]:
+    """The working directories of this host's processes (a compiler building an op works in its directory)."""
+    found = set()
+    for pid in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if pid.isdigit():
+            with contextlib.suppress(OSError):
+                found.add(os.readlink(f"/proc/{pid}/cwd"))
+    return found
+
+
+def extension_locks(env: dict[str, str]) -> dict[str, Any]:
+    """torch's build locks (`<root>/[<py>/]<op>/lock`): a lock no process is building under is stale,
+    and every later build of that op waits on it for ever."""
+    root = extensions_root(env)
+    paths = sorted(glob.glob(os.path.join(root, "*", "lock")) + glob.glob(os.path.join(root, "*", "*", "lock")))
+    cwds = build_cwds() if paths else set()
+    locks = []
+    for path in paths:
+        with contextlib.suppress(OSError):
+            folder = os.path.dirname(path)
+            building = any(cwd == folder or cwd.startswith(folder + os.sep) for cwd in cwds)
+            locks.append({"path": path, "age_s": round(time.time() - os.stat(path).st_mtime, 1), "building": building})
+    return {"root": root, "locks": locks}
+
+
 # ---------------------------------------------------------------- putting it together
 
 
@@ -379,6 +439,8 @@ def facts(options: dict[str, Any], listener: Listener | None = None) -> dict[str
         "gpus": gpu_count(),
         "interfaces": interfaces(),
         "home": os.path.expanduser("~"),
+        "deepspeed": deepspeed_version(),
+        "extensions": extension_locks(dict((options.get("import_from") or {}).get("env") or {})),
     }
     if options.get("route_to"):
         result["route_iface"] = route_iface(options["route_to"])

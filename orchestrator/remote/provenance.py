@@ -1,15 +1,18 @@
 """Which processes of a host are provably a job's, not merely claiming to be.
 
 The markers the supervisor puts in the job's environment (DISTRUN_JOB_ID, DISTRUN_NODE) are in
-`ps` for every user, who can start a process that carries them. A process is the job's only when
-it is the job's user's (real and effective uid) and descends from a recorded root: the
-supervisor, or the torchrun it started, each known by its pid and start time (a reused pid has
-another start time). The supervisor becomes its children's subreaper, so a worker whose torchrun
-is gone is reparented to it and stays provable; a stop (`supervisor.end_job`) adds each process
+`ps` for every user, who can start a process that carries them; and a rank's own children may
+carry none (a program started with an environment of its own). A process is the job's when it
+is the job's user's (real and effective uid) and descends from a recorded root: the supervisor,
+or the torchrun it started, each known by its pid and start time (a reused pid has another start
+time); descent is enough, markers or not (`descendants`). The supervisor becomes its children's
+subreaper, so a worker whose torchrun is gone, or a rank's child whose rank is gone (in a
+session of its own or not), is reparented to it and stays provable; a stop (`supervisor.end_job`) adds each process
 it proves to its roots, so one whose torchrun exits while no supervisor is left to adopt it stays
 provable to the end of that stop. Programs run beside the job later (`stack`, the `stop`
 cleanup) read the roots from the record the supervisor wrote into the host's private job
-directory (`record`, `recorded`). Stdlib-only (runs on the hosts).
+directory (`record`, `recorded`); the supervisor adds to it, each heartbeat, what it adopted, so
+that a SIGKILLed supervisor's adoptions (reparented to init) are still found. Stdlib-only (runs on the hosts).
 """
 
 from __future__ import annotations
@@ -88,6 +91,61 @@ def proven_root(pid: int, roots: Iterable[Root]) -> Root | None:
     return None
 
 
+def _table() -> dict[int, tuple[int, int]]:
+    """Every running process of the host (zombies aside): pid -> (parent pid, start time), read once
+    from /proc."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        fields = _stat(int(entry)) if entry.isdigit() else None
+        if fields is not None and len(fields) >= 20 and fields[0] not in (b"Z", b"X"):
+            table[int(entry)] = (int(fields[1]), int(fields[19]))
+    return table
+
+
+def _below(pid: int, table: dict[int, tuple[int, int]], wanted: set[Root], known: dict[int, bool]) -> bool:
+    """Whether `pid` is a root or descends from one, by its parent links in `table`; each process
+    on the way is remembered in `known`, so that a whole tree costs one walk."""
+    chain, result, current = [], False, pid
+    for _ in range(MAX_DEPTH):
+        if current in known:
+            result = known[current]
+            break
+        entry = table.get(current)
+        if entry is None:
+            break
+        chain.append(current)
+        if Root(current, entry[1]) in wanted:
+            result = True
+            break
+        if entry[0] <= 0 or entry[0] == current:
+            break
+        current = entry[0]
+    known.update(dict.fromkeys(chain, result))
+    return result
+
+
+def descendants(roots: Iterable[Root], exclude: int) -> list[Root]:
+    """Every process of this user's that is one of `roots` or descends from one (a root matches by
+    pid and start time), `exclude` (the caller) left out: found by walking each process's parent
+    links from /proc, read once."""
+    wanted = set(roots)
+    if not wanted:
+        return []
+    table, known = _table(), {}
+    return [Root(pid, start) for pid, (_, start) in table.items()
+            if pid != exclude and _below(pid, table, wanted, known) and _owned(pid)]
+
+
+def children(pid: int) -> list[int]:
+    """The children of `pid` (every thread's, from /proc/PID/task/*/children); none when unknown."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                found += [int(child) for child in fh.read().split()]
+    return found
+
+
 def own_roots() -> list[Root]:
     """This process as the only root (the supervisor finds its own job's processes)."""
     me = root_of(os.getpid())
@@ -122,7 +180,8 @@ def recorded(path: str) -> list[Root]:
 
 
 def become_subreaper() -> None:
-    """Have orphaned descendants (workers whose torchrun is gone) reparented to this process, so
-    that they stay provable; nothing where the call is not available."""
+    """Have orphaned descendants (workers whose torchrun is gone, a rank's children whose rank is
+    gone, daemons that a rank's program detached) reparented to this process, so that they stay
+    provable and end with the job; nothing where the call is not available."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)

@@ -1,16 +1,21 @@
 """Removes the copies a host keeps of finished jobs, for `distrun prune`. argv: JOB_ID ...
 
 Only a directory directly under ~/.distrun/jobs whose name is a job id is removed, never a
-link; prints one JSON object: {"removed": [ids whose copy was there]}.
+link, with the socket directory under the temporary directory its supervisor recorded there and
+did not remove (a SIGKILLed supervisor's, remote/sockdir.py); prints one JSON object:
+{"removed": [ids whose copy was there]}.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
 import shutil
 import sys
+
+from orchestrator.remote.sockdir import remove_recorded
 
 JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
@@ -33,6 +38,8 @@ def main(argv: list[str]) -> None:
             continue
         path = os.path.join(root, job_id)
         if os.path.isdir(path) and not os.path.islink(path):
+            for record in glob.glob(os.path.join(glob.escape(path), "*.sockdir")):
+                remove_recorded(path, job_id, os.path.basename(record)[:-len(".sockdir")])
             _remove_tree(path)
             removed.append(job_id)
     sys.stdout.write(json.dumps({"removed": removed}) + "\n")

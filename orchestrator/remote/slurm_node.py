@@ -33,7 +33,7 @@ from orchestrator.remote.config import SupervisorConfig
 from orchestrator.remote.private import open_private
 from orchestrator.remote.probe import first_free_port, port_free
 from orchestrator.remote.stream import StreamWriter
-from orchestrator.remote.supervisor import Supervisor
+from orchestrator.remote.supervisor import start
 
 
 def expand(argv: list[str], names: list[str], env: dict[str, str], at: list[int]) -> list[str]:
@@ -109,8 +109,11 @@ def main(argv: list[str]) -> None:
     with open_private(stream_path, "ab") as stream:
         # sys.stdin is the bundle file the bootstrap read from; srun's stdin is the process's own.
         config = fill_supervisor_config(cfg, node, command, env, read_secrets(cfg, sys.__stdin__.buffer))
-        supervisor = Supervisor(config, StreamWriter(stream))
-        supervisor.run(sys.stdin.buffer)
+        supervisor = start(config, StreamWriter(stream))
+        if supervisor is not None:
+            supervisor.run(sys.stdin.buffer)
+    if supervisor is None:
+        os._exit(2)  # refused: an unsafe directory of the job's on this node
     rc = supervisor.child.returncode if supervisor.child is not None else None
     # The supervisor's threads may still sit in blocking calls; leave without joining them.
     os._exit(exit_status(rc))

@@ -17,8 +17,9 @@ pids of the job's processes alive when the stop signalled torchrun, so that each
 record (its pid) tells whether it ended before the stop ([]: torchrun alone, in its exit barrier:
 a torchrun whose workers are all gone is first given OWN_END seconds to end on its own, as it does
 once it has recorded their failure; null: torchrun ended on its own, or no stop came). A torchrun
-that the stop ended records no worker: `workers` then holds those that had raised through elastic's
-`@record` before the stop (their error files, pid 0); `raised_at_stop` lists those ranks either way.
+that the stop ended records no worker: `workers` then holds those that had raised before the stop
+(an elastic `@record` error file, or a traceback their stderr ended with; pid 0: remote/workerfail.py's
+`raised_workers`); `raised_at_stop` lists those ranks either way.
 It also carries `stop_cause` (a `StopCause`: who had the supervisor end the job; null when
 nobody did) and `workers`: torchrun's record of each failed worker (remote/workerfail.py),
 the job's secrets masked.
@@ -27,13 +28,16 @@ by torchrun's own count (remote/tail.py's `restart_count`), and `gpus_freed`: fo
 memory a process of the job held when the supervisor ended it, the line remote/gpu.py words
 ("freed 2.1 GB on gpu0 held by pid 4242").
 
-The job's processes are found two ways: torchrun's process group, and every process whose
-environment carries `DISTRUN_JOB_ID=<id>` and `DISTRUN_NODE=<node>` (torchrun starts each
-worker in a session of its own, so the group alone would miss workers once torchrun itself
-is gone) and that is provably the job's (remote/provenance.py: this user's, descending from
-the supervisor or its torchrun; markers alone are claimed by anyone who reads `ps`). Another
-job on the same host has another id and is never touched; the node name keeps apart hosts
-that share one process table (containers, namespaces).
+The job's processes are found two ways: torchrun's process group, and every process of this
+user's that descends from the supervisor (or, for `distrun stop` and `stack`, from the supervisor
+and torchrun it recorded), found by walking /proc's parent links (remote/provenance.py). Descent
+is enough: torchrun starts each worker in a session of its own, and a rank may start children
+with an environment of its own, in a session of their own or not; the supervisor is their
+subreaper, so whatever outlives its parent is reparented to it and stays the job's. Each is
+ended at the job's end and on every stop or failure. The markers (`DISTRUN_JOB_ID=<id>`,
+`DISTRUN_NODE=<node>`) prove nothing, as anyone who reads `ps` can claim them; a descendant that
+names another job or node is left alone (a job the job started). Another job on the same host,
+or another user's process, does not descend from this supervisor and is never touched.
 """
 
 from __future__ import annotations
@@ -54,13 +58,22 @@ from orchestrator.remote.frpoll import run as poll_flight_recorders
 from orchestrator.remote.ftforward import forward_lighthouse
 from orchestrator.remote.gpu import GpuHolders
 from orchestrator.remote.leader import Leader
-from orchestrator.remote.private import make_private_dirs
 from orchestrator.remote.programs import expand_job_words, write_programs
-from orchestrator.remote.provenance import Root, become_subreaper, own_roots, proven_root, record, record_path, root_of
+from orchestrator.remote.provenance import (
+    Root,
+    become_subreaper,
+    children,
+    descendants,
+    own_roots,
+    proven_root,
+    record,
+    record_path,
+    root_of,
+)
 from orchestrator.remote.rdzvconn import endpoint
 from orchestrator.remote.relay import Relay
-from orchestrator.remote.safedirs import UnsafeDirError, expand_var, make_safe_dir
-from orchestrator.remote.sockdir import remove_fallback, socket_dir
+from orchestrator.remote.safedirs import UnsafeDirError, expand_var, make_job_dirs, make_safe_dir
+from orchestrator.remote.sockdir import record_fallback, remove_recorded, remove_sockets, socket_dir
 from orchestrator.remote.stream import StreamWriter
 from orchestrator.remote.tail import restart_count
 from orchestrator.remote.workerfail import RECORDS, WorkerRecord, raised_workers, read_records
@@ -80,39 +93,40 @@ class StopCause(str, Enum):
     SIGNAL = "signal"  # the supervisor got SIGHUP, SIGTERM or SIGINT
 
 
-def _markers(job_id: str, node: str | None) -> tuple[bytes, bytes]:
-    marker = f"DISTRUN_JOB_ID={job_id}".encode()
-    return marker, f"DISTRUN_NODE={node}".encode() if node else marker
-
-
-def _job_root(pid: int | str, markers: tuple[bytes, bytes], roots: list[Root]) -> Root | None:
+def _claims_another(pid: int, job_id: str, node: str | None) -> bool:
+    """Whether the process's environment names another job or node (DISTRUN_JOB_ID, DISTRUN_NODE):
+    a job the job itself started, with markers of its own. One that names none (a child given an
+    environment of its own) or this job's claims nothing else; a process gone claims nothing."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
             env = fh.read().split(b"\0")
     except OSError:
-        return None
-    return proven_root(int(pid), roots) if markers[0] in env and markers[1] in env else None
+        return False
+    for key, value in ((b"DISTRUN_JOB_ID=", job_id), (b"DISTRUN_NODE=", node)):
+        named = [item[len(key):] for item in env if item.startswith(key)]
+        if value is not None and named and value.encode() not in named:
+            return True
+    return False
 
 
-def _is_job_process(pid: int | str, markers: tuple[bytes, bytes], roots: list[Root]) -> bool:
-    return _job_root(pid, markers, roots) is not None
+def _is_job_process(pid: int, job_id: str, node: str | None, roots: list[Root]) -> bool:
+    return proven_root(pid, roots) is not None and not _claims_another(pid, job_id, node)
 
 
 def job_processes(job_id: str, exclude: int, node: str | None = None, roots: list[Root] | None = None) -> list[int]:
-    """Pids of every process whose environment has DISTRUN_JOB_ID=job_id (and DISTRUN_NODE=node)
-    and that is provably the job's: descends from `roots` (None: from this process)."""
+    """Pids of every process of the job: this user's, descending from `roots` (None: from this
+    process, the supervisor), whatever its environment, unless it names another job or node."""
     return pin_job_processes(job_id, exclude, node, own_roots() if roots is None else list(roots))
 
 
 def pin_job_processes(job_id: str, exclude: int, node: str | None, roots: list[Root]) -> list[int]:
     """`job_processes`, each also added to `roots` (pid and start time): a process found the job's
     stays so for the rest of a stop when its parent exits outside the job's tree (a torchrun that
-    dies before its workers while no supervisor is there to adopt them)."""
-    markers = _markers(job_id, node)
+    dies before its workers while no supervisor is there to adopt them, a rank's child whose rank
+    the stop ended first)."""
     found = []
-    for entry in os.listdir("/proc"):
-        root = _job_root(entry, markers, roots) if entry.isdigit() and int(entry) != exclude else None
-        if root is not None:
+    for root in descendants(roots, exclude):
+        if not _claims_another(root.pid, job_id, node):
             found.append(root.pid)
             if root not in roots:
                 roots.append(root)
@@ -137,7 +151,7 @@ def signal_job_process(pid: int, sig: int, job_id: str, node: str | None, roots:
     except OSError:
         return
     try:
-        if _is_job_process(pid, _markers(job_id, node), own_roots() if roots is None else roots):
+        if _is_job_process(pid, job_id, node, own_roots() if roots is None else roots):
             send(fd, sig)
     except OSError:
         pass
@@ -248,6 +262,7 @@ class Supervisor:
         self.restarts = 0  # torchrun's restarts of its workers, counted once it has ended
         self.sockets: tuple[str, str] | None = None  # the ranks' socket directory: (as asked, as made)
         self.workers_at_stop: int | None = None
+        self.roots: list[Root] = []  # this supervisor, its torchrun, and what it adopted (recorded)
         self.stop_at: float | None = None  # when the stop reached a running torchrun (time.time())
         self.alive_at_stop: list[int] | None = None  # the job's pids alive when the stop signalled torchrun
         self.raised_at_stop: list[WorkerRecord] = []  # workers that had raised (@record) when the stop came
@@ -258,8 +273,12 @@ class Supervisor:
         self.leader: Leader | None = None
         self.ender: threading.Thread | None = None
         self.dir = os.path.expanduser(os.path.join(cfg.host_dir, "jobs", self.job_id))
-        with contextlib.suppress(OSError):  # a full disk: the host-side copy warns and the job goes on
-            make_private_dirs(self.dir)
+        try:
+            make_job_dirs(cfg.host_dir, self.job_id, self.node)  # UnsafeDirError: nothing of the job runs
+        except UnsafeDirError:
+            raise
+        except OSError:
+            pass  # a full disk: the host-side copy warns and the job goes on
         self.relay = Relay(cfg, out, self.dir, self.warn)
         self.record_path = os.path.join(self.relay.raw_dir, RECORDS)  # torchrun's failed workers
 
@@ -311,9 +330,20 @@ class Supervisor:
     def record_roots(self) -> None:
         """Record this supervisor and its torchrun (pid and start time) for the programs that find
         the job's processes later (remote/provenance.py); a full disk leaves them none to find."""
-        roots = [r for r in (root_of(os.getpid()), root_of(self.child.pid)) if r is not None]  # type: ignore[union-attr]
+        self.roots = [r for r in (root_of(os.getpid()), root_of(self.child.pid)) if r is not None]  # type: ignore[union-attr]
         with contextlib.suppress(OSError):
-            record(record_path(self.dir, self.node), roots)
+            record(record_path(self.dir, self.node), self.roots)
+
+    def record_adopted(self) -> None:
+        """Record beside them each process the supervisor adopted as subreaper (a rank's detached
+        child, a worker whose torchrun died): SIGKILLed, the supervisor's adoptions go to init, and
+        the cleanup that follows finds them (and what descends from them) only by this record."""
+        new = [r for r in (root_of(pid) for pid in children(os.getpid()) if pid != self.child.pid)  # type: ignore[union-attr]
+               if r is not None and r not in self.roots]
+        if new:
+            self.roots += new
+            with contextlib.suppress(OSError):
+                record(record_path(self.dir, self.node), self.roots)
 
     def resolve_sockets(self, env: dict[str, str]) -> None:
         """DISTRUN_WORKER_SOCKETS made on this host (remote/sockdir.py), or dropped with a note."""
@@ -327,6 +357,9 @@ class Supervisor:
         else:
             env["DISTRUN_WORKER_SOCKETS"] = made
             self.sockets = (wanted, made)
+            if made != os.path.expanduser(wanted):
+                with contextlib.suppress(OSError):  # a full disk: only a SIGKILL would leave it then
+                    record_fallback(self.dir, self.node, made)
 
     def start_flight_polls(self) -> None:
         """Read the ranks' Flight Recorders every few seconds (remote/frpoll.py) where they serve them."""
@@ -348,10 +381,12 @@ class Supervisor:
         self.stop("controller connection closed", StopCause.CHANNEL)
 
     def watchdog(self) -> None:
-        """Send our heartbeat; end the job when the controller's heartbeat stops. Neither waits on
-        stdout: the heartbeat is queued (StreamWriter), the decision reads only the clock."""
+        """Send our heartbeat, and record what the supervisor adopted; end the job when the
+        controller's heartbeat stops. Neither waits on stdout: the heartbeat is queued
+        (StreamWriter), the decision reads only the clock."""
         while not self.done.wait(HEARTBEAT_EVERY):
             self.out.event("hb")
+            self.record_adopted()
             if self.hb_timeout is not None and time.monotonic() - self.last_hb > self.hb_timeout:
                 self.stop(f"controller heartbeat silent for more than {self.hb_timeout:g} s", StopCause.HEARTBEAT)
 
@@ -379,7 +414,9 @@ class Supervisor:
         if self.child is not None and _alive(self.child.pid):
             self.stop_at = time.time()
             self.raised_at_stop = raised_workers(self.relay.raw_dir, self.relay.ranks.rank)
-            workers = job_processes(self.job_id, os.getpid(), self.node)
+            # torchrun's workers and theirs; not what the supervisor adopted (a rank's child whose rank is gone)
+            torchrun = [r for r in (root_of(self.child.pid),) if r is not None]
+            workers = job_processes(self.job_id, os.getpid(), self.node, torchrun)
             alive = sorted(p for p in workers if p != self.child.pid and _alive(p))
             self.workers_at_stop = len(alive)
             if alive or not self._ends_alone(self.child.pid, min(self.grace, OWN_END)):
@@ -387,6 +424,13 @@ class Supervisor:
         left, freed = end_job_freeing_gpus(self.job_id, self.node, self.leader, self.grace)
         self.out.event("note", msg=f"job processes ended ({self.stop_reason}); {left} needed SIGKILL")
         self._freed(freed)
+
+    def _end_leftovers(self) -> None:
+        """Once torchrun has exited, end what of the job it left (a rank's children in a session or
+        an environment of their own, reparented to the supervisor): they may hold torchrun's pipes
+        open, which the relay reads to their end."""
+        self.leader.wait_exit()  # type: ignore[union-attr]  # set by start_child
+        self._freed(end_job_freeing_gpus(self.job_id, self.node, self.leader, min(self.grace, 2.0))[1])
 
     @staticmethod
     def _ends_alone(pid: int, wait: float) -> bool:
@@ -401,9 +445,12 @@ class Supervisor:
         return not _alive(pid)
 
     def _freed(self, lines: list[str]) -> None:
+        """Say each GPU's memory the end freed, once (the end at torchrun's exit and the final one
+        may both see a process the driver still lists)."""
         for line in lines:
-            self.warn(line)
-        self.gpus_freed += lines
+            if line not in self.gpus_freed:
+                self.warn(line)
+                self.gpus_freed.append(line)
 
     def _catch_signals(self) -> None:
         for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
@@ -424,6 +471,7 @@ class Supervisor:
                 threading.Thread(target=self.control, args=(stdin,), daemon=True).start()
             threading.Thread(target=self.watchdog, daemon=True).start()
             threading.Thread(target=self.watch_records, daemon=True).start()
+            threading.Thread(target=self._end_leftovers, daemon=True).start()
             sampler = start_telemetry(self.cfg, self.out, self.done, self.dir)
             self.start_flight_polls()
             self.relay.run(self.child)  # type: ignore[arg-type]  # set by start_child
@@ -471,7 +519,8 @@ class Supervisor:
         self.restarts = restart_count(self.relay.raw_dir)
         self.relay.finish()
         if self.sockets is not None:
-            remove_fallback(*self.sockets)
+            remove_sockets(*self.sockets)
+            remove_recorded(self.dir, self.job_id, self.node)
         self.done.set()
         if sampler is not None:
             sampler.join(timeout=2)
@@ -502,6 +551,17 @@ def start_telemetry(cfg: SupervisorConfig, out: StreamWriter, done: threading.Ev
     return thread
 
 
+def start(cfg: SupervisorConfig, out: StreamWriter) -> Supervisor | None:
+    """The supervisor of `cfg`'s job, or None when a directory it would run programs from or write
+    into is unsafe (remote/safedirs.py's `make_job_dirs`): the `exit` event then says why in one
+    line, marked `refused` (the controller's usage error, exit 2), and nothing of the job ran."""
+    try:
+        return Supervisor(cfg, out)
+    except UnsafeDirError as exc:
+        out.end("exit", 10.0, rc=2, error=str(exc), refused=True)
+        return None
+
+
 def main(argv: list[str]) -> None:
     stdin = sys.stdin.buffer
     out = StreamWriter(sys.stdout.buffer)
@@ -512,6 +572,7 @@ def main(argv: list[str]) -> None:
         out.end("exit", 10.0, rc=2, error=f"no configuration received ({exc})" if first.strip() else
                 "no configuration received")
         sys.exit(2)
-    code = Supervisor(cfg, out).run(stdin)
+    supervisor = start(cfg, out)
+    code = supervisor.run(stdin) if supervisor is not None else 2
     # The control thread may sit in a blocking read of stdin; leave without joining it.
     os._exit(code)

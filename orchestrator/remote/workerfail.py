@@ -16,19 +16,33 @@ So torchrun runs as distrun's program (remote/distrun_torchrun.py): when torchru
 directory, then lets torchrun report and exit as always. The supervisor reads that file
 (`read_records`) and sends the records in its `exit` event; the controller builds a `Failure`
 from the first by time (`first_failure`, as elastic's `ChildFailedError.get_first_failure`).
-Stdlib-only: it runs on the hosts.
+
+A worker without `@record` (most third-party programs) leaves no error file: its exception is in
+its own output, the traceback it ends with (`final_exception`). Whoever reads these files meets
+what the ranks wrote, so nothing here trusts their shape: a row or a file that cannot be read
+is skipped or taken for what it still says, never an exception. Stdlib-only: it runs on the hosts.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 RECORDS = "failures.json"  # in torchrun's --log-dir (= remote/distrun_torchrun.py's RECORDS)
+ERROR_FILES = ("error.json", "error.json.malformed")  # a worker's, and as distrun_torchrun.py sets a bad one aside
+OUTPUT_TAIL = 64 << 10  # bytes of a rank's stderr.log read for the traceback it ends with
+TRACEBACK = "Traceback (most recent call last)"
+RANK_PREFIX = re.compile(r"^\[rank\d+\]: ?")  # torch's excepthook prefixes each line of a rank's traceback
+# What a process may print after its exception while it exits or aborts (the C++ runtime, torch's
+# warnings, a C++ exception's own stack in the message).
+AFTER_NOISE = re.compile(r"terminate called|\s*what\(\):|Aborted|Fatal Python error|\[[WE]\d{4}|Exception raised from "
+                         r"|frame #\d+:|<omitting python frames>|\s*$")
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::(?: |$)|$)")  # `ValueError: planted`, `KeyboardInterrupt`
 
 
 @dataclass(frozen=True)
@@ -83,11 +97,36 @@ class WorkerRecord:
 
 def error_message(message: Any) -> tuple[str, str]:
     """(message, traceback) from what torch elastic keeps as a failure's message: the `message` of a
-    worker's error file (a dict with `extraInfo.py_callstack`) or the agent's own line (a str)."""
+    worker's error file (a dict with `extraInfo.py_callstack`) or the agent's own line (a str);
+    what is not of that shape is taken as text."""
     if not isinstance(message, dict):
         return str(message or ""), ""
-    extra = message.get("extraInfo") or {}
-    return str(message.get("message") or ""), str(extra.get("py_callstack") or "")
+    extra = message.get("extraInfo")
+    callstack = extra.get("py_callstack") if isinstance(extra, dict) else None
+    return str(message.get("message") or ""), str(callstack or "")
+
+
+def final_exception(lines: Sequence[str]) -> tuple[str, tuple[str, ...]] | None:
+    """The exception a rank's output ends with: (its line, its traceback's lines in view), else None.
+
+    The last line that is not exit noise (`AFTER_NOISE`) must be an exception's line (`Name: ...`)
+    right under a traceback's frames (`  File "...", line N`); the traceback's header is included
+    when it is in view. A traceback logged earlier, then other work, is not how the rank ended.
+    """
+    plain = [RANK_PREFIX.sub("", line) for line in lines]
+    end = len(plain)
+    while end and AFTER_NOISE.match(plain[end - 1]):
+        end -= 1
+    if end < 2 or not EXCEPTION_LINE.match(plain[end - 1]):
+        return None
+    start = end - 1
+    while start and plain[start - 1][:1].isspace():
+        start -= 1
+    if not any(line.lstrip().startswith('File "') for line in plain[start:end - 1]):
+        return None
+    if start and plain[start - 1].startswith(TRACEBACK):
+        start -= 1
+    return plain[end - 1], tuple(plain[start:end])
 
 
 def from_process_failure(rank: int, failure: dict[str, Any]) -> WorkerRecord:
@@ -106,13 +145,19 @@ def from_process_failure(rank: int, failure: dict[str, Any]) -> WorkerRecord:
 
 def read_records(path: str) -> list[WorkerRecord]:
     """The failed workers distrun_torchrun.py wrote to `path`, in torchrun's order; [] when it wrote none (the
-    job did not fail in its workers) or the file cannot be read."""
+    job did not fail in its workers) or the file cannot be read; a row that cannot be read is left out."""
     try:
         with open(path, encoding="utf-8") as fh:
             rows = json.load(fh).get("failures") or []
-        return [from_process_failure(row.get("rank"), row) for row in rows]
     except (OSError, ValueError, AttributeError):
         return []
+    records = []
+    for row in rows if isinstance(rows, list) else ():
+        try:
+            records.append(from_process_failure(row.get("rank"), row))
+        except (ValueError, AttributeError):
+            continue
+    return records
 
 
 def first_failure(records: Sequence[WorkerRecord]) -> WorkerRecord | None:
@@ -124,10 +169,12 @@ def first_failure(records: Sequence[WorkerRecord]) -> WorkerRecord | None:
 
 
 def raised_workers(log_dir: str, rank_of: Callable[[int, int], int]) -> list[WorkerRecord]:
-    """The workers of torchrun's latest attempt that have raised through elastic's `@record`: each
-    one's error file (`<log_dir>/<run>/attempt_<n>/<local rank>/error.json`), which it writes as its
-    exception leaves its main, while the process may take seconds more to exit. Such a worker exits
-    1; its pid is not in the file (0 here).
+    """The workers of torchrun's latest attempt that have raised, while their processes may take
+    seconds more to exit: through elastic's `@record` (its error file,
+    `<log_dir>/<run>/attempt_<n>/<local rank>/error.json`, which it writes as its exception leaves its
+    main), else by the traceback its stderr.log ends with (a program without `@record`), else an
+    error file that cannot be read (half written, or of another shape). Such a worker exits 1; its
+    pid is not in its files (0 here).
 
     Args:
         log_dir: torchrun's `--log-dir`.
@@ -140,21 +187,60 @@ def raised_workers(log_dir: str, rank_of: Callable[[int, int], int]) -> list[Wor
         for restart, attempt in sorted(attempts)[-1:]:
             for rank_dir in _subdirs(attempt):
                 local = os.path.basename(rank_dir)
-                record = _raised(os.path.join(rank_dir, "error.json"), restart, local, rank_of)
-                if record is not None:
-                    found[record.rank] = record
+                if not local.isdigit():
+                    continue
+                said = _raised(rank_dir)
+                if said is not None:
+                    rank = rank_of(restart, int(local))
+                    found[rank] = WorkerRecord(rank, int(local), 0, 1, *said)
     return [found[rank] for rank in sorted(found)]
 
 
-def _raised(path: str, restart: int, local: str, rank_of: Callable[[int, int], int]) -> WorkerRecord | None:
+def _raised(rank_dir: str) -> tuple[str, str, float] | None:
+    """(message, traceback, time) of a worker that has raised, from its files (see `raised_workers`)."""
+    recorded = _error_file(os.path.join(rank_dir, ERROR_FILES[0]))
+    if recorded is not None:
+        return recorded
+    output = os.path.join(rank_dir, "stderr.log")
+    raised = final_exception(_tail(output))
+    if raised is not None:
+        return raised[0], "\n".join(raised[1]) + "\n", _mtime(output)
+    for name in ERROR_FILES:  # there, but unreadable: it raised all the same
+        written = _mtime(os.path.join(rank_dir, name))
+        if written:
+            return "", "", written
+    return None
+
+
+def _error_file(path: str) -> tuple[str, str, float] | None:
+    """(message, traceback, time) of a well-formed `@record` error file; None without one."""
     try:
         with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-        message, traceback = error_message(data.get("message"))
-        stamp = float((data.get("message") or {}).get("extraInfo", {}).get("timestamp") or 0)
-        return WorkerRecord(rank_of(restart, int(local)), int(local), 0, 1, message, traceback, stamp)
-    except (OSError, ValueError, AttributeError, TypeError):
+            message = json.load(fh)["message"]
+        if not isinstance(message, str | dict):
+            return None
+        text, traceback = error_message(message)
+        stamp = float(message["extraInfo"]["timestamp"]) if isinstance(message, dict) else _mtime(path)
+        return text, traceback, stamp
+    except (OSError, ValueError, LookupError, TypeError):
         return None
+
+
+def _tail(path: str) -> list[str]:
+    """The last OUTPUT_TAIL bytes of a file as lines ([] when it cannot be read)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - OUTPUT_TAIL))
+            return fh.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return []
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return 0.0
 
 
 def _subdirs(path: str) -> list[str]:

@@ -52,11 +52,13 @@ class JobData:
     facts: dict[str, Any] = field(default_factory=dict)
     metrics: list[dict[str, Any]] = field(default_factory=list)
     telemetry: list[dict[str, Any]] = field(default_factory=list)
+    collectives: list[dict[str, Any]] = field(default_factory=list)
+    root: Path | None = None  # the job directory, for what the figures say is missing from it
 
     @classmethod
     def load(cls, record: JobRecord, job_dir: JobDir) -> JobData:
-        return cls(record, read_json(job_dir.plan), read_json(job_dir.facts),
-                   read_jsonl(job_dir.metrics), read_jsonl(job_dir.telemetry))
+        return cls(record, read_json(job_dir.plan), read_json(job_dir.facts), read_jsonl(job_dir.metrics),
+                   read_jsonl(job_dir.telemetry), read_jsonl(job_dir.collectives), job_dir.root)
 
 
 def load_jobs(store: Store, refs: Iterable[str]) -> list[JobData]:
@@ -122,6 +124,7 @@ class JobSummary:
     throughput: float | None
     peak_mem_mb: float | None
     notes: tuple[str, ...] = ()
+    summary_throughput: float | None = None  # the launch summary's: the final record's mean_samples_per_s
 
     @property
     def succeeded(self) -> bool:
@@ -161,6 +164,7 @@ def summarize(data: JobData) -> JobSummary:
         throughput=mean([number(m["samples_per_s"]) or 0.0 for m in steady]),
         peak_mem_mb=max(peaks) if peaks else None,
         notes=tuple(job_notes(data, strategy, device)),
+        summary_throughput=number(first_value([m for m in metrics if m.get("final")], "mean_samples_per_s")),
     )
 
 
@@ -186,7 +190,9 @@ def job_notes(data: JobData, strategy: str, device: str) -> list[str]:
     elif strategy == "dp":
         notes.append("DataParallel: GPU 0 holds more than the others (it gathers outputs and holds the "
                      "master copy)" + gpu_peaks_note(data.telemetry))
-    if not steady_records(data.metrics):
+    if not data.metrics:
+        notes.append("the program prints no DISTRUN_METRICS lines: its wall time and collective rate are under Runs")
+    elif not steady_records(data.metrics):
         notes.append("no steady-state metrics records")
     return notes
 

@@ -20,7 +20,9 @@ from orchestrator.report.numbers import (
     host_efficiency,
     host_speedup,
     labels,
+    number,
     pick_baseline,
+    rank0_records,
     scaling_efficiency,
     scaling_series,
     summarize,
@@ -32,7 +34,9 @@ from orchestrator.report.plots import (
     telemetry_plot,
     throughput_bars,
 )
-from orchestrator.store import JobRecord
+from orchestrator.report.runplots import lateness_plot, rate_plot
+from orchestrator.report.runs import RunFigures, run_figures
+from orchestrator.store import JobDir, JobRecord
 
 TABLE_HEAD_COLOUR = "#30638e"
 PLOT_FRAME_COLOUR = "#8e3063"
@@ -45,8 +49,14 @@ DEFINITIONS = (
      "(<code>global_batch</code>: samples per optimizer step, all processes together)."),
     ("Throughput", "the arithmetic mean of <code>samples_per_s</code> (samples per second of the whole "
      "job, every process together, over one logging interval) over the steady-state records. The launch "
-     "summary's figure (the final record's <code>mean_samples_per_s</code>: steady-state samples divided "
-     "by their total time) can differ slightly when intervals differ in length."),
+     "summary's figure, written in the row's notes, is another: the final record's "
+     "<code>mean_samples_per_s</code>, steady-state samples divided by their total time; the two differ "
+     "when intervals differ in length or speed."),
+    ("Collective rate and step", "from the ranks' Flight Recorders (collectives.jsonl), for any program: "
+     "the collectives per second from the first to the last one a rank's records hold, counted by sequence "
+     "id; a step is the period after which the sequence of collectives repeats (e.g. 11 = 10 all-reduces and "
+     "a broadcast), and steps/s is the rate divided by it. A rank's lateness is how long after the first "
+     "rank it entered a collective."),
     ("Steps N and time for N steps", "N is the last step rank 0 reported; the time is N × the mean "
      "<code>step_time_s</code> of the steady-state records: what N steps take once warmed up."),
     ("Peak memory per process", "the largest <code>peak_mem_mb</code> any rank reported, as the "
@@ -87,6 +97,7 @@ tr.failed td {{ background: #fde8e8; }}
 figure.plot {{ border: 3px solid {PLOT_FRAME_COLOUR}; margin: 0; padding: 8px; background: #fff; }}
 figure.wide {{ grid-column: 1 / -1; }}
 figure.plot img {{ width: 100%; height: auto; display: block; }}
+p.empty {{ color: #555; font-style: italic; }}
 figcaption {{ font-size: 0.85em; color: #555; margin-top: 4px; }}
 pre {{ background: #f5f5f5; padding: 8px; overflow-x: auto; white-space: pre-wrap; word-break: break-all;
       font-size: 0.85em; }}
@@ -108,7 +119,10 @@ def table_row(summary: JobSummary, baseline: JobSummary | None) -> str:
     if baseline is summary:
         notes.append("baseline")
     if summary.steady_count:
-        notes.append(f"throughput over {summary.steady_count} steady-state interval(s)")
+        notes.append(f"throughput: the mean of {summary.steady_count} steady-state interval(s)")
+    if summary.summary_throughput is not None:
+        notes.append(f"the launch summary's {fmt(summary.summary_throughput)} samples/s: steady-state samples "
+                     "divided by their total time")
     notes += summary.notes
     cells = [
         (job, ""), (esc(summary.strategy), ""), (esc(summary.layout), ""),
@@ -169,31 +183,98 @@ def figure(uri: str, alt: str, caption: str, wide: bool = False) -> str:
             f"<figcaption>{caption}</figcaption></figure>")
 
 
+METRICS_FILL = ("a training script that prints <code>DISTRUN_METRICS {...}</code> lines (<code>samples_per_s</code>, "
+                "<code>loss</code>, <code>peak_mem_mb</code>) fills it")
+
+
+def metric_figures(data: list[JobData], summaries: list[JobSummary], baseline: JobSummary | None) -> list[str]:
+    """Throughput, loss and memory figures, each where some job has its numbers, else a line saying
+    what would fill it."""
+    def has(key: str) -> bool:
+        return any(number(m.get(key)) is not None for job in data for m in rank0_records(job.metrics))
+
+    figures = []
+    if any(s.throughput is not None for s in summaries):
+        figures.append(figure(throughput_bars(summaries, baseline), "throughput per job",
+                              "Mean steady-state throughput per job; scaling efficiency in brackets."))
+    if has("samples_per_s"):
+        figures.append(figure(step_series(data, summaries, "samples_per_s", "samples/s", "Throughput over steps"),
+                              "throughput over steps", "Rank 0's <code>samples_per_s</code> per interval; hollow "
+                              "points are warm-up, left out of the mean."))
+    if has("loss"):
+        figures.append(figure(step_series(data, summaries, "loss", "loss", "Loss"), "loss curves",
+                              "Rank 0's loss per interval."))
+    if any(s.peak_mem_mb is not None for s in summaries):
+        figures.append(figure(memory_bars(summaries), "peak memory per job",
+                              "Peak memory per process (device memory on GPUs, resident memory on CPUs)."))
+    return figures
+
+
 def plots_section(data: list[JobData], summaries: list[JobSummary], baseline: JobSummary | None) -> str:
-    """Throughput, loss, memory and telemetry figures (a sentence instead where a job has no telemetry)."""
-    figures = [
-        figure(throughput_bars(summaries, baseline), "throughput per job",
-               "Mean steady-state throughput per job; scaling efficiency in brackets."),
-        figure(step_series(data, summaries, "samples_per_s", "samples/s", "Throughput over steps"),
-               "throughput over steps", "Rank 0's <code>samples_per_s</code> per interval; hollow points "
-               "are warm-up, left out of the mean."),
-        figure(step_series(data, summaries, "loss", "loss", "Loss"), "loss curves", "Rank 0's loss per interval."),
-        figure(memory_bars(summaries), "peak memory per job",
-               "Peak memory per process (device memory on GPUs, resident memory on CPUs)."),
-    ]
-    missing = []
+    """Throughput, loss, memory and telemetry figures; a line instead of each that has no data."""
+    figures = metric_figures(data, summaries, baseline)
+    notes = [] if len(figures) == 4 else [f"<p class=empty>No throughput, loss or memory plot where no job has "
+                                          f"the numbers: {METRICS_FILL}.</p>"]
     names = labels(summaries)
     for job, summary in zip(data, summaries, strict=True):
         uri = telemetry_plot(job, names[summary.job_id])
         if uri is None:
-            missing.append(summary.job_id)
+            notes.append(f"<p class=empty>No telemetry recorded for job <span class=id>{esc(summary.job_id)}</span>: "
+                         "no utilization or memory plot for it (<code>telemetry: {interval: 5}</code> fills it).</p>")
             continue
         figures.append(figure(uri, f"telemetry of {summary.job_id}",
                               f"Per-host samples from <code>telemetry.jsonl</code> of {esc(summary.job_id)}.",
                               wide=True))
-    note = "".join(f"<p>No telemetry recorded for job <span class=id>{esc(j)}</span>: "
-                   "no utilization or memory plot for it.</p>" for j in missing)
-    return f"<h2>Plots</h2>\n<div class=plots>\n{''.join(figures)}\n</div>\n{note}"
+    shown = f"<div class=plots>\n{''.join(figures)}\n</div>\n" if figures else ""
+    return f"<h2>Plots</h2>\n{''.join(notes)}\n{shown}"
+
+
+RUN_COLUMNS = ("Job", "Wall time (s)", "Collectives completed", "Collectives/s", "Step (collectives)", "Steps/s",
+               "What is missing")
+
+
+def run_row(run: RunFigures) -> str:
+    """One `<tr>` of the runs table."""
+    wall = fmt(run.wall_s) + (" so far" if run.running else "")
+    cells = [f"<span class=id>{esc(run.job_id)}</span>", wall, fmt(run.collectives, 0), fmt(run.rate),
+             fmt(run.period, 0), fmt(run.steps_per_s, 2)]
+    body = f"<td>{cells[0]}</td>" + "".join(f"<td class=num>{c}</td>" for c in cells[1:])
+    missing = "<br>".join(esc(line) for line in run.missing) or "nothing"
+    return f"<tr data-job={esc(run.job_id)}>{body}<td class=notes>{missing}</td></tr>"
+
+
+def run_plots(run: RunFigures, label: str) -> tuple[list[str], str]:
+    """The run's rate and lateness figures, and a line saying what would fill them when it has none."""
+    rate, late = rate_plot(run, label), lateness_plot(run, label)
+    figures = []
+    if rate is not None:
+        figures.append(figure(rate, f"collective rate of {run.job_id}", "Collectives every rank had completed, "
+                              "per second between two Flight Recorder reads; vertical lines: alerts, stalls, "
+                              "failures and attempts.", wide=True))
+    if late is not None:
+        figures.append(figure(late, f"lateness of {run.job_id}", "Each rank's mean lateness entering its "
+                              "collectives (ms after the first rank), per time column; white: no collective "
+                              "kept there (each read keeps a rank's latest 200); triangles: stragglers named.",
+                              wide=True))
+    if figures:
+        return figures, ""
+    return [], (f"<p class=empty>No collective rate or lateness plot for job <span class=id>{esc(run.job_id)}"
+                "</span>: its ranks' Flight Recorder reads (collectives.jsonl) would fill them.</p>")
+
+
+def runs_section(data: list[JobData], summaries: list[JobSummary]) -> str:
+    """Wall time, collective and step rate of every job, whatever its program prints, and per job the
+    collective rate and each rank's lateness over time."""
+    runs = [run_figures(job, JobDir(job.root)) for job in data if job.root is not None]
+    if not runs:
+        return ""
+    head = "".join(f"<th>{esc(c)}</th>" for c in RUN_COLUMNS)
+    rows = "\n".join(run_row(run) for run in runs)
+    names = labels(summaries)
+    drawn = [run_plots(run, names.get(run.job_id, run.job_id)) for run in runs]
+    figures, notes = "".join(f for figs, _ in drawn for f in figs), "".join(note for _, note in drawn)
+    return (f"<h2>Runs: what the ranks did</h2>\n<table id=runs><thead><tr>{head}</tr></thead><tbody>\n{rows}\n"
+            f"</tbody></table>\n{notes}" + (f"<div class=plots>{figures}</div>" if figures else ""))
 
 
 def versions_table(job: JobData) -> str:
@@ -240,11 +321,21 @@ def launch_command(record: JobRecord) -> str:
     return shlex.join(words)
 
 
+def alert_text(alert: Any) -> str:
+    """An alert of the record as a line: as an older distrun kept it, or `HH:MM:SS node: message`
+    from its fields."""
+    if not isinstance(alert, dict):
+        return str(alert)
+    t = alert.get("t")
+    stamp = time.strftime("%H:%M:%S", time.localtime(t)) + " " if isinstance(t, int | float) else ""
+    return f"{stamp}{alert.get('node') or '?'}: {alert.get('message') or alert.get('rule') or ''}"
+
+
 def alerts_list(record: JobRecord) -> str:
     """The alerts kept in the job's record (telemetry's and stragglers'), as they were raised."""
     if not record.alerts:
         return "<p>Alerts while it ran: none.</p>"
-    items = "".join(f"<li>{esc(alert)}</li>" for alert in record.alerts)
+    items = "".join(f"<li>{esc(alert_text(alert))}</li>" for alert in record.alerts)
     return f"<h4>Alerts while it ran</h4>\n<ul class=alerts>{items}</ul>"
 
 
@@ -284,6 +375,7 @@ def render(data: list[JobData], generated: float | None = None) -> str:
 {comparison_table(summaries, baseline)}
 {scaling_section(scaling_series(summaries))}
 {definitions()}
+{runs_section(data, summaries)}
 {plots_section(data, summaries, baseline)}
 <h2>Hosts, versions and commands</h2>
 {sections}

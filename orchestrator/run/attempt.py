@@ -37,6 +37,7 @@ from orchestrator.remote.redact import Masker
 from orchestrator.run.hostrun import HostRun
 from orchestrator.run.recording import Launching
 from orchestrator.run.restarts import AttemptHistory, Verdict
+from orchestrator.run.summary import masked, masked_attempts, succeeded_summary
 from orchestrator.store import JobDir, JobRecord, JobState
 from orchestrator.telemetry.rendezvous import RendezvousWatch
 
@@ -48,23 +49,6 @@ FREEZE_GAP = 2.0
 SETTLE = 1.5  # after a first failure, how long to wait for its peers' failures before blaming one
 PROGRESS_EVERY = 5.0  # seconds between two records of the ranks' progress (`ps`, `top`)
 SCREEN_DRAIN = 5.0  # at the end, how long the terminal gets to show the lines still queued for it
-
-
-def masked(failure: Failure, mask: Masker) -> Failure:
-    """The failure with its reason, message, traceback and last lines masked."""
-    return replace(failure, reason=mask.text(failure.reason), message=mask.text(failure.message),
-                   last_lines=tuple(mask.text(line) for line in failure.last_lines),
-                   traceback=tuple(mask.text(line) for line in failure.traceback))
-
-
-def masked_attempts(history: AttemptHistory, mask: Masker) -> list[dict[str, Any]]:
-    """The record's attempts, each failure's reason and lines masked."""
-    records = history.records()
-    for record, attempt in zip(records, history.attempts, strict=True):
-        if attempt.failure is not None:
-            record["failure"] = masked(attempt.failure, mask).to_dict()
-    return records
-
 
 
 class Attempt:
@@ -179,14 +163,17 @@ class Attempt:
         """Start every host, follow the job to its end, stop what is left; the exit code.
 
         Whatever fails in the controller on the way, every host still running is stopped before
-        the error goes on.
+        the error goes on, and the job is recorded as failed for that reason (not lost).
         """
         try:
             self.monitor.start()
             return self._run()
         except BaseException as exc:
+            why = f"distrun failed: {type(exc).__name__}: {exc}"
             if not self.stopped_hosts:
-                self._stop_all(f"distrun failed: {type(exc).__name__}: {exc}")
+                self._stop_all(why)
+            if isinstance(exc, Exception):
+                self._record_own_error(why)
             raise
         finally:
             self.ended.set()
@@ -194,6 +181,13 @@ class Attempt:
             self.sink.close()
             self.telemetry_file.close()
             self.collectives_file.close()
+
+    def _record_own_error(self, why: str) -> None:
+        """The job's end when the controller itself failed and stopped it: failed, for that reason."""
+        detail = Masker(self.plan.secrets.values()).text(
+            f"job {self.plan.job_id} FAILED: {why}; distrun stopped every host's processes")
+        with contextlib.suppress(DistrunError, OSError):
+            self.store.end(self.plan.job_id, JobState.FAILED, int(ExitCode.FAILED), detail)
 
     def _heartbeats(self) -> None:
         """Heartbeat every host each HEARTBEAT_EVERY seconds, apart from the run loop, so that a
@@ -449,7 +443,7 @@ class Attempt:
         root = self._as_exited(root)
         if root.host in {h.node for h in self.hosts} and root.kind is not FailureKind.LOST:
             # Lines that arrived while the others were stopped belong to the root cause's story too.
-            root = replace(root, last_lines=self.host(root.host).last_lines(root.rank) or root.last_lines)
+            root = self.host(root.host).retold(root)
         root = replace(root, after_final=self._final_before(root.time), barrier_hosts=tuple(
             h.node for h in self.hosts if h.node != root.host and h.in_exit_barrier))
         root = replace(root, when=when_failed(root, self._others_finished(root)))
@@ -516,18 +510,9 @@ class Attempt:
         return final is not None and float(final.get("t", when)) <= when
 
     def _finish_succeeded(self) -> int:
-        lines = [f"job {self.plan.job_id} succeeded: {self.plan.nnodes} host(s), world size {self.plan.world_size}"]
-        metrics = self.final_metrics or self.last_metrics
-        if metrics:
-            rate = metrics.get("mean_samples_per_s", metrics.get("samples_per_s"))
-            if rate is not None:
-                lines.append(f"  throughput: {float(rate):.1f} samples/s (mean over steady-state steps)")
-            if metrics.get("peak_mem_mb") is not None:
-                lines.append(f"  peak memory: {float(metrics['peak_mem_mb']):.0f} MB per process")
         restarts = max((h.restarts for h in self.hosts), default=0)
-        if restarts:
-            lines.append(f"  restarts: {restarts}")
-        return self._finish(JobState.SUCCEEDED, int(ExitCode.OK), "\n".join(lines))
+        summary = succeeded_summary(self.plan, self.final_metrics or self.last_metrics, restarts)
+        return self._finish(JobState.SUCCEEDED, int(ExitCode.OK), summary)
 
 
 class AttemptView:

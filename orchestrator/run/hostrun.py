@@ -3,7 +3,9 @@ decoded, its exit, its silence, and its failure.
 
 A host's failure is data its supervisor sent in its `exit` event: torchrun's record of each
 failed worker (remote/workerfail.py; the first by time is the host's failed rank) and who had
-the supervisor stop the job (`StopCause`). Nothing torchrun or distrun print is parsed for it.
+the supervisor stop the job (`StopCause`). Nothing torchrun or distrun print is parsed for it;
+only a worker's exception, where its record has none (no `@record`), is the one its own last
+lines end with (failures.py's `own_error`).
 """
 
 from __future__ import annotations
@@ -12,14 +14,13 @@ import json
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from orchestrator.backends.run import Channel
 from orchestrator.console.terminal import show
-from orchestrator.diagnose.at_exit import raised_before_signal
 from orchestrator.diagnose.ending import Ending, HostEnd, describe, ending
-from orchestrator.diagnose.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, oom_reason
+from orchestrator.diagnose.failures import STOPPED_BY_DISTRUN, Failure, FailureKind, oom_reason, own_error
 from orchestrator.logs import LogSink
 from orchestrator.logs.fold import only_harmless
 from orchestrator.logs.format import note
@@ -29,6 +30,7 @@ from orchestrator.remote.supervisor import StopCause
 from orchestrator.remote.workerfail import WorkerRecord, first_failure
 
 SUMMARY_LINES = 20
+ERROR_LINES = 50  # a rank's last lines read for the exception they end with (as many as the sink keeps)
 
 
 @dataclass
@@ -62,7 +64,7 @@ class HostRun:
     stop_sent: bool = False  # the controller asked this host to stop (before or after its exit)
     workers_at_stop: int | None = None  # the job's processes besides torchrun when the stop came (see supervisor)
     alive_at_stop: list[int] | None = None  # their pids when the stop signalled torchrun (None: it did not)
-    raised_at_stop: list[int] = field(default_factory=list)  # the ranks that had raised (@record) by the stop
+    raised_at_stop: list[int] = field(default_factory=list)  # the ranks that had raised by the stop
     gpus_freed: list[str] = field(default_factory=list)  # GPU memory the end of the job freed (remote/gpu.py)
     restarts: int = 0  # torchrun's restarts of its workers, as its supervisor counted them
     exited: threading.Event = field(default_factory=threading.Event)
@@ -260,8 +262,24 @@ class HostRun:
         # was stopped by distrun; one that had ended before (torchrun's own teardown included) failed
         # on its own, stop or not.
         seen["stopped"] = first.pid in (self.alive_at_stop or ()) and first.rank not in self.raised_at_stop
-        lines = self.last_lines(first.rank)
-        return Failure.from_worker(self.node, first, last_lines=lines, **raised_before_signal(first, lines), **seen)
+        return Failure.from_worker(self.node, self._told(first), last_lines=self.last_lines(first.rank), **seen)
+
+    def _told(self, worker: WorkerRecord) -> WorkerRecord:
+        """torchrun's record of a worker, with the exception the worker's own last lines end with when
+        the record has none (a program without `@record`)."""
+        if worker.traceback:
+            return worker
+        said = own_error(self.sink.last_lines(self.node, worker.rank, ERROR_LINES), worker.signal)
+        return replace(worker, message=said["message"], traceback="\n".join(said["traceback"])) if said else worker
+
+    def retold(self, failure: Failure) -> Failure:
+        """This host's `failure` with its rank's last lines as they are now (lines that arrived while the
+        others were stopped belong to its story too), and the exception they end with if it had none."""
+        lines = self.last_lines(failure.rank) or failure.last_lines
+        said: dict[str, Any] = {}
+        if failure.kind in (FailureKind.EXIT, FailureKind.SIGNAL) and failure.rank is not None and not failure.message:
+            said = own_error(self.sink.last_lines(self.node, failure.rank, ERROR_LINES), failure.signal)
+        return replace(failure, last_lines=lines, **said)
 
     @property
     def ended_itself(self) -> bool:
@@ -282,7 +300,8 @@ class HostRun:
     @property
     def ending(self) -> HostEnd:
         """What its supervisor reported of its end: torchrun's records and the pids alive at the stop."""
-        return HostEnd(tuple(self.workers), self.alive_at_stop, tuple(self.raised_at_stop))
+        return HostEnd(tuple(self._told(worker) for worker in self.workers), self.alive_at_stop,
+                       tuple(self.raised_at_stop))
 
     @property
     def in_exit_barrier(self) -> bool:

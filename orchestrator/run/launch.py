@@ -29,11 +29,12 @@ from orchestrator.errors import DistrunError, ExitCode, InfraError, UsageError
 from orchestrator.fanout.group import GroupError
 from orchestrator.plan import LaunchPlan
 from orchestrator.remote.redact import Masker
-from orchestrator.run.attempt import POLL, Attempt, masked_attempts
+from orchestrator.run.attempt import POLL, Attempt
 from orchestrator.run.ft import replicas
 from orchestrator.run.recording import Launching
 from orchestrator.run.restarts import AttemptHistory, Verdict
 from orchestrator.run.spare_pool import SparePool
+from orchestrator.run.summary import masked_attempts
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.overrides import is_script, job_for_launch, job_to_yaml
 from orchestrator.store import JobState, Store, new_job_id

@@ -19,7 +19,7 @@ def for_record(store: Store, record: JobRecord) -> Backend:
     Raises:
         UsageError: the record names a backend this distrun does not have.
     """
-    if record.backend not in registry.REGISTRY:
+    if registry.target(record.backend) is None:
         raise UsageError(f"job {record.id} ran on backend {record.backend!r}, which this distrun does not have "
                          f"(it has {', '.join(registry.names())})")
     return backends.get(record.backend)(store.job_dir)

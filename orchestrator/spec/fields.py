@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,19 @@ def closest(word: str, choices: Collection[str]) -> str | None:
     """
     matches = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return matches[0] if matches else None
+
+
+def near_file(path: str) -> str:
+    """For a file that is not there: " (did you mean DIR/NAME?)" naming the closest file of the same
+    folder as `path` would write it, else ""."""
+    folder, name = os.path.split(path)
+    try:
+        with os.scandir(os.path.expanduser(folder or ".")) as entries:
+            names = [e.name for e in entries if e.is_file()]
+    except OSError:
+        return ""
+    match = closest(name, names)
+    return f" (did you mean {os.path.join(folder, match)}?)" if match else ""
 
 
 def suggestion(word: str, choices: Collection[str], what: str = "keys") -> str:

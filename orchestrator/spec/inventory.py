@@ -16,7 +16,8 @@ from typing import cast
 
 from orchestrator.errors import UsageError
 from orchestrator.spec.config import load_config
-from orchestrator.spec.fields import Reader, Source, describe, suggestion
+from orchestrator.spec.fields import Reader, Source, describe, near_file, suggestion
+from orchestrator.spec.hostfile import hostfile_inventory, looks_like_hostfile
 from orchestrator.spec.model import HostKeyPolicy, Inventory, NodeSpec, TransportKind
 from orchestrator.spec.yamlsrc import Map, Node, Seq, collect_lines, join_path, load_yaml
 
@@ -40,7 +41,7 @@ _IDENTITY_KEYS = ("name", "host")
 
 
 def load_inventory(path: str | Path) -> Inventory:
-    """Read and validate an inventory file.
+    """Read and validate an inventory file: distrun's YAML or a DeepSpeed hostfile (spec/hostfile.py).
 
     Args:
         path: The inventory file; shown in errors as given.
@@ -52,7 +53,11 @@ def load_inventory(path: str | Path) -> Inventory:
         UsageError: The file cannot be read.
         SpecError: The file is not a valid inventory.
     """
-    return _inventory(load_yaml(_read(Path(path)), str(path)), str(path))
+    data = _read(Path(path))
+    text = data.decode("utf-8", errors="replace")
+    if looks_like_hostfile(text):
+        return hostfile_inventory(text, str(path))
+    return _inventory(load_yaml(data, str(path)), str(path))
 
 
 def inventory_from_text(text: str, path: str) -> Inventory:
@@ -129,7 +134,7 @@ def _read(path: Path) -> bytes:
     try:
         return path.read_bytes()
     except OSError as err:
-        raise UsageError(f"cannot read inventory {path}: {err.strerror or err}") from None
+        raise UsageError(f"cannot read inventory {path}: {err.strerror or err}{near_file(str(path))}") from None
 
 
 def _inventory(root: Node | None, file: str) -> Inventory:
@@ -155,6 +160,7 @@ def _node_readers(src: Source) -> dict[str, Reader]:
         "iface": src.text,
         "env": lambda node, path: _env_values(src, node, path),
         "gpus": lambda node, path: src.integer(node, path, 0),
+        "slots": lambda node, path: src.integer(node, path, 1),
         "labels": src.strings,
         "proxy_jump": src.text,
         "transport": lambda node, path: src.enum(node, path, TransportKind),

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from orchestrator import registry
 from orchestrator.errors import UsageError
-from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT, Reader, Source, describe
+from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT, Reader, Source, describe, near_file
 from orchestrator.spec.model import (
     RESTART_TRIGGERS,
     FaultTolerance,
@@ -70,7 +70,7 @@ def load_job(path: str | Path) -> JobSpec:
     try:
         data = Path(path).read_bytes()
     except OSError as err:
-        raise UsageError(f"cannot read job file {path}: {err.strerror or err}") from None
+        raise UsageError(f"cannot read job file {path}: {err.strerror or err}{near_file(str(path))}") from None
     return _job(load_yaml(data, str(path)), str(path))
 
 

@@ -47,6 +47,7 @@ class NodeSpec:
     labels: tuple[str, ...] = ()
     proxy_jump: str | None = None
     transport: TransportKind = TransportKind.SSH
+    slots: int | None = None  # processes on this host for nproc_per_node: auto (a DeepSpeed hostfile's slots=N)
     line: int = 0
 
 

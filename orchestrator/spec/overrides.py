@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from orchestrator.errors import UsageError
-from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT
+from orchestrator.spec.fields import ENV_NAME, ENV_NAME_HINT, near_file
 from orchestrator.spec.job import JOB_NAME, SECRET_REF, check_workdir, load_job, missing_file
 from orchestrator.spec.model import JobSpec, Rendezvous, Restarts, Select, Telemetry
 from orchestrator.spec.yamlsrc import Map, Node, Scalar, Seq
@@ -42,7 +42,8 @@ def job_from_script(script: str) -> JobSpec:
     """
     problem = missing_file(script)
     if problem is not None:
-        raise UsageError(f"{script}: {problem} (the path is relative to the current directory {Path.cwd()})")
+        raise UsageError(f"{script}: {problem} (the path is relative to the current directory {Path.cwd()})"
+                         f"{near_file(script)}")
     stem = re.sub(r"[^A-Za-z0-9._-]", "-", Path(script).stem).lstrip("._-") or "job"
     return JobSpec(path=script, name=stem, script=script)
 

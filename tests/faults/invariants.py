@@ -105,7 +105,7 @@ def _cause_named(cell: Cell, seen: Observed) -> list[str]:
         problems.append(f"c) root cause kind {root['kind']}, expected {cause.kind}")
     if cause.signal is not None and root["signal"] != cause.signal:
         problems.append(f"c) root cause signal {root['signal']}, expected {cause.signal}")
-    described = describe(root)
+    described = describe(root) + (f"; error: {root['message']}" if root.get("message") else "")
     if not cause.said_in(described):
         problems.append(f"c) root cause says {described!r}, expected {cause.shown()}")
     return problems

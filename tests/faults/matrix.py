@@ -57,6 +57,9 @@ class Fault(str, Enum):
     MASTER_LOST = "master host lost"
     GROUPS_BELOW_MIN = "SIGKILL of one worker, fewer than min_replicas groups left"
     LIGHTHOUSE_KILLED = "SIGKILL of the lighthouse"
+    ERROR_FILE_MALFORMED = "one worker writes a truncated error file and exits 1"
+    RAISED_NO_RECORD = "one worker raises (no @record)"
+    CHILDREN_LEFT = "every rank has children with their own environment (one in a session of its own, one detached)"
 
 
 class Outcome(str, Enum):
@@ -195,6 +198,13 @@ CELLS: tuple[Cell, ...] = (
     Cell(Fault.STDOUT_STALLED, Phase.TRAINING, STALL + 15, Outcome.SUCCEEDED),
     Cell(Fault.HOST_DISK_FULL, Phase.TRAINING, 30, Outcome.SUCCEEDED),
     Cell(Fault.CONTROLLER_DISK_FULL, Phase.TRAINING, 30, Outcome.SUCCEEDED, lines_kept=False),
+    # torchrun itself crashed reading such a file, and the rank's record was lost (issue 46.5).
+    Cell(Fault.ERROR_FILE_MALFORMED, Phase.TRAINING, REPORTED_BOUND, Outcome.FAILED, RANK_FAILED),
+    # The error line comes from the rank's own traceback (issue 46.18).
+    Cell(Fault.RAISED_NO_RECORD, Phase.TRAINING, REPORTED_BOUND, Outcome.FAILED,
+         Cause(RANK_HOST, "exit", "exit code 1; error: RuntimeError: rank 3 raised on purpose", rank=RANK)),
+    # No fault is injected: the ranks' children (no distrun markers) must end with a job that succeeds.
+    Cell(Fault.CHILDREN_LEFT, Phase.TRAINING, 30, Outcome.SUCCEEDED),
     # ---------------------------------------------------------------- stopping
     Cell(Fault.LINK_CUT, Phase.STOPPING, SILENT_BOUND, Outcome.FAILED, RANK_FAILED, bystander=False),
     Cell(Fault.SSHD_KILLED, Phase.STOPPING, CLOSED_BOUND, Outcome.FAILED, RANK_FAILED, bystander=False),
@@ -205,6 +215,8 @@ CELLS: tuple[Cell, ...] = (
     Cell(Fault.CONTROLLER_KILLED, Phase.STOPPING, GRACE + 4, Outcome.LOST),
     Cell(Fault.CONTROLLER_FROZEN, Phase.STOPPING, FREEZE + 8, Outcome.FAILED, RANK_FAILED),
     Cell(Fault.DATABASE_LOCKED, Phase.STOPPING, LOCK + CLOSED_BOUND, Outcome.FAILED, RANK_FAILED),
+    # The failure is rank 3's own (reported), not injected: its bound, as a reported failure's.
+    Cell(Fault.CHILDREN_LEFT, Phase.STOPPING, REPORTED_BOUND, Outcome.FAILED, RANK_FAILED),
     # ---------------------------------------------------------------- fault-tolerant (FT_GROUP's host or rank)
     # Success bounds: the lost group back on a spare or relaunched (torch imports), healed, then every group ends.
     Cell(Fault.LINK_CUT, Phase.FT, 60, Outcome.SUCCEEDED, bystander=False),

@@ -259,11 +259,12 @@ def worker_args(phase: Phase, cell: Cell) -> list[str]:
         return ["--ticks", "60", "--chatty", "40"]
     if cell.fault is Fault.CONTROLLER_FROZEN_CHATTY:
         return ["--chatty", "1500"]
-    if phase is Phase.STOPPING:
-        return ["--fail-rank", str(RANK), "--fail-at", "8", "--linger", "60"]
+    children = ["--children"] if cell.fault is Fault.CHILDREN_LEFT else []
+    if phase is Phase.STOPPING:  # with children: time to see them all before rank 3 fails
+        return ["--fail-rank", str(RANK), "--fail-at", "24" if children else "8", "--linger", "60", *children]
     if cell.outcome.value == "succeeded":
-        return ["--ticks", "24"]
-    return []
+        return ["--ticks", "24", *children]
+    return children
 
 
 # ---------------------------------------------------------------- another job on the same hosts
@@ -416,6 +417,8 @@ class Scene:
         if phase is Phase.RENDEZVOUS:
             self.gate.arm("torchrun")
         controller = self.launch()
+        if self.cell.fault is Fault.CHILDREN_LEFT:
+            children_started(self)
         if phase is Phase.PREFLIGHT:
             self.gate.reached("probe")
         elif phase is Phase.RENDEZVOUS:
@@ -584,6 +587,14 @@ def _worker_segv(scene: Scene) -> None:
     _kill(worker(scene.cluster, RANK, scene.job_id), signal.SIGSEGV)
 
 
+def _error_file_malformed(scene: Scene) -> None:
+    _kill(worker(scene.cluster, RANK, scene.job_id), signal.SIGUSR1)
+
+
+def _raised_no_record(scene: Scene) -> None:
+    _kill(worker(scene.cluster, RANK, scene.job_id), signal.SIGUSR2)
+
+
 def _controller_killed(scene: Scene) -> None:
     assert scene.controller is not None
     scene.controller.proc.kill()
@@ -630,6 +641,22 @@ def _master_lost(scene: Scene) -> None:
     _cut(scene, 0)
 
 
+def _children_left(scene: Scene) -> None:
+    """Nothing is done: the ranks started their children (`children_started`)."""
+
+
+def children_started(scene: Scene) -> None:
+    """Every rank's three children (jobs/worker.py --children) were seen running (18 pids over the
+    polls: a torchrun that stops its failed rank's group ends some of them early)."""
+    seen: set[tuple[int, int]] = set()
+
+    def started() -> bool:
+        seen.update((i, p.pid) for i in range(3) for p in job_processes(scene.cluster, i, scene.job_id)
+                    if "child-of" in p.cmdline)
+        return len(seen) >= 18
+    assert wait_for(started, 30), f"the ranks' children did not start: {len(seen)} of 18 seen"
+
+
 FAULTS: dict[Fault, Callable[[Scene], None]] = {
     Fault.LINK_CUT: _link_cut,
     Fault.SSHD_KILLED: _sshd_killed,
@@ -646,6 +673,9 @@ FAULTS: dict[Fault, Callable[[Scene], None]] = {
     Fault.CONTROLLER_DISK_FULL: _controller_disk_full,
     Fault.DATABASE_LOCKED: _database_locked,
     Fault.MASTER_LOST: _master_lost,
+    Fault.ERROR_FILE_MALFORMED: _error_file_malformed,
+    Fault.RAISED_NO_RECORD: _raised_no_record,
+    Fault.CHILDREN_LEFT: _children_left,
 }
 
 
@@ -685,7 +715,7 @@ def small_disk(scene: Scene) -> Iterator[None]:
     mount namespace), or DISTRUN_HOME on this machine; the job database exists before it fills."""
     if scene.cell.fault is Fault.HOST_DISK_FULL:
         mounted = scene.cluster.host_run(NODE2, ["sh", "-c", f"mkdir -p {HOST_DIR} && "
-                                                 f"mount -t tmpfs -o size=2m distrun-faults {HOST_DIR}"])
+                                                 f"mount -t tmpfs -o size=2m,mode=0700 distrun-faults {HOST_DIR}"])
         assert mounted.returncode == 0, mounted.stderr
         try:
             yield

@@ -1,4 +1,5 @@
-"""A torchrun worker whose local rank 1 fails as argv[1] says (raise, kill, segv, exit, raise-abort);
+"""A torchrun worker whose local rank 1 fails as argv[1] says (raise, kill, segv, exit, raise-abort,
+truncated-error-file, misshapen-error-file: its TORCHELASTIC_ERROR_FILE written so, then exit 1);
 rank 0 waits. `raise-abort` raises outside `@record` and then aborts at interpreter exit, as gloo's
 thread does ("terminate called without an active exception"): torchrun records only SIGABRT, and
 the exception is in the rank's output.
@@ -31,6 +32,11 @@ def main(kind: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if kind == "segv":
         ctypes.string_at(0)
+    if kind.endswith("-error-file"):
+        bad = '{"message": {"message": "ValueError: cut sh' if kind == "truncated-error-file" else '{"message": 5}'
+        with open(os.environ["TORCHELASTIC_ERROR_FILE"], "w") as fh:
+            fh.write(bad)
+        sys.exit(1)
     sys.exit(3)
 
 
