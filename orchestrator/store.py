@@ -58,7 +58,10 @@ class JobRecord:
         backend_ref: The backend's own handle on the job (Slurm's job id), None when it has none.
         detail: The summary people read (also in the job directory's summary.txt).
         failures: `Failure.to_dict()` of each failure, the root cause first; [] when none.
-        alerts: Alerts raised while the job ran (telemetry's and stragglers').
+        alerts: Alerts raised while the job ran (telemetry's, stragglers', stalls'), each a JSON object
+            {"t", "node", "rule", "rank" (or null), "message" (the sentence), "figures" (an object),
+            "evidence"} (telemetry/alerts.py `Alert.record()`, read back with `recorded`); a job an older
+            distrun recorded has sentences (`14:02:11 node1: ...`) instead, which `recorded` reads too.
         controller_start: When the controller process started (`process_start`): with
             `controller_pid`, the identity of the controller; a reused pid has another start.
         internal: A run distrun made for itself (doctor --bandwidth's all-reduce): never `last`,
@@ -91,7 +94,7 @@ class JobRecord:
     restarts: int = 0
     backend_ref: str | None = None
     detail: str = ""
-    alerts: list[str] = field(default_factory=list)
+    alerts: list[Any] = field(default_factory=list)
     failures: list[dict[str, Any]] = field(default_factory=list)
     controller_start: str | None = None
     internal: bool = False
@@ -192,7 +195,13 @@ class JobDir:
 
     @property
     def collectives(self) -> Path:
-        """The ranks' Flight Recorder rounds as they came (`fr` events): {"t", "node", "ranks", "skipped"} a line."""
+        """The ranks' Flight Recorder rounds as they came (`fr` events, remote/frpoll.py): {"t" (the
+        controller's time), "node", "ranks", "skipped"} a line, and since issue 45 "at" (the round's time
+        on the host's clock; rounds fall on the wall clock's multiples of 5 s on every host), "final" (the
+        ranks whose record this is as they ended) where set; a collective of "ranks" is [seq, op,
+        entered_us] or [seq, op, entered_us, duration_us] where the record timed it, and a rank's summary
+        may carry "sched" (its process's cpu_ms, wait_ms, throttled_ms, nr_throttled, stopped, looks), as
+        the line's own "sched" ({rank: those figures}) carries them for the skipped ranks."""
         return self.root / "collectives.jsonl"
 
     @property

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.diagnose.flight import FlightProgress, progress_line
+from orchestrator.diagnose.progress import FlightProgress, progress_line
 from orchestrator.diagnose.stragglers import FlightDetector, LateRank
 from orchestrator.remote.frpoll import MAX_COLLECTIVES, Poller, reduce
 from orchestrator.remote.provenance import own_roots
@@ -130,7 +130,8 @@ def test_progress_is_each_ranks_last_completed_collective_and_the_slowest_ranks_
     progress = FlightProgress()
     progress.observe({"ranks": {"0": {"done": 100}, "1": {"done": 98}}}, now=10.0)
     progress.observe({"ranks": {"0": {"done": 150}, "1": {"done": 148}}}, now=15.0)
-    assert progress.to_dict() == {"collectives_per_s": 10.0, "collectives": 148, "ranks": {"0": 150, "1": 148}}
+    assert progress.to_dict() == {"collectives_per_s": 10.0, "collectives": 148, "ranks": {"0": 150, "1": 148},
+                                  "at": 15.0}
     assert progress_line(progress.to_dict()) == "10.0 collectives/s, ranks at #148 (1), #150 (0)"
 
 
@@ -144,6 +145,7 @@ def test_the_monitor_alerts_with_the_hosts_telemetry_as_evidence_and_keeps_the_p
     (alert,) = fired
     assert (alert.node, alert.rule) == ("node2", "straggler")
     assert alert.message.endswith("; node2 now: load 5.1, cpu 98%, job cpu 40%, memory 41%")
+    assert (alert.rank, alert.figures["op"], alert.evidence) == (2, "all_reduce", alert.message.split("; ")[-1])
     assert progress["ranks"] == {"0": 180, "1": 180, "2": 180}
     assert "progress " in str(monitor.frame().caption)
 
@@ -181,3 +183,28 @@ def test_a_rank_the_metrics_lines_named_is_not_named_again_from_the_flight_recor
     for node, event in events("late2"):
         monitor.flight(node, event)
     assert [(a.node, a.message.split(" takes ")[0]) for a in fired] == [("node2", "straggler: rank 2")]
+
+
+def test_on_a_loaded_host_where_every_rank_is_late_now_and_then_nobody_is_named():
+    # make demo's false alarm (one host, 2 ranks, load 12): each rank 150 ms late in a third of the collectives,
+    # turn about: by the old rule each was late in over a quarter of them, and one was named.
+    data = [(node, copy.deepcopy(fr)) for node, fr in events("even")][:2]
+    for rank, (_, fr) in enumerate(data):
+        collectives = fr["ranks"][str(rank)]["c"]
+        fr["ranks"][str(rank)]["c"] = [[seq, op, t + 150_000 if i % 3 == rank else t]
+                                       for i, (seq, op, t) in enumerate(collectives)]
+    detector = FlightDetector(world_size=2)
+    assert [late for node, fr in data for late in detector.observe(node, fr)] == []
+    _, fr = data[1]
+    fr["ranks"]["1"]["c"] = [[seq, op, t + 150_000] for seq, op, t in fr["ranks"]["1"]["c"]]  # now rank 1 always
+    detector = FlightDetector(world_size=2)
+    assert [late.rank for node, fr in data for late in detector.observe(node, fr)] == [1]
+
+
+def test_a_collective_one_rank_never_reports_is_passed_over_not_waited_for_forever():
+    data = events("late2")
+    _, fr = data[0]
+    fr["ranks"]["0"]["c"] = [c for c in fr["ranks"]["0"]["c"] if c[0] != 5]  # fell out of rank 0's event
+    detector = FlightDetector(world_size=3)
+    assert [late.rank for node, fr in data for late in detector.observe(node, fr)] == [2]
+    assert detector.entered == {}

@@ -20,10 +20,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from orchestrator.metrics import JobFigures, bind, exposition, families_json
-from orchestrator.metrics.figures import read_alert
 from orchestrator.spec import load_job
 from orchestrator.store import JobRecord, JobState, Store, process_start
 from orchestrator.telemetry.alerts import HostState
+from orchestrator.telemetry.alerts import recorded as read_alert
 from tests.helpers import distrun
 
 NAME = re.compile(r"^distrun_[a-z0-9_]+$")

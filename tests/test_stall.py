@@ -164,7 +164,8 @@ def test_a_stalled_local_job_is_marked_stalled_explained_not_killed_and_running_
         rec = json.loads(subprocess.run([sys.executable, "-m", "orchestrator", "ps", "--json"], cwd=REPO, env=env,
                                         capture_output=True, text=True, check=True).stdout)[0]
         assert rec["state"] == "stalled" and proc.poll() is None  # explained, nothing killed
-        assert any("stall: no progress from any rank for 2 s" in alert for alert in rec["alerts"]), rec["alerts"]
+        said = [alert["message"] for alert in rec["alerts"]]
+        assert any("stall: no progress from any rank for 2 s" in line for line in said), said
         assert (home / "jobs" / "st-1" / "stacks" / "rank0.txt").exists()
         time.sleep(1)
         go.touch()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from orchestrator.diagnose.stragglers import Detector, Straggler
 
 FAST, SLOW = 0.10, 0.40
@@ -82,3 +84,13 @@ def test_a_late_record_of_a_judged_interval_is_ignored_and_other_records_are_ski
     assert detector.observe("node0", {"final": True, "step": 2, "rank": 0, "busy_s": SLOW}) == []
     assert detector.observe("node0", {"step": 3, "samples_per_s": 10.0}) == []
     assert detector.pending == {}
+
+
+
+def test_metrics_lines_with_twenty_thousand_rank_values_cost_the_detector_linear_time_and_name_no_foreign_rank():
+    # A script printing 20,000 DISTRUN_METRICS lines, each of its own step and "rank" (issue 46 item 7: 133 s).
+    for detector in (Detector(world_size=2), Detector()):
+        started = time.process_time()
+        found = [s for n in range(1, 20_001) for s in detector.observe("node0", {"step": n, "rank": n, "busy_s": 9.0})]
+        assert found == [] and time.process_time() - started < 3.0
+        assert len(detector.streaks) <= 1 and len(detector.pending) <= 1

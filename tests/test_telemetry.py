@@ -181,7 +181,9 @@ def test_no_silence_alerts_when_telemetry_is_off(clock: Clock) -> None:
 
 def test_alert_record_carries_time_node_and_message() -> None:
     alert = alerts.Alert("node1", "idle", "gpu0 idle for 60 s", t=time.mktime((2026, 1, 2, 3, 4, 5, 0, 0, -1)))
-    assert alert.record() == "03:04:05 node1: gpu0 idle for 60 s"
+    assert alert.text() == "03:04:05 node1: gpu0 idle for 60 s"
+    assert alert.record() == {"t": alert.t, "node": "node1", "rule": "idle", "rank": None,
+                              "message": "gpu0 idle for 60 s", "figures": {}, "evidence": ""}
     assert alert.line() == "ALERT gpu0 idle for 60 s"
 
 

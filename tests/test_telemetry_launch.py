@@ -77,7 +77,9 @@ def test_alerts_are_log_lines_in_the_record_and_in_the_summary(piped) -> None:
     assert f"[localhost] distrun: ALERT {xid}" in result.stdout
     assert result.stdout.count("ALERT") == 2  # once per episode, not once per sample
     (record,) = json.loads(distrun("ps", "--json", home=home).stdout)
-    assert [a.split(" ", 1)[1] for a in record["alerts"]] == [f"localhost: {memory}", f"localhost: {xid}"]
+    assert [(a["node"], a["rule"], a["message"]) for a in record["alerts"]] == [
+        ("localhost", "memory", memory), ("localhost", "xid", xid)]
+    assert record["alerts"][1]["figures"] == {"gpu": 1, "new": 1, "all": 1}
     summary = (job_dir / "summary.txt").read_text()
     assert "alerts (2):" in summary and memory in summary
     assert f"ALERT {memory}" in job_lines(job_dir)

@@ -192,7 +192,9 @@ def test_a_forked_child_that_runs_to_the_end_leaves_its_parent_serving(tmp_path)
         assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
         got = fetch(str(sockets / "rank0.sock"))
         _, stderr = rank.communicate("", timeout=60)
-        left = list(sockets.iterdir())
+        # What the rank left as it ended (rank0.last.json) is the host's poller's to read and remove.
+        left = [path for path in sockets.iterdir() if not path.name.endswith(".last.json")]
+        last = json.loads((sockets / "rank0.last.json").read_text())
     finally:
         rank.kill()
         for leftover in sockets.iterdir():
@@ -201,6 +203,7 @@ def test_a_forked_child_that_runs_to_the_end_leaves_its_parent_serving(tmp_path)
     assert "flight" in got
     assert (rank.returncode, stderr) == (0, "")
     assert left == []  # the rank removed its socket as it ended (issue 46.9: dead sockets stayed in sock/)
+    assert "pg_status" in last  # its own Flight Recorder record as it ended
 
 
 def test_a_torch_without_the_control_plane_runs_the_program_unchanged(tmp_path):

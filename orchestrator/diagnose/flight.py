@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.console.display import rank_ranges
@@ -24,7 +24,6 @@ from orchestrator.remote.flightrec import not_a_record
 
 COMPLETED = "completed"
 DEFAULT_GROUP = "default_pg"
-RATE_S = 30.0  # the progress rate is over this many seconds of events
 
 
 class BadRecord(ValueError):
@@ -220,47 +219,3 @@ def group_lag(name: str, desc: str, entries: Mapping[int, LastCollective], membe
     return Lag(name, desc, seq, entries[waiting[0]].name, waiting, behind,
                tuple(entries[r].seq if r in entries else 0 for r in behind), silent, blocked,
                tuple(entries[r].seq for r in blocked))
-
-
-
-@dataclass
-class FlightProgress:
-    """A job's progress from the hosts' `fr` events (remote/frpoll.py), for a program that prints no
-    metrics lines: each rank's last completed collective, and the rate at which the slowest rank
-    completes them (a collective completes on every rank or on none, so the slowest is the job's)."""
-
-    ranks: dict[int, int] = field(default_factory=dict)  # rank -> last completed collective_seq_id
-    seen: list[tuple[float, int]] = field(default_factory=list)  # (when, the slowest rank's position), RATE_S
-
-    def observe(self, event: Mapping[str, Any], now: float) -> None:
-        """Take one host's `fr` event, seen at `now` (seconds)."""
-        for rank, summary in (event.get("ranks") or {}).items():
-            done = summary.get("done") if isinstance(summary, dict) else None
-            if str(rank).isdigit() and isinstance(done, int):
-                self.ranks[int(rank)] = max(done, self.ranks.get(int(rank), 0))
-        if self.ranks:
-            self.seen = [s for s in self.seen if s[0] >= now - RATE_S] + [(now, min(self.ranks.values()))]
-
-    def rate(self) -> float | None:
-        """Collectives completed per second over the last RATE_S seconds (None: not yet two events apart)."""
-        if len(self.seen) < 2 or self.seen[-1][0] <= self.seen[0][0]:
-            return None
-        return (self.seen[-1][1] - self.seen[0][1]) / (self.seen[-1][0] - self.seen[0][0])
-
-    def to_dict(self) -> dict[str, Any]:
-        """`{"collectives_per_s", "collectives", "ranks": {rank: last completed}}` for `ps`, `top` and the record."""
-        rate = self.rate()
-        return {"collectives_per_s": None if rate is None else round(rate, 2),
-                "collectives": self.seen[-1][1] if self.seen else 0,
-                "ranks": {str(rank): seq for rank, seq in sorted(self.ranks.items())}}
-
-
-def progress_line(progress: Mapping[str, Any]) -> str:
-    """`12.5 collectives/s, ranks at #4501 (0-3), #4502 (4-5)`: a job's progress as its Flight Recorders tell."""
-    at: dict[int, list[int]] = {}
-    for rank, seq in (progress.get("ranks") or {}).items():
-        at.setdefault(int(seq), []).append(int(rank))
-    rate = progress.get("collectives_per_s")
-    positions = ", ".join(f"#{seq} ({rank_ranges(sorted(ranks))})" for seq, ranks in sorted(at.items()))
-    said = f"{rate:.1f} collectives/s" if isinstance(rate, int | float) else "collectives"
-    return f"{said}, ranks at {positions}" if positions else said

@@ -21,6 +21,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.diagnose.skew import Skew
+
 SLOW_FACTOR = 1.5
 SLOW_INTERVALS = 5
 TIME_KEYS = ("busy_s", "step_time_s")  # a rank's own time per step, best first
@@ -36,6 +38,11 @@ class Straggler:
     step_s: float  # the rank's own time per step in that interval
     median_s: float  # the median over all ranks in that interval
     intervals: int
+
+    def figures(self) -> dict[str, Any]:
+        """What the rule measured, for the alert's record."""
+        return {"step_s": round(self.step_s, 4), "median_s": round(self.median_s, 4), "step": self.step,
+                "intervals": self.intervals}
 
     def message(self) -> str:
         """As an alert line of its host: `straggler: rank 3 ...`."""
@@ -94,8 +101,8 @@ class Detector:
     def observe(self, node: str, record: dict[str, Any]) -> list[Straggler]:
         """Take one metrics record of `node`; returns the stragglers it lets us name."""
         sample = rank_sample(node, record)
-        if sample is None:
-            return []
+        if sample is None or (self.world_size is not None and not 0 <= sample[1].rank < self.world_size):
+            return []  # a rank value not of the job is not a rank
         step, value = sample
         with self.lock:
             if step <= self.judged:
@@ -122,9 +129,15 @@ class Detector:
                 if streak.slow >= self.intervals and not streak.named:
                     streak.named = True
                     named.append(Straggler(sample.node, rank, step, sample.step_s, median, streak.slow))
+        # Only ranks in a run of slow intervals keep a streak: a rank without evidence this interval
+        # starts again, so each interval costs its own ranks, never every rank ever seen.
+        kept = {}
         for rank, streak in self.streaks.items():
             if rank not in samples:
                 streak.slow = 0  # no evidence this interval: the run of slow ones starts again
+            if streak.slow or streak.named:
+                kept[rank] = streak
+        self.streaks = kept
         return named
 
 
@@ -136,6 +149,7 @@ LATE_TIME_SHARE = 0.1  # or whose lateness (past the margin) adds up to this sha
 WINDOW_S = 5.0  # the collectives of one interval span this much time (of their median entry)
 WINDOW_MAX = 500  # or this many collectives, whichever comes first
 FLIGHT_INTERVALS = 3  # consecutive late intervals before a rank is named
+OUTLIER = 3.0  # a late rank is late this many times more than any other rank of the interval
 
 
 @dataclass(frozen=True)
@@ -149,6 +163,11 @@ class LateRank:
     late: int  # collectives it entered late in its late intervals
     collectives: int  # collectives of those intervals
     intervals: int
+
+    def figures(self) -> dict[str, Any]:
+        """What the rule measured, for the alert's record."""
+        return {"late_ms": round(self.late_s * 1000, 1), "op": self.op, "late": self.late,
+                "collectives": self.collectives, "intervals": self.intervals}
 
     def message(self, evidence: str = "") -> str:
         """As an alert line of its host: `straggler: rank 4 on node2 enters all_reduce 180 ms after ...`."""
@@ -182,8 +201,12 @@ class FlightDetector:
     later collectives follow its first at once: only the first may show the wait), and so is one
     whose late entries kept the others waiting LATE_TIME_SHARE of the interval's time (a host
     whose CPU comes in slices, as a CPU quota gives it, is late only where a slice ended between
-    two collectives, which in a job of many short steps is a few of them, each by much). It is
-    named after `intervals` late intervals in a row, once per run of them.
+    two collectives, which in a job of many short steps is a few of them, each by much). Either holds
+    only where the rank is OUTLIER times later than any other rank of the interval: on a loaded host
+    every rank is late now and then, a straggler nearly always. It is named after `intervals` late
+    intervals in a row, once per run of them. A collective a rank will never report (it reported
+    later ones) is passed over. A rank held inside its collectives, which enters them on time, is
+    diagnose/held.py's.
 
     Args:
         world_size: The job's ranks (a collective is judged when all of them entered it).
@@ -196,23 +219,35 @@ class FlightDetector:
     window: list[dict[int, tuple[str, str, float]]] = field(default_factory=list)
     judged: int = 0  # the last collective judged
     streaks: dict[int, LateStreak] = field(default_factory=dict)
+    latest: dict[int, int] = field(default_factory=dict)  # rank -> the latest collective it reported
+    skew: Skew = field(default_factory=Skew)  # every judged collective's arrival skew
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def observe(self, node: str, event: dict[str, Any]) -> list[LateRank]:
         """Take one host's `fr` event; returns the ranks it lets us name."""
         with self.lock:
             for rank, summary in _ranks(event):
-                for seq, op, entered_us in summary.get("c") or ():
+                if rank >= self.world_size:
+                    continue  # a rank value not of the job is not a rank
+                for seq, op, entered_us, *_ in summary.get("c") or ():
                     if isinstance(seq, int) and seq > self.judged and isinstance(entered_us, int | float):
                         self.entered.setdefault(seq, {})[rank] = (node, str(op), entered_us / 1e6)
+                        self.latest[rank] = max(self.latest.get(rank, 0), seq)
             return self._judge_ready()
 
     def _judge_ready(self) -> list[LateRank]:
+        """Judge the collectives every rank reported, in order; one that a rank will never report (it
+        reported later ones: its entry fell out of an event) is passed over, never waited for."""
         named = []
         for seq in sorted(self.entered):
             if len(self.entered[seq]) < self.world_size:
-                break  # judged in order: a later one waits for this one
+                if any(self.latest.get(rank, 0) <= seq for rank in range(self.world_size) if rank not in
+                       self.entered[seq]):
+                    break  # judged in order: a later one waits for this one
+                del self.entered[seq]
+                continue
             self.window.append(self.entered.pop(seq))
+            self.skew.add(self.window[-1])
             self.judged = seq
             if _middle(self.window[-1]) - _middle(self.window[0]) >= WINDOW_S or len(self.window) >= WINDOW_MAX:
                 named += self._judge(self.window)
@@ -231,8 +266,7 @@ class FlightDetector:
         named = []
         for rank in window[-1]:
             found = late.get(rank, [])
-            waited = sum(value for value, _ in found)
-            if not found or (len(found) < LATE_SHARE * len(window) and waited < LATE_TIME_SHARE * span):
+            if not self._late_in(rank, late, len(window), span):
                 self.streaks[rank] = LateStreak()
                 continue
             streak = self.streaks.setdefault(rank, LateStreak())
@@ -248,6 +282,19 @@ class FlightDetector:
                 named.append(LateRank(window[-1][rank][0], rank, statistics.median(streak.late), op,
                                       len(streak.late), streak.collectives, streak.intervals))
         return named
+
+
+    def _late_in(self, rank: int, late: dict[int, list[tuple[float, str]]], collectives: int, span: float) -> bool:
+        """Whether `rank` was late in the interval: in LATE_SHARE of its collectives, or keeping the others
+        waiting LATE_TIME_SHARE of its time, and in that OUTLIER times what any other rank was (the margin
+        held against what the job's lateness already varies by: on a loaded host every rank is late now
+        and then, the straggler nearly always)."""
+        count, waited = len(late.get(rank, ())), sum(value for value, _ in late.get(rank, ()))
+        others = [found for other, found in late.items() if other != rank]
+        most = max((len(found) for found in others), default=0)
+        longest = max((sum(value for value, _ in found) for found in others), default=0.0)
+        return (count >= LATE_SHARE * collectives and count >= OUTLIER * most) or (
+            waited >= LATE_TIME_SHARE * span and waited >= OUTLIER * longest)
 
 
 def _ranks(event: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:

@@ -200,7 +200,7 @@ class LogSink:
             record = parse_metrics(raw.decode("utf-8", "replace")) if METRICS_MARK.encode() in raw else None
             if record is None:
                 continue
-            record = {"t": time.time(), "node": node, "rank": rank, **record}
+            record = {"t": time.time(), **record, "node": node, "rank": rank}  # where it came from, never its text
             with self.lock:
                 try:
                     if self.metrics_file is None:

@@ -13,11 +13,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from orchestrator.metrics.figures import ALERT_KINDS, JobFigures, read_alert
+from orchestrator.metrics.figures import ALERT_KINDS, JobFigures
 from orchestrator.store import JobState
+from orchestrator.telemetry.alerts import recorded
 
 MB = 1024 * 1024
 STATES = tuple(state.value for state in JobState)
@@ -153,10 +154,10 @@ def _job_families(jobs: Sequence[JobFigures]) -> Iterator[Metric]:
             aside.add_metric([job.job, node], 1.0)
         kinds = dict.fromkeys(ALERT_KINDS, 0)
         named: dict[tuple[str, int], int] = {}
-        for line in job.alerts:
-            alert = read_alert(line)
-            kinds[alert.rule] += 1
-            if alert.rank is not None:
+        for entry in job.alerts:
+            alert = recorded(entry)
+            kinds[alert.rule if alert.rule in kinds else "other"] += 1
+            if alert.rule == "straggler" and alert.rank is not None:
                 named[(alert.node, alert.rank)] = named.get((alert.node, alert.rank), 0) + 1
         for kind, count in kinds.items():
             alerts.add_metric([job.job, kind], count)
@@ -183,6 +184,26 @@ def _progress_families(jobs: Sequence[JobFigures]) -> Iterator[Metric]:
             if _number(seq):
                 done.add_metric([job.job, str(rank)], seq)
     yield from (rate, done)
+    yield from _skew_families(jobs)
+
+
+def _skew_families(jobs: Sequence[JobFigures]) -> Iterator[Metric]:
+    """The collectives' arrival skew (diagnose/skew.py): a histogram, and the rank each came last on."""
+    skew = HistogramMetricFamily("distrun_collective_arrival_skew_seconds",
+                                 "How long after the first rank the last entered each collective (Flight Recorder)",
+                                 labels=["job"])
+    last = CounterMetricFamily("distrun_rank_collectives_last",
+                               "Collectives the rank entered last, the others waiting for it (Flight Recorder)",
+                               labels=["job", "host", "rank"])
+    for job in jobs:
+        found = job.progress.get("skew")
+        if not isinstance(found, dict) or not found.get("buckets"):
+            continue
+        buckets = [(str(le) if le == "+Inf" else f"{float(le):g}", float(count)) for le, count in found["buckets"]]
+        skew.add_metric([job.job], buckets, float(found.get("sum_s") or 0.0))
+        for node, rank, count in found.get("last") or ():
+            last.add_metric([job.job, str(node), str(rank)], count)
+    yield from (skew, last)
 
 
 def _throttle_family(jobs: Sequence[JobFigures]) -> Metric:

@@ -3,48 +3,15 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.store import JobDir, JobRecord
-from orchestrator.telemetry.alerts import HostState
+from orchestrator.telemetry.alerts import RULES, HostState
 from orchestrator.telemetry.top import History
 
-# An alert as the record keeps it (`14:02:11 node1: gpu0 idle for 60 s (...)`) to its rule.
-ALERT_RULES = (
-    ("straggler", re.compile(r"^straggler: ")),
-    ("silent", re.compile(r"^no telemetry samples ")),
-    ("idle", re.compile(r"^gpu\d+ idle ")),
-    ("memory", re.compile(r"^gpu\d+ memory ")),
-    ("throttle", re.compile(r"^gpu\d+ clocks throttled ")),
-    ("ecc", re.compile(r"^gpu\d+: \d+ new uncorrectable ECC ")),
-    ("xid", re.compile(r"^gpu\d+: \d+ new XID ")),
-    ("stall", re.compile(r"^stall: ")),
-    ("rendezvous", re.compile(r"^never joined the rendezvous ")),
-)
-ALERT_KINDS = (*(rule for rule, _ in ALERT_RULES), "other")
-RECORDED = re.compile(r"^\d\d:\d\d:\d\d (?P<node>\S+): (?P<message>.*)$", re.S)
-STRAGGLER_RANK = re.compile(r"^straggler: rank (\d+) ")
-
-
-@dataclass(frozen=True)
-class RecordedAlert:
-    """An alert of the job's record, read back: its host, rule and (a straggler's) rank."""
-
-    node: str
-    rule: str
-    rank: int | None = None
-
-
-def read_alert(line: str) -> RecordedAlert:
-    """An alert line of the job record (`Alert.record()`) to its host, rule and straggler rank."""
-    found = RECORDED.match(line)
-    node, message = (found["node"], found["message"]) if found else ("", line)
-    rule = next((name for name, pattern in ALERT_RULES if pattern.match(message)), "other")
-    rank = STRAGGLER_RANK.match(message) if rule == "straggler" else None
-    return RecordedAlert(node, rule, int(rank[1]) if rank else None)
+ALERT_KINDS = (*RULES, "other")
 
 
 @dataclass(frozen=True)
@@ -68,7 +35,7 @@ class JobFigures:
     hosts: Sequence[HostState]
     hosts_lost: int = 0
     quarantined: Sequence[str] = ()
-    alerts: Sequence[str] = ()
+    alerts: Sequence[Any] = ()  # as the record keeps them: `Alert.record()` objects, an older one's sentences
     ranks: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
     throughput: Mapping[str, Any] | None = None
     progress: Mapping[str, Any] = field(default_factory=dict)

@@ -29,6 +29,8 @@ import sys
 SOCKETS = "DISTRUN_WORKER_SOCKETS"
 SERVER_SOCKET = "TORCH_WORKER_SERVER_SOCKET"
 SERVE_WAIT = 10.0  # seconds torch's server may take to serve before it is shut down
+LAST = ".last.json"  # beside the rank's socket: its Flight Recorder record as it ended (remote/frpoll.py)
+LAST_SETTLE = 0.3  # seconds the record may take to show the last collective completed
 _serving = []  # the entered worker_main(), its socket and process, closed (the socket removed) at the end
 
 
@@ -233,6 +235,63 @@ def _await_serving(path):
         pass  # no socket or no answer: shut down all the same (its thread may have ended)
 
 
+def _own_record(path):
+    """This rank's Flight Recorder record from its own server (b"" when it gives none)."""
+    import socket
+
+    body = b""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(SERVE_WAIT)
+            conn.connect(path)
+            conn.sendall(b"POST /handler/fr_trace_json HTTP/1.0\r\nContent-Length: 0\r\n\r\n")
+            while True:
+                chunk = conn.recv(1 << 16)
+                if not chunk:
+                    break
+                body += chunk
+    except OSError:
+        return b""
+    head, _, record = body.partition(b"\r\n\r\n")
+    return record if b" 200 " in head.split(b"\r\n", 1)[0] + b" " else b""
+
+
+def _settled(record):
+    """Whether the record's default group has completed every collective it entered (gloo retires a
+    collective a moment after the call returns)."""
+    import json
+
+    try:
+        status = json.loads(record).get("pg_status", {}).get("0", {})
+        return int(status.get("last_completed_collective", 0)) >= int(status.get("last_enqueued_collective", 0))
+    except Exception:
+        return True
+
+
+def _leave_last(path):
+    """Fetch this rank's own Flight Recorder record from its server as the program ends (once its
+    collectives settled, LAST_SETTLE at most) and leave it beside the socket (`rank<R>.last.json`, this
+    user's alone) for the host's poller: the rank's final position. An answered request also proves
+    the server's thread serves, as _await_serving does."""
+    import time
+
+    record = _own_record(path)
+    settle = time.monotonic() + LAST_SETTLE
+    while record and not _settled(record) and time.monotonic() < settle:
+        time.sleep(0.02)
+        record = _own_record(path)
+    if not record:
+        return
+    final = path[:-len(".sock")] + LAST
+    try:
+        fd = os.open(final + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(record)
+        os.replace(final + ".tmp", final)
+    except OSError:
+        pass
+
+
 def _never_finalized(serving):
     """Keep a forked child's copy of the parent's server alive to the child's end. A child that
     runs on to the end of the program (os.fork(), no os._exit) would shut it down when the
@@ -250,6 +309,7 @@ def _close_control_plane():
             _never_finalized(serving)
             continue
         try:
+            _leave_last(path)
             _await_serving(path)
             _quiet(serving.__exit__, None, None, None)
         except Exception:

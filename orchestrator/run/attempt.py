@@ -26,6 +26,7 @@ from orchestrator.backends.run import Channel
 from orchestrator.console.terminal import show
 from orchestrator.diagnose.at_exit import neighbours_finished, when_failed
 from orchestrator.diagnose.failures import Failure, FailureKind, failed_summary, root_cause
+from orchestrator.diagnose.progress import progress_lines
 from orchestrator.diagnose.watchdog import Looked, Progress, Stall, Stalls, Watchdog, diagnose, look_at_stall
 from orchestrator.errors import DistrunError, ExitCode, UsageError
 from orchestrator.logs import LogSink
@@ -36,7 +37,7 @@ from orchestrator.remote.redact import Masker
 from orchestrator.run.hostrun import HostRun
 from orchestrator.run.recording import Launching
 from orchestrator.run.restarts import AttemptHistory, Verdict
-from orchestrator.run.summary import masked, masked_attempts, progress_lines, succeeded_summary
+from orchestrator.run.summary import masked, masked_attempts, succeeded_summary
 from orchestrator.store import JobDir, JobRecord, JobState
 from orchestrator.telemetry.rendezvous import RendezvousWatch
 
@@ -390,7 +391,7 @@ class Attempt:
         # The summary quotes the job's last lines: a secret the job printed is masked here too.
         mask = Masker(self.plan.secrets.values())
         self.history.end(None, state=state.value)
-        progress = self.monitor.progress_now()
+        progress = self.monitor.progress_now(ended=True)
         tail = [*extra, *self.stalls.lines(), *progress_lines(progress, self.last_metrics),
                 *telemetry.summary_lines(self.record.alerts), *self.sink.shortfalls(), *self.history.lines()]
         said = mask.text("\n".join([said or detail, *tail]))

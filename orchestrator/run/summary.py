@@ -1,5 +1,5 @@
 """What a finished attempt records and says besides its verdict: failures and attempts with the
-job's secrets masked, the ranks' progress line, and a succeeded job's summary."""
+job's secrets masked, and a succeeded job's summary (the ranks' progress line is diagnose/progress.py's)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from dataclasses import replace
 from typing import Any
 
 from orchestrator.diagnose.failures import Failure
-from orchestrator.diagnose.flight import progress_line
 from orchestrator.plan import LaunchPlan
 from orchestrator.remote.redact import Masker
 from orchestrator.run.restarts import AttemptHistory
@@ -27,14 +26,6 @@ def masked_attempts(history: AttemptHistory, mask: Masker) -> list[dict[str, Any
         if attempt.failure is not None:
             record["failure"] = masked(attempt.failure, mask).to_dict()
     return records
-
-
-def progress_lines(progress: dict[str, Any], metrics: dict[str, Any] | None) -> list[str]:
-    """The summary's line of the ranks' progress from their Flight Recorders, for a job whose
-    metrics lines told none."""
-    if metrics or not progress.get("ranks"):
-        return []
-    return [f"  progress: {progress_line(progress)} ({progress.get('collectives', 0)} collectives completed)"]
 
 
 def succeeded_summary(plan: LaunchPlan, metrics: dict[str, Any] | None, restarts: int) -> str:

@@ -35,20 +35,82 @@ class AlertRules:
         return max(self.silent_min_s, self.silent_intervals * interval)
 
 
+RULES = ("idle", "memory", "throttle", "ecc", "xid", "silent", "straggler", "stall", "rendezvous")
+# How an older distrun's alert (its sentence only) began, by rule: read back without a pattern.
+OLD_STARTS = (("straggler", "straggler: "), ("silent", "no telemetry samples "), ("stall", "stall: "),
+              ("rendezvous", "never joined the rendezvous "))
+OLD_GPU_WORDS = (("ecc", " new uncorrectable ECC "), ("xid", " new XID "), ("idle", " idle for "),
+                 ("memory", " memory "), ("throttle", " clocks throttled "))
+
+
 @dataclass(frozen=True)
 class Alert:
+    """One alert: its fields and its sentence.
+
+    Attributes:
+        node: The host it is about.
+        rule: What fired it (RULES; "other" for an older record's sentence no rule began).
+        message: The sentence people read (`straggler: rank 4 on node2 ...`).
+        rank: The rank it names, or None.
+        figures: What the rule measured (numbers and short strings: `late_ms`, `gpu`, ...).
+        evidence: What else was seen of the host when it fired (`node2 now: load 5.1, ...`), or "".
+        stamp: An older record's time of day (`14:02:11`), where it kept no `t`.
+    """
+
     node: str
-    rule: str  # idle | memory | throttle | ecc | xid | silent | straggler | stall | rendezvous
+    rule: str
     message: str
     t: float = field(default_factory=time.time)
+    rank: int | None = None
+    figures: dict[str, Any] = field(default_factory=dict)
+    evidence: str = ""
+    stamp: str = ""
 
     def line(self) -> str:
         """As a log line of the node: `ALERT gpu0 idle for 60 s (...)`."""
         return f"ALERT {self.message}"
 
-    def record(self) -> str:
-        """As kept in the job record: `14:02:11 node1: gpu0 idle for 60 s (...)`."""
-        return f"{time.strftime('%H:%M:%S', time.localtime(self.t))} {self.node}: {self.message}"
+    def text(self) -> str:
+        """As people read it after the fact: `14:02:11 node1: gpu0 idle for 60 s (...)`."""
+        stamp = time.strftime("%H:%M:%S", time.localtime(self.t)) if self.t else self.stamp
+        return " ".join(filter(None, (stamp, f"{self.node}:" if self.node else "", self.message)))
+
+    def record(self) -> dict[str, Any]:
+        """As kept in the job record: {"t", "node", "rule", "rank", "message", "figures", "evidence"}."""
+        return {"t": round(self.t, 3), "node": self.node, "rule": self.rule, "rank": self.rank,
+                "message": self.message, "figures": dict(self.figures), "evidence": self.evidence}
+
+
+def recorded(entry: object) -> Alert:
+    """An alert of a job record back as an `Alert`: a record's object, or an older distrun's sentence
+    (`14:02:11 node1: straggler: rank 3 takes ...`: its host, time of day, rule and rank read off it)."""
+    if isinstance(entry, dict):
+        rank, figures, t = entry.get("rank"), entry.get("figures"), entry.get("t")
+        return Alert(str(entry.get("node") or ""), str(entry.get("rule") or "other"), str(entry.get("message") or ""),
+                     float(t) if isinstance(t, int | float) else 0.0,
+                     rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+                     dict(figures) if isinstance(figures, dict) else {}, str(entry.get("evidence") or ""))
+    text = str(entry)
+    stamp, _, rest = text.partition(" ")
+    node, _, message = rest.partition(": ")
+    if len(stamp) != 8 or stamp[2::3] != "::" or not message:
+        stamp, node, message = "", "", text
+    return Alert(node, _old_rule(message), message, 0.0, _old_rank(message), stamp=stamp)
+
+
+def _old_rule(message: str) -> str:
+    """The rule of an older record's sentence, from how it begins."""
+    found = next((rule for rule, start in OLD_STARTS if message.startswith(start)), None)
+    if found is None and message.startswith("gpu"):
+        found = next((rule for rule, words in OLD_GPU_WORDS if words in message), None)
+    return found or "other"
+
+
+def _old_rank(message: str) -> int | None:
+    """The rank an older straggler sentence names (`straggler: rank 3 ...`)."""
+    words = message.split(" ", 3)
+    return int(words[2]) if words[:2] == ["straggler:", "rank"] and len(words) > 2 and words[2].isdigit() else None
+
 
 
 @dataclass
@@ -162,7 +224,8 @@ class Aggregator:
                 if self._episode(node, None, "silent").update(quiet > limit, now, 0):
                     heard = "since the last" if state.seen is not None else "and none yet"
                     fired.append(Alert(node, "silent", f"no telemetry samples for {quiet:.0f} s {heard} "
-                                       f"(expected every {self.interval:g} s)"))
+                                       f"(expected every {self.interval:g} s)",
+                                       figures={"quiet_s": round(quiet, 1), "interval_s": self.interval}))
             self.alerts += fired
         return fired
 
@@ -194,16 +257,18 @@ class Aggregator:
         idle = util is not None and util < rules.idle_util_pct and _job_uses(state, gpu)
         if self._episode(node, gpu, "idle").update(idle, now, rules.idle_after_s):
             fired.append(Alert(node, "idle", f"{name} idle for {rules.idle_after_s:g} s "
-                               f"(utilisation {util}% < {rules.idle_util_pct:g}%)"))
+                               f"(utilisation {util}% < {rules.idle_util_pct:g}%)", figures={"gpu": gpu, "util": util}))
         pct = mem_pct(sample)
         if self._episode(node, gpu, "memory").update(pct is not None and pct > rules.mem_pct, now, 0):
             fired.append(Alert(node, "memory", f"{name} memory {pct:.0f}% full "
-                               f"({sample['mem_used_mb'] / 1024:.1f} of {sample['mem_total_mb'] / 1024:.1f} GB)"))
+                               f"({sample['mem_used_mb'] / 1024:.1f} of {sample['mem_total_mb'] / 1024:.1f} GB)",
+                               figures={"gpu": gpu, "mem_pct": round(pct or 0.0, 1)}))
         reasons = sorted(set(sample.get("throttle") or ()) & rules.throttle_reasons)
         if self._episode(node, gpu, "throttle").update(bool(reasons), now, rules.throttle_after_s):
             fired.append(Alert(node, "throttle", f"{name} clocks throttled ({', '.join(reasons)}) for "
                                f"{rules.throttle_after_s:g} s: {temp_text(sample.get('temp_c'))}, "
-                               f"{power_text(sample.get('power_w'), sample.get('power_limit_w'))}"))
+                               f"{power_text(sample.get('power_w'), sample.get('power_limit_w'))}",
+                               figures={"gpu": gpu, "reasons": reasons}))
         fired += self._new_errors(node, gpu, sample)
         return fired
 
@@ -223,7 +288,8 @@ class Aggregator:
             if before is not None and value > before:
                 extra = f", last XID {sample.get('xid_last')}" if rule == "xid" else ""
                 fired.append(Alert(node, rule, f"gpu{gpu}: {value - before} new {what} error(s) "
-                                   f"({value} in all{extra})"))
+                                   f"({value} in all{extra})",
+                                   figures={"gpu": gpu, "new": value - before, "all": value}))
         return fired
 
 
@@ -267,11 +333,11 @@ def power_text(draw: float | None, limit: float | None) -> str:
     return f"{draw:.0f}/{limit:.0f} W" if limit else f"{draw:.0f} W"
 
 
-def summary_lines(alerts: list[str]) -> list[str]:
-    """The alerts part of a job's final summary."""
+def summary_lines(alerts: list[Any]) -> list[str]:
+    """The alerts part of a job's final summary, from the record's alerts (objects, or older sentences)."""
     if not alerts:
         return []
-    lines = [f"  alerts ({len(alerts)}):"] + [f"    {a}" for a in alerts[:SUMMARY_ALERTS]]
+    lines = [f"  alerts ({len(alerts)}):"] + [f"    {recorded(a).text()}" for a in alerts[:SUMMARY_ALERTS]]
     if len(alerts) > SUMMARY_ALERTS:
         lines.append(f"    ... and {len(alerts) - SUMMARY_ALERTS} more (`distrun ps --json`)")
     return lines

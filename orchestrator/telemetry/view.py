@@ -18,7 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.console.terminal import colour, safe_text
-from orchestrator.diagnose.flight import FlightProgress, progress_line
+from orchestrator.diagnose.held import HeldDetector
+from orchestrator.diagnose.progress import FlightProgress, progress_line
 from orchestrator.diagnose.stragglers import Detector, FlightDetector
 from orchestrator.telemetry.alerts import (
     Aggregator,
@@ -28,6 +29,7 @@ from orchestrator.telemetry.alerts import (
     host_evidence,
     mem_pct,
     power_text,
+    recorded,
     temp_text,
 )
 
@@ -136,7 +138,7 @@ def _gpus_row(state: HostState, rules: AlertRules) -> list[Any]:
             f"{sum(power):.0f} W" if power else "-", info]
 
 
-def _caption(metrics: dict[str, Any] | None, alerts: list[str], progress: dict[str, Any] | None = None) -> Text:
+def _caption(metrics: dict[str, Any] | None, alerts: list[Any], progress: dict[str, Any] | None = None) -> Text:
     parts = []
     rate = metrics.get("samples_per_s", metrics.get("mean_samples_per_s")) if metrics else None
     if metrics and rate is not None:
@@ -145,11 +147,11 @@ def _caption(metrics: dict[str, Any] | None, alerts: list[str], progress: dict[s
     elif progress and progress.get("ranks"):
         parts.append(Text(f"progress {progress_line(progress)}"))
     if alerts:
-        parts.append(Text(f"{len(alerts)} alert(s), latest: {alerts[-1]}", style="red"))
+        parts.append(Text(f"{len(alerts)} alert(s), latest: {recorded(alerts[-1]).text()}", style="red"))
     return Text(" · ").join(parts) if parts else Text("no metrics yet")
 
 
-def render(aggregator: Aggregator, title: str, now: float | None, alerts: list[str],
+def render(aggregator: Aggregator, title: str, now: float | None, alerts: list[Any],
            max_rows: int | None = None, progress: dict[str, Any] | None = None, fit: bool = True) -> Table:
     """The status table: a row per host (CPU, memory, load, network, the job's processes) and
     a row per GPU (utilisation, memory, temperature, power), or one row for all of a host's
@@ -160,7 +162,7 @@ def render(aggregator: Aggregator, title: str, now: float | None, alerts: list[s
     Args:
         now: the aggregator's clock now, to show each host's last sample as an age; None shows
             the time of day of the last sample instead (a finished job).
-        alerts: alerts as kept in the job record.
+        alerts: alerts as kept in the job record (`Alert.record()`, or an older distrun's sentences).
         progress: the job's progress from the ranks' Flight Recorders (`FlightProgress.to_dict`),
             shown when no metrics record tells the throughput.
         fit: a terminal's table: as wide as the terminal, the notes and the caption cut at its edge
@@ -283,10 +285,11 @@ class Monitor:
         self.aggregator = Aggregator(nodes, interval, rules)
         self.stragglers = Detector(world_size)
         self.late = FlightDetector(world_size) if world_size else None
-        self.progress = FlightProgress()
+        self.held = HeldDetector(world_size) if world_size else None
+        self.progress = FlightProgress(world_size)
         self.progress_lock = threading.Lock()
         # The ranks each path named (metrics lines, Flight Recorders): a rank one named, the other does not name again.
-        self.named: dict[str, set[int]] = {"metrics": set(), "flight": set()}
+        self.named: dict[str, set[int]] = {"metrics": set(), "flight": set(), "held": set()}
         self.nodes = nodes
         self.on_alerts = on_alerts
         self.active = active
@@ -327,21 +330,25 @@ class Monitor:
         """A metrics record of any rank of `node`: rank 0's is the job's latest; every rank's
         own step time goes to the straggler detector, whose verdicts are alerts like the others."""
         self.aggregator.observe_metrics(record)
-        alerts = [Alert(s.node, "straggler", s.message()) for s in self.stragglers.observe(node, record)
-                  if self._first_to_name("metrics", s.rank)]
+        alerts = [Alert(s.node, "straggler", s.message(), rank=s.rank, figures=s.figures())
+                  for s in self.stragglers.observe(node, record) if self._first_to_name("metrics", s.rank)]
         if alerts and not self.stopped.is_set():
             self.aggregator.add(alerts)
             self._report(alerts)
 
     def flight(self, node: str, event: dict[str, Any]) -> dict[str, Any]:
         """An `fr` event of `node` (remote/frpoll.py): the job's progress, and stragglers named from
-        when each rank entered the collectives, with what telemetry says of their host now; the
-        progress as it stands (`FlightProgress.to_dict`)."""
+        when each rank entered the collectives or from its process held off its CPU (diagnose/held.py),
+        with what telemetry says of their host now; the progress as it stands (`FlightProgress.to_dict`)."""
         with self.progress_lock:
-            self.progress.observe(event, self.aggregator.clock())
+            self.progress.observe(event, time.time())
         late = self.late.observe(node, event) if self.late is not None else []
-        alerts = [Alert(r.node, "straggler", r.message(host_evidence(self.aggregator.state(r.node)))) for r in late
-                  if self._first_to_name("flight", r.rank)]
+        with self.progress_lock:
+            held = self.held.observe(node, event) if self.held is not None else []
+        named = [("flight", r) for r in late] + [("held", r) for r in held]
+        alerts = [Alert(r.node, "straggler", r.message(evidence), rank=r.rank, figures=r.figures(), evidence=evidence)
+                  for path, r in named if self._first_to_name(path, r.rank)
+                  for evidence in [host_evidence(self.aggregator.state(r.node))]]
         if alerts and not self.stopped.is_set():
             self.aggregator.add(alerts)
             self._report(alerts)
@@ -353,10 +360,15 @@ class Monitor:
             self.named[path].add(rank)
             return not any(rank in ranks for other, ranks in self.named.items() if other != path)
 
-    def progress_now(self) -> dict[str, Any]:
-        """The job's progress from the ranks' Flight Recorders (`FlightProgress.to_dict`)."""
+    def progress_now(self, ended: bool = False) -> dict[str, Any]:
+        """The job's progress from the ranks' Flight Recorders (`FlightProgress.to_dict`; `ended`: a
+        finished job's, its rate the whole run's)."""
         with self.progress_lock:
-            return self.progress.to_dict()
+            found = self.progress.to_dict(ended)
+        if self.late is not None and sum(self.late.skew.counts):
+            with self.late.lock:
+                found["skew"] = self.late.skew.to_dict()
+        return found
 
     def start(self) -> None:
         self.ticker.start()

@@ -42,7 +42,8 @@ def test_a_host_that_cannot_reach_the_rendezvous_port_is_named_after_the_bound_a
             in said, said
         assert "ALERT never joined" not in said.replace("[node2] distrun: ALERT never joined", ""), said
         alerts = record(home, job_id)["alerts"]
-        assert len(alerts) == 1 and " node2: never joined the rendezvous" in alerts[0], alerts
+        assert len(alerts) == 1 and (alerts[0]["node"], alerts[0]["rule"]) == ("node2", "rendezvous"), alerts
+        assert alerts[0]["message"].startswith("never joined the rendezvous"), alerts
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
         assert proc.returncode == 130, output(home, job_id)[-2000:]

@@ -43,9 +43,10 @@ def test_a_rank_made_slow_is_named_with_its_host_live_in_the_record_and_in_the_r
     out = launch(tmp_path, inv, home, "slow-1", "--slow-rank", str(SLOW_RANK), "--slow-s", "0.5")
     print("MEASURED busy_s per rank, rank 3 slowed:",
           {r: [round(b, 3) for b in v] for r, v in busy_by_rank(home, "slow-1").items()})
-    alerts = [a for a in record(home, "slow-1")["alerts"] if "straggler" in a]
+    alerts = [a for a in record(home, "slow-1")["alerts"] if a["rule"] == "straggler"]
     assert len(alerts) == 1, record(home, "slow-1")["alerts"]
-    assert f"node1: straggler: rank {SLOW_RANK} takes " in alerts[0]
+    assert (alerts[0]["node"], alerts[0]["rank"]) == ("node1", SLOW_RANK)
+    assert alerts[0]["message"].startswith(f"straggler: rank {SLOW_RANK} takes ")
     assert f"[node1] distrun: ALERT straggler: rank {SLOW_RANK} takes " in out
     print("MEASURED alert:", next(line for line in out.splitlines() if "ALERT straggler" in line))
     page = tmp_path / "report.html"
