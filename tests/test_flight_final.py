@@ -65,3 +65,36 @@ def test_every_ranks_last_position_comes_from_what_it_left_as_it_ended(tmp_path:
     assert ended["ranks"] == {"0": 80, "1": 80}
     assert 0 < ended["seconds"] < 60 and abs(ended["collectives_per_s"] * ended["seconds"] - 80) < 4
     assert ended["step"]["collectives"] == 2
+
+
+NCCL_SCRIPT = """\
+import json, torch
+from torch._C._distributed_c10d import _register_handler
+
+def nccl_record(request, response):  # NCCL's record under its handler, as a CUDA build serves it
+    entry = {"collective_seq_id": 7, "profiling_name": "nccl:all_reduce", "state": "completed",
+             "time_created_ns": 1000, "time_discovered_completed_ns": 2000, "process_group": ["0", "default_pg"]}
+    response.set_content(json.dumps({"version": "2.10", "entries": [entry]}), "application/json")
+
+_register_handler("dump_nccl_trace_json", nccl_record)
+"""
+
+
+def test_a_rank_on_nccl_leaves_nccls_record_as_it_ends(tmp_path: Path) -> None:
+    """On NCCL, torch's fr_trace_json holds no collective (a lent H200, torch 2.11): the record a rank
+    leaves is NCCL's, else a GPU job's summary said `0 collectives completed` for a job that ran 1600."""
+    sockets = Path("/tmp") / f"dwn-{os.getpid()}"
+    sockets.mkdir(mode=0o700)
+    script = tmp_path / "nccl.py"
+    script.write_text(NCCL_SCRIPT)
+    env = {**os.environ, "DISTRUN_WORKER_SOCKETS": str(sockets), "TORCH_FR_BUFFER_SIZE": "100", "RANK": "0"}
+    try:
+        ran = subprocess.run([sys.executable, "-u", ENTRY, str(script)], env=env, capture_output=True, text=True,
+                             timeout=120)
+        left = (sockets / "rank0.last.json").read_text() if (sockets / "rank0.last.json").exists() else ""
+    finally:
+        for leftover in sockets.iterdir():
+            leftover.unlink()
+        sockets.rmdir()
+    assert ran.returncode == 0, ran.stderr
+    assert '"nccl:all_reduce"' in left, left[:300]

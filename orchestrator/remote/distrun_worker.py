@@ -236,7 +236,18 @@ def _await_serving(path):
 
 
 def _own_record(path):
-    """This rank's Flight Recorder record from its own server (b"" when it gives none)."""
+    """This rank's Flight Recorder record from its own server (b"" when it gives none): gloo's, or
+    NCCL's where gloo's holds no collective (on NCCL, fr_trace_json answers with no entries; the
+    host's poller asks the same two, remote/flightrec.py)."""
+    record = _ask_own(path, b"fr_trace_json")
+    if _has_entries(record):
+        return record
+    nccl = _ask_own(path, b"dump_nccl_trace_json?includecollectives=true")
+    return nccl if _has_entries(nccl) else record
+
+
+def _ask_own(path, handler):
+    """One handler's answer from this rank's own server (b"" when it gives none)."""
     import socket
 
     body = b""
@@ -244,7 +255,7 @@ def _own_record(path):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(SERVE_WAIT)
             conn.connect(path)
-            conn.sendall(b"POST /handler/fr_trace_json HTTP/1.0\r\nContent-Length: 0\r\n\r\n")
+            conn.sendall(b"POST /handler/" + handler + b" HTTP/1.0\r\nContent-Length: 0\r\n\r\n")
             while True:
                 chunk = conn.recv(1 << 16)
                 if not chunk:
@@ -254,6 +265,15 @@ def _own_record(path):
         return b""
     head, _, record = body.partition(b"\r\n\r\n")
     return record if b" 200 " in head.split(b"\r\n", 1)[0] + b" " else b""
+
+
+def _has_entries(record):
+    import json
+
+    try:
+        return bool(json.loads(record).get("entries"))
+    except Exception:
+        return False
 
 
 def _settled(record):
