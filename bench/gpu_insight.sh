@@ -41,7 +41,7 @@ print("slices", len(slices), "first", slices[:1], "missing", (trace.get("otherDa
 PY
 
 echo "=== deepspeed: the ZeRO-3 example on CUDA"
-cp "$SRC"/jobs/deepspeed_zero.py "$SRC"/jobs/deepspeed_config.json "$SRC"/jobs/deepspeed.yaml .
+cp "$SRC"/jobs/deepspeed_zero.py "$SRC"/jobs/deepspeed_config.json "$SRC"/jobs/deepspeed.yaml "$SRC"/jobs/quick_exit.py .
 sed -i 's/nproc_per_node: auto/nproc_per_node: 1/' deepspeed.yaml
 timeout 300 python3 -m orchestrator launch deepspeed.yaml --backend local --no-live >"$OUT/ds-launch.log" 2>&1
 echo "launch exit $?"; tail -n 25 "$OUT/ds-launch.log"
