@@ -43,6 +43,6 @@ PY
 echo "=== deepspeed: the ZeRO-3 example on CUDA"
 cp "$SRC"/jobs/deepspeed_zero.py "$SRC"/jobs/deepspeed_config.json "$SRC"/jobs/deepspeed.yaml "$SRC"/jobs/quick_exit.py .
 sed -i 's/nproc_per_node: auto/nproc_per_node: 1/' deepspeed.yaml
-timeout 300 python3 -m orchestrator launch deepspeed.yaml --backend local --no-live >"$OUT/ds-launch.log" 2>&1
+timeout 300 python3 -m orchestrator launch deepspeed.yaml --backend local --no-live --metrics-lines >"$OUT/ds-launch.log" 2>&1
 echo "launch exit $?"; tail -n 25 "$OUT/ds-launch.log"
 echo "=== compute processes left: [$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader)]"
