@@ -20,10 +20,11 @@ from typing import Any
 import pynvml
 import pytest
 
+from orchestrator.liveness import process_start
 from orchestrator.remote import cleanup, gpu, sampler, supervisor
 from orchestrator.remote.config import SupervisorConfig
 from orchestrator.remote.stream import StreamWriter
-from orchestrator.store import JobRecord, JobState, Store, process_start
+from orchestrator.store import JobRecord, JobState, Store
 from tests.helpers import REPO, distrun, record_this_process_as_the_jobs_root
 from tests.test_probe import Process, fake_pynvml
 from tests.test_sampler_nvml import FakeGpu, FakeHandle, FakeNvml

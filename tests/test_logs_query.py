@@ -19,12 +19,13 @@ import pytest
 from orchestrator.cli.logs import LogsRequest, show_logs
 from orchestrator.cli.timespec import parse_since
 from orchestrator.errors import UsageError
+from orchestrator.liveness import process_start
 from orchestrator.logs import recover as recover_module
 from orchestrator.logs.format import note, rank_prefixes, stamp
 from orchestrator.logs.query import parse_ranks
 from orchestrator.logs.recover import FetchedCopy, rebuild
 from orchestrator.remote.linestore import INDEX, IndexEntry, LineStore, parse_entry
-from orchestrator.store import JobRecord, JobState, Store, process_start
+from orchestrator.store import JobRecord, JobState, Store
 from tests.helpers import distrun
 
 T0 = 1_800_000_000.0  # when the job's first line arrived

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from orchestrator.liveness import process_start
 from orchestrator.metrics import JobFigures, bind, exposition, families_json
 from orchestrator.spec import load_job
-from orchestrator.store import JobRecord, JobState, Store, process_start
+from orchestrator.store import JobRecord, JobState, Store
 from orchestrator.telemetry.alerts import HostState
 from orchestrator.telemetry.alerts import recorded as read_alert
 from tests.helpers import distrun

@@ -17,17 +17,9 @@ import pytest
 from orchestrator import store as store_module
 from orchestrator.diagnose.failures import Failure, FailureKind
 from orchestrator.errors import InfraError, UsageError
+from orchestrator.liveness import controller_alive, process_start, signal_controller
 from orchestrator.run.recorded import refresh_lost
-from orchestrator.store import (
-    JobRecord,
-    JobState,
-    Store,
-    controller_alive,
-    new_job_id,
-    process_start,
-    prunable,
-    signal_controller,
-)
+from orchestrator.store import JobRecord, JobState, Store, new_job_id, prunable
 
 # The schema distrun wrote before records kept a generic backend reference and failures.
 OLD_SCHEMA = """

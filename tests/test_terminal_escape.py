@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 from orchestrator.console.terminal import safe_text
-from orchestrator.store import JobRecord, JobState, Store, process_start
+from orchestrator.liveness import process_start
+from orchestrator.store import JobRecord, JobState, Store
 from tests.helpers import REPO, distrun, ready_processes, record_this_process_as_the_jobs_root
 
 TITLE = "\x1b]0;pwned\x07"

@@ -60,10 +60,11 @@ from orchestrator.backends.run import RunView
 from orchestrator.diagnose.failures import Failure
 from orchestrator.errors import UsageError
 from orchestrator.fanout.group import GroupResult
+from orchestrator.liveness import controller_alive
 from orchestrator.plan import LaunchPlan
 from orchestrator.spec.model import JobSpec
 from orchestrator.spec.select import HostSelection, SelectionGuard
-from orchestrator.store import JobDir, JobRecord, JobState, controller_alive
+from orchestrator.store import JobDir, JobRecord, JobState
 from orchestrator.transport.base import CommandResult
 
 
@@ -354,7 +355,7 @@ class Backend(ABC):
 
     def job_alive(self, record: JobRecord) -> bool:
         """Whether an unfinished job still runs. By default a job lives with its controller
-        (the recorded pid, started at the recorded time: `store.controller_alive`)."""
+        (the recorded pid, started at the recorded time: `liveness.controller_alive`)."""
         return controller_alive(record)
 
     def ended_as(self, record: JobRecord) -> Settled:

@@ -67,12 +67,13 @@ from orchestrator.diagnose.failures import Failure, FailureKind, root_cause
 from orchestrator.errors import ExitCode, InfraError, UsageError
 from orchestrator.fanout.group import GroupResult, parallel
 from orchestrator.hostcheck.probe import PROBE_MODULES
+from orchestrator.liveness import controller_alive
 from orchestrator.logs.sink import append_note
 from orchestrator.plan import LaunchPlan, build_plan
 from orchestrator.remote.follow import Follower, appended
 from orchestrator.remote.private import make_private_dirs, write_private
 from orchestrator.spec import JobSpec, NodeSpec, resolve_inventory_path, select_nodes
-from orchestrator.store import JobDir, JobRecord, JobState, controller_alive
+from orchestrator.store import JobDir, JobRecord, JobState
 
 POLL = 0.5  # between two `scontrol show job` while pending or running
 FOLLOW_POLL = 0.1  # between two reads of a stream file at its end

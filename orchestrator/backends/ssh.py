@@ -28,6 +28,7 @@ from orchestrator.facts import HostFacts
 from orchestrator.fanout.group import Group, GroupError, GroupResult, parallel
 from orchestrator.hostcheck.checks import flight_recorder_missing
 from orchestrator.hostcheck.probe import import_options, probe_round
+from orchestrator.liveness import signal_controller
 from orchestrator.logs.format import note
 from orchestrator.logs.recover import FetchedCopy, rebuild
 from orchestrator.plan import DEFAULT_PORT, HostPlan, LaunchPlan, build_plan
@@ -42,7 +43,7 @@ from orchestrator.spec import (
     select_with_spares,
 )
 from orchestrator.spec.model import DEFAULT_STOP_GRACE
-from orchestrator.store import JobRecord, JobState, signal_controller
+from orchestrator.store import JobRecord, JobState
 from orchestrator.transport import REMOTE_TIMEOUT, CommandResult, RemoteProcess, Transport, run_remote
 
 STOP_WAIT = 30.0

@@ -10,10 +10,11 @@ from typing import Any, TextIO
 
 from orchestrator.backends.base import LaunchContext, Learnt, Settled, Submitted
 from orchestrator.console import terminal
+from orchestrator.liveness import process_start
 from orchestrator.plan import LaunchPlan
 from orchestrator.run.request import LaunchRequest
 from orchestrator.spec.model import JobSpec
-from orchestrator.store import JobRecord, JobState, Store, process_start
+from orchestrator.store import JobRecord, JobState, Store
 
 
 @dataclass

@@ -32,6 +32,7 @@ from rich.console import Group
 
 from orchestrator.console.terminal import show
 from orchestrator.errors import DistrunError, ExitCode, UsageError
+from orchestrator.liveness import process_start
 from orchestrator.run.ft import lighthouse
 from orchestrator.run.ft.groups import ReplicaGroup, group_job, split
 from orchestrator.run.ft.preflight import check_torchft
@@ -45,7 +46,7 @@ from orchestrator.run.spare_pool import POOL_ENV
 from orchestrator.spec import resolve_inventory_path, select_with_spares
 from orchestrator.spec.model import JobSpec, NodeSpec
 from orchestrator.spec.overrides import job_to_yaml
-from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id, process_start
+from orchestrator.store import JobDir, JobRecord, JobState, Store, new_job_id
 
 POLL = 0.2
 LIGHTHOUSE_SUFFIX = "-lh"  # the lighthouse's job id: its parent's, then -lh
