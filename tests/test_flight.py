@@ -183,16 +183,21 @@ with worker_main():
 """
 
 
-def test_fetch_gets_a_live_ranks_dump_and_says_why_for_a_missing_or_dead_socket(own_tmp):
-    path = str(own_tmp / "rank0.sock")
-    rank = subprocess.Popen([sys.executable, "-c", SERVING_RANK, path], stdin=subprocess.PIPE,
+def fetch_from(program: str, path: str) -> dict[str, object]:
+    """What `fetch` gets from a real rank running `program`, serving on `path`, once it is ready."""
+    rank = subprocess.Popen([sys.executable, "-c", program, path], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env={**os.environ, "TORCH_FR_BUFFER_SIZE": "100"}, text=True)
     try:
         assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
-        got = fetch(path)
+        return fetch(path)
     finally:
         rank.kill()
         rank.wait()
+
+
+def test_fetch_gets_a_live_ranks_dump_and_says_why_for_a_missing_or_dead_socket(own_tmp):
+    path = str(own_tmp / "rank0.sock")
+    got = fetch_from(SERVING_RANK, path)
     entries = got["flight"]["entries"]  # type: ignore[index]
     assert [(e["collective_seq_id"], e["profiling_name"], e["retired"]) for e in entries] == [
         (1, "gloo:all_reduce", True), (2, "gloo:all_reduce", True), (3, "gloo:all_reduce", True)]
@@ -222,16 +227,7 @@ with worker_main():
 def test_fetch_reads_nccls_record_when_the_cpu_record_has_no_collective(own_tmp):
     """On NCCL, torch's `fr_trace_json` has no entries (a lent H200, torch 2.11): the rank's record is
     behind `dump_nccl_trace_json`. A real rank serves an NCCL-shaped record under that handler."""
-    path = str(own_tmp / "rank0.sock")
-    rank = subprocess.Popen([sys.executable, "-c", NCCL_RANK, path], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, env={**os.environ, "TORCH_FR_BUFFER_SIZE": "100"}, text=True)
-    try:
-        assert rank.stdout is not None and rank.stdout.readline().strip() == "ready"
-        got = fetch(path)
-    finally:
-        rank.kill()
-        rank.wait()
-    flight = got["flight"]
+    flight = fetch_from(NCCL_RANK, str(own_tmp / "rank0.sock"))["flight"]
     assert flight["asked"] == "true"  # type: ignore[index]
     assert [e["profiling_name"] for e in flight["entries"]] == ["nccl:all_reduce"]  # type: ignore[index]
 
