@@ -34,14 +34,21 @@ from tests.test_sampler_nvml import FakeGpu, FakeNvml
 sys.modules[__name__] = FakeNvml([FakeGpu(util=40), FakeGpu(util=80)])
 """
 # Ranks that print a metrics line every 0.5 s until the file named by their first argument exists.
+# A step an all-reduce (gloo), so that the collectives' arrival skew, which the dashboard draws, has data;
+# the ranks stop together once the stop file is there.
 WORKER = """\
 import json, os, sys, time
-rank, step = int(os.environ["RANK"]), 0
-while not os.path.exists(sys.argv[1]) and step < 600:
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+rank, step, more = int(os.environ["RANK"]), 0, torch.ones(1)
+while more.item() and step < 600:
     time.sleep(0.5)
     step += 1
     print("DISTRUN_METRICS " + json.dumps({"step": step, "rank": rank, "step_time_s": 0.5, "samples_per_s": 8.0}),
           flush=True)
+    more = torch.zeros(1) if os.path.exists(sys.argv[1]) else torch.ones(1)
+    dist.all_reduce(more, op=dist.ReduceOp.MIN)
+dist.destroy_process_group()
 """
 
 pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="prometheus is not installed (tests/install-system-deps.sh)")
