@@ -43,7 +43,9 @@ def test_zero3_on_three_hosts_from_a_deepspeed_hostfile_trains_with_the_loss_goi
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("# the lab, as the deepspeed launcher reads it\n"
                         + "".join(f"{cluster3.addr(i)} slots=2\n" for i in range(3)))
-    job = write_job(tmp_path, "ds3", [*SMALL, "--steps", "8", "--print-checksum"], script=SCRIPT,
+    # 1.5 s a step: the script ends with os._exit (quick_exit), which leaves no last record, so the hosts'
+    # 5-s Flight Recorder rounds must land while it trains to see DeepSpeed's collectives.
+    job = write_job(tmp_path, "ds3", [*SMALL, "--steps", "8", "--step-sleep", "1.5", "--print-checksum"], script=SCRIPT,
                     extra="telemetry: {interval: 1}\n")
     job.write_text(job.read_text().replace("nproc_per_node: 2", "nproc_per_node: auto"))
     home, job_id = tmp_path / "home", unique("ds3")
