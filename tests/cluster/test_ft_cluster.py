@@ -123,8 +123,9 @@ def test_a_cut_lighthouse_host_moves_it_and_the_groups_step_on_without_a_relaunc
         print(f"MEASURED groups relaunched while the lighthouse moved: {sorted(relaunched) or 'none'}")
         for group, lines in steps(out).items():
             numbers = [step for _, step, _ in lines]
-            if group not in relaunched:
-                assert numbers == list(range(numbers[0], 81)), f"group {group} stepped on, no repeat: {numbers}"
+            if group not in relaunched:  # torchft's manager may skip a step whose quorum failed, never repeat one
+                assert numbers == sorted(set(numbers)) and numbers[-1] == 80, \
+                    f"group {group} stepped on, no repeat: {numbers}"
             pause = max(b[2] - a[2] for a, b in itertools.pairwise(lines))
             print(f"MEASURED group {group} longest pause with its lighthouse's host cut: {pause:.1f} s")
         log = (home / "jobs" / job_id / "lighthouse.log").read_text(errors="replace")
