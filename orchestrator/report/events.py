@@ -1,6 +1,6 @@
-"""What happened to a job, as timed events from its record: alerts (the fields of an alert kept as
-data, or the sentence an older distrun kept), failures, and each attempt's start and end (restarts).
-Read with string methods, never a regular expression: an old alert is `HH:MM:SS node: message`."""
+"""What happened to a job, as timed events from its record: alerts (read back as telemetry/alerts.py
+reads them: the fields of an alert kept as data, or the sentence an older distrun kept), failures,
+and each attempt's start and end (restarts)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,9 @@ from typing import Any
 
 from orchestrator.diagnose.failures import Failure
 from orchestrator.store import JobRecord
+from orchestrator.telemetry.alerts import recorded
 
 DAY_S = 86400.0
-# The rule of an alert an older distrun kept as a sentence, from how its message starts.
-MESSAGE_RULES = (("straggler: ", "straggler"), ("stall: ", "stall"), ("no telemetry samples ", "silent"),
-                 ("never joined the rendezvous ", "rendezvous"))
 
 
 @dataclass(frozen=True)
@@ -40,34 +38,17 @@ def clock_time(stamp: str, near: float) -> float | None:
     return at + DAY_S if at < near - 1.0 else at
 
 
-def message_rule(message: str) -> tuple[str, int | None]:
-    """The rule of an alert kept as a sentence, and the rank a straggler's names."""
-    rule = next((name for start, name in MESSAGE_RULES if message.startswith(start)), "alert")
-    words = message.split()
-    rank = int(words[2]) if rule == "straggler" and len(words) > 2 and words[2].isdigit() else None
-    return rule, rank
-
-
 def alert_event(alert: Any, started: float) -> JobEvent | None:
-    """An alert of the record: {"t", "node", "rule", "rank", "message", "figures"}, or an older
-    `HH:MM:SS node: message` (its date that of the job's start); None when it is neither."""
-    if isinstance(alert, Mapping):
-        t = alert.get("t")
-        if not isinstance(t, int | float):
-            return None
-        rank = alert.get("rank") if isinstance(alert.get("rank"), int) else None
-        figures = alert.get("figures") if isinstance(alert.get("figures"), dict) else {}
-        return JobEvent(float(t), str(alert.get("rule") or "alert"), str(alert.get("message") or ""),
-                        str(alert.get("node") or ""), rank, {"figures": figures})
-    if not isinstance(alert, str):
+    """An alert of the record, as telemetry/alerts.py reads one back (its fields, or an older
+    `HH:MM:SS node: message`, dated on the day of the job's start); None when it has no time."""
+    if not isinstance(alert, Mapping | str):
         return None
-    stamp, _, rest = alert.partition(" ")
-    node, _, message = rest.partition(": ")
-    t = clock_time(stamp, started)
-    if t is None or not message:
+    found = recorded(alert)
+    t = found.t or (clock_time(found.stamp, started) if found.stamp else None)
+    if not t:
         return None
-    rule, rank = message_rule(message)
-    return JobEvent(t, rule, message, node, rank)
+    return JobEvent(t, found.rule, found.message, found.node, found.rank,
+                    {"figures": found.figures} if isinstance(alert, Mapping) else {})
 
 
 def failure_event(failure: Failure) -> JobEvent:

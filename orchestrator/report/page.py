@@ -37,6 +37,7 @@ from orchestrator.report.plots import (
 from orchestrator.report.runplots import lateness_plot, rate_plot
 from orchestrator.report.runs import RunFigures, run_figures
 from orchestrator.store import JobDir, JobRecord
+from orchestrator.telemetry.alerts import recorded
 
 TABLE_HEAD_COLOUR = "#30638e"
 PLOT_FRAME_COLOUR = "#8e3063"
@@ -321,21 +322,11 @@ def launch_command(record: JobRecord) -> str:
     return shlex.join(words)
 
 
-def alert_text(alert: Any) -> str:
-    """An alert of the record as a line: as an older distrun kept it, or `HH:MM:SS node: message`
-    from its fields."""
-    if not isinstance(alert, dict):
-        return str(alert)
-    t = alert.get("t")
-    stamp = time.strftime("%H:%M:%S", time.localtime(t)) + " " if isinstance(t, int | float) else ""
-    return f"{stamp}{alert.get('node') or '?'}: {alert.get('message') or alert.get('rule') or ''}"
-
-
 def alerts_list(record: JobRecord) -> str:
     """The alerts kept in the job's record (telemetry's and stragglers'), as they were raised."""
     if not record.alerts:
         return "<p>Alerts while it ran: none.</p>"
-    items = "".join(f"<li>{esc(alert_text(alert))}</li>" for alert in record.alerts)
+    items = "".join(f"<li>{esc(recorded(alert).text())}</li>" for alert in record.alerts)
     return f"<h4>Alerts while it ran</h4>\n<ul class=alerts>{items}</ul>"
 
 
