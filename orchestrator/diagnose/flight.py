@@ -20,15 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.console.display import rank_ranges
-from orchestrator.remote.flightrec import not_a_record
+from orchestrator.remote.flightrec import BadRecord, not_a_record
 
 COMPLETED = "completed"
 DEFAULT_GROUP = "default_pg"
-
-
-class BadRecord(ValueError):
-    """A rank's Flight Recorder answer that is not a record distrun can read (remote/flightrec.py's
-    `not_a_record` says why): a per-rank note, never an error of the run."""
 
 
 @dataclass(frozen=True)

@@ -140,6 +140,12 @@ def one_line(text: str, limit: int = ERROR_CHARS) -> str:
     return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
+class BadRecord(ValueError):
+    """A rank's Flight Recorder answer that is not a record distrun can read (its one-line reason): a
+    note on that rank, never an error of the run; raised by the host's poller (remote/frpoll.py) and
+    by the controller's readers (diagnose/flight.py)."""
+
+
 def not_a_record(dump: object) -> str | None:
     """Why `dump` is not a Flight Recorder record distrun can read, or None: fr_trace_json's JSON is an
     object whose `entries` (if any) is a list of objects, each with a collective_seq_id, and with the

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from orchestrator.remote.flightrec import fetch
+from orchestrator.remote.flightrec import BadRecord, fetch
 from orchestrator.remote.provenance import Root, proven
 
 POLL_EVERY = 5.0  # seconds between two rounds
@@ -47,10 +47,6 @@ SOCKET = re.compile(r"rank(\d+)\.sock")
 LAST = re.compile(r"rank(\d+)\.last\.json")  # what a rank left as it ended (remote/distrun_worker.py)
 LAST_EVERY = 0.5  # seconds between two looks for what ranks left as they ended
 MAX_LAST = 64 << 20  # the largest such record read
-
-
-class BadRecord(ValueError):
-    """A rank's Flight Recorder answer that is not of the shape this reader knows (one line: where, what)."""
 
 
 def _int(value: object, where: str, text: bool = False) -> int:
