@@ -64,6 +64,20 @@ def interrupted_after(argv: list[str], delay: float, home: Path) -> tuple[int, s
     return proc.returncode, err, time.monotonic() - sent
 
 
+def read_to_the_end(controller: int, quiet_s: float) -> bytes:
+    """What the CLI writes on its pty from now until it closes the terminal or says nothing for `quiet_s`."""
+    shown = b""
+    while select.select([controller], [], [], quiet_s)[0]:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # EIO: the CLI closed the terminal
+            break
+        if not chunk:
+            break
+        shown += chunk
+    return shown
+
+
 @pytest.mark.parametrize("entry", ["module", "console-script"])
 @pytest.mark.parametrize("delay", [0.5, 1.5, 3.0])
 def test_ctrl_c_before_the_job_starts_is_one_line_exit_130_at_once(entry: str, delay: float, silent_host: Path,
@@ -134,14 +148,7 @@ def test_ctrl_c_on_a_terminal_erases_the_progress_line_before_saying_so(tmp_path
             while b"connected 1/2" not in shown and select.select([controller], [], [], 30)[0]:
                 shown += os.read(controller, 65536)
             proc.send_signal(signal.SIGINT)
-            while select.select([controller], [], [], 10)[0]:
-                try:
-                    chunk = os.read(controller, 65536)
-                except OSError:  # EIO: the CLI closed the terminal
-                    break
-                if not chunk:
-                    break
-                shown += chunk
+            shown += read_to_the_end(controller, 10)
         finally:
             os.close(controller)
             proc.kill()
@@ -173,14 +180,7 @@ def test_ctrl_c_typed_into_the_live_view_is_not_echoed_and_leaves_nothing_of_it(
             shown += os.read(controller, 65536)
         time.sleep(2)  # the live view redraws a few times
         os.write(controller, b"\x03")
-        while select.select([controller], [], [], 30)[0]:
-            try:
-                chunk = os.read(controller, 65536)
-            except OSError:  # EIO: the CLI closed the terminal
-                break
-            if not chunk:
-                break
-            shown += chunk
+        shown += read_to_the_end(controller, 30)
         echoes_control = bool(termios.tcgetattr(controller)[3] & termios.ECHOCTL)
     finally:
         os.close(controller)
